@@ -1,0 +1,77 @@
+"""Validation of resource names and socket names with the kubelet's own rules.
+
+The resource-name rules are those of the kubelet's IsExtendedResourceName check; the socket-name
+rules follow from how the kubelet joins the endpoint onto its directory and cleans that directory.
+"""
+
+from __future__ import annotations
+
+import re
+
+from devplugin_sdk.api import constants
+
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
+_QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def resource_name_problem(name: str) -> str | None:
+    """Return why the kubelet would reject ``name`` as an extended resource name, or None."""
+    if "/" not in name:
+        return "it has no '/' (a name without a domain is a native resource)"
+    if "kubernetes.io/" in name:
+        return "the kubernetes.io/ domain is reserved"
+    if name.startswith("requests."):
+        return "it must not start with 'requests.'"
+    # The kubelet validates "requests." + name as a qualified name.
+    prefix, _, part = ("requests." + name).partition("/")
+    if "/" in part:
+        return "it has more than one '/'"
+    if len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix):
+        return "the domain must be a lower-case DNS-1123 subdomain (at most 244 characters)"
+    if not part:
+        return "the name after '/' is empty"
+    if len(part) > 63:
+        return "the name after '/' is longer than 63 characters"
+    if not _QUALIFIED_NAME_PART.match(part):
+        return (
+            "the name after '/' must use only [A-Za-z0-9._-] and start and end with an alphanumeric"
+        )
+    return None
+
+
+def is_extended_resource_name(name: str) -> bool:
+    """Whether the kubelet accepts ``name`` as an extended resource name."""
+    return resource_name_problem(name) is None
+
+
+def validate_resource_name(name: str) -> str:
+    """Return ``name`` if the kubelet accepts it, else raise ``ValueError`` saying why."""
+    problem = resource_name_problem(name)
+    if problem is not None:
+        raise ValueError(f"invalid resource name {name!r}: {problem}")
+    return name
+
+
+def validate_socket_name(name: str) -> str:
+    """Return ``name`` if it is a safe bare socket file name in the device-plugin directory.
+
+    Raises:
+        ValueError: naming the rule that ``name`` breaks.
+    """
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"invalid socket name {name!r}: must be a bare file name")
+    if name.startswith("."):
+        raise ValueError(f"invalid socket name {name!r}: must not start with '.'")
+    if name in (constants.KUBELET_SOCKET_NAME, constants.CHECKPOINT_NAME, constants.DEPRECATION_NAME):
+        raise ValueError(f"invalid socket name {name!r}: reserved by the kubelet")
+    if "\0" in name or not name.isprintable():
+        raise ValueError(f"invalid socket name {name!r}: must be printable")
+    if len(name.encode()) > constants.MAX_SOCKET_PATH_BYTES:
+        raise ValueError(f"invalid socket name {name!r}: too long for a unix socket path")
+    return name
+
+
+def default_socket_name(resource_name: str) -> str:
+    """Socket name for a resource: ``vendor.com/gpu`` -> ``vendor.com_gpu.sock``."""
+    return resource_name.replace("/", "_") + ".sock"

@@ -1,0 +1,79 @@
+"""The SDK's exceptions, in one small tree.
+
+::
+
+    DevicePluginError
+    ├── RegistrationError
+    │   └── RegistrationRejectedError   the kubelet refused for good (version, resource name)
+    ├── SocketInUseError                another live server answers on our socket path
+    ├── AllocationError                 an Allocate/PreStartContainer request cannot be served
+    │   └── UnknownDeviceError          the request names device IDs the plugin does not have
+    ├── BackendError                    the hardware layer failed (NVML, sysfs, ...)
+    │   └── MissingDependencyError      an optional extra is not installed
+    └── ConfigError                     a configuration file or value is invalid
+
+Misuse of the API (a bad resource name, a bad socket name) raises ``ValueError`` at
+construction instead. ``_servicer`` maps these to gRPC status codes, in that one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = [
+    "AllocationError",
+    "BackendError",
+    "ConfigError",
+    "DevicePluginError",
+    "MissingDependencyError",
+    "RegistrationError",
+    "RegistrationRejectedError",
+    "SocketInUseError",
+    "UnknownDeviceError",
+]
+
+
+class DevicePluginError(Exception):
+    """Base class of every error the SDK raises on purpose."""
+
+
+class RegistrationError(DevicePluginError):
+    """Registering with the kubelet failed."""
+
+
+class RegistrationRejectedError(RegistrationError):
+    """The kubelet rejected the registration for a reason that retrying cannot fix."""
+
+
+class SocketInUseError(DevicePluginError):
+    """Another live server answers on the plugin's socket path; the SDK will not steal it."""
+
+
+class AllocationError(DevicePluginError):
+    """A request cannot be served; the message is returned to the kubelet."""
+
+
+class UnknownDeviceError(AllocationError):
+    """A request named device IDs that the plugin does not have."""
+
+    def __init__(self, resource_name: str, device_ids: Iterable[str]) -> None:
+        self.device_ids = tuple(device_ids)
+        listed = ", ".join(sorted(self.device_ids))
+        super().__init__(f"{resource_name}: unknown device IDs: {listed}")
+
+
+class BackendError(DevicePluginError):
+    """The hardware layer failed (NVML, sysfs, a driver)."""
+
+
+class MissingDependencyError(BackendError, ImportError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+
+class ConfigError(DevicePluginError, ValueError):
+    """A configuration value is invalid; the message names the key and the reason."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"{key}: {reason}")

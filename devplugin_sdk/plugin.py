@@ -1,0 +1,206 @@
+"""``DevicePlugin``: the abstract class a vendor subclasses, and ``serve``/``run`` to run plugins.
+
+The author supplies discovery, health and (optionally) allocation policy; the SDK owns the socket,
+registration, kubelet-restart recovery, ListAndWatch and the RPC plumbing (``_lifecycle``).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+from devplugin_sdk import _names
+from devplugin_sdk.types import Allocation, Device, Health, HealthEvent, RescanEvent
+
+if TYPE_CHECKING:
+    from devplugin_sdk.settings import Settings
+
+__all__ = ["DevicePlugin", "PluginEvent", "run", "serve"]
+
+PluginEvent = HealthEvent | RescanEvent
+
+
+class DevicePlugin(abc.ABC):
+    """A device plugin for one extended resource.
+
+    Subclass it, set ``resource_name`` and implement ``discover``. Everything else is optional:
+
+    * health is *polled* by overriding ``check_health`` (every ``Settings.health_interval``) or
+      *pushed* by overriding ``watch`` (an async generator of ``HealthEvent``/``RescanEvent``,
+      delivered to the kubelet as soon as it is yielded), or both;
+    * ``allocate`` merges the allocated devices' declared nodes, mounts, env, annotations and
+      CDI names; override it when the container setup is more than that merge;
+    * overriding ``preferred_allocation`` or ``pre_start_container`` turns on the matching
+      kubelet option (``get_preferred_allocation_available`` / ``pre_start_required``).
+
+    Hooks are ``async def`` and run on the event loop: run blocking work (NVML, sysfs) through
+    ``anyio.to_thread.run_sync``. A hook that raises never stops the plugin: the error is logged
+    and, in an RPC, returned to the kubelet as a gRPC status with its message.
+
+    A device's effective health is the worst of its discovered ``Device.health``, the latest
+    health pushed or polled for its ID, and the latest health pushed or polled for its
+    ``parent``. A device comes back to Healthy when those all say Healthy again.
+
+    Attributes:
+        resource_name: The extended resource name, e.g. ``"acme.com/widget"``; a class attribute
+            or passed to ``__init__``.
+        socket_name: Bare socket file name in the device-plugin directory; defaults to the
+            resource name with ``/`` replaced by ``_`` plus ``.sock``.
+    """
+
+    resource_name: ClassVar[str] | str
+    socket_name: str | None = None
+
+    def __init__(self, *, resource_name: str | None = None, socket_name: str | None = None) -> None:
+        """Validate the names with the kubelet's rules.
+
+        Args:
+            resource_name: Overrides the class attribute (one class, several resources).
+            socket_name: Overrides the default socket name.
+
+        Raises:
+            ValueError: if the resource or socket name would be rejected by the kubelet.
+        """
+        if resource_name is not None:
+            self.resource_name = resource_name
+        if socket_name is not None:
+            self.socket_name = socket_name
+        self.validate_names()
+
+    def validate_names(self) -> None:
+        """Check ``resource_name`` and ``socket_name``; the SDK calls it again before serving.
+
+        Raises:
+            ValueError: naming the rule that is broken.
+        """
+        name = getattr(self, "resource_name", None)
+        if not isinstance(name, str):
+            raise ValueError(f"{type(self).__name__} must set resource_name to a string")
+        _names.validate_resource_name(name)
+        _names.validate_socket_name(self.effective_socket_name)
+
+    @property
+    def effective_socket_name(self) -> str:
+        """The socket file name this plugin serves on."""
+        return self.socket_name or _names.default_socket_name(self.resource_name)
+
+    # ----------------------------------------------------------------------------- hooks
+
+    @abc.abstractmethod
+    async def discover(self) -> Sequence[Device]:
+        """Return every device of the resource, healthy or not.
+
+        Called once at start and again for every ``RescanEvent``. IDs must be unique.
+
+        Raises:
+            BackendError: discovery failed; at start this stops the plugin, on a rescan the
+                previous device list is kept.
+        """
+
+    async def check_health(self, devices: Sequence[Device]) -> Mapping[str, Health]:
+        """Poll health (optional; overriding it turns polling on).
+
+        Args:
+            devices: The current devices.
+
+        Returns:
+            Health by device ID (or parent ID); IDs left out keep their current health.
+        """
+        raise NotImplementedError
+
+    def watch(self) -> AsyncIterator[PluginEvent]:
+        """Push health and rescan events (optional; overriding it starts it at serve time).
+
+        Write it as an async generator that runs for the plugin's whole life::
+
+            async def watch(self):
+                async for xid in self.xid_events():
+                    yield HealthEvent(xid.uuid, Health.UNHEALTHY, reason=f"Xid {xid.code}")
+
+        If it raises, the error is logged and it is started again after a short delay.
+        """
+        raise NotImplementedError
+
+    async def allocate(self, devices: Sequence[Device]) -> Allocation:
+        """Build one container's allocation from its devices.
+
+        The default merges every device's declared nodes, mounts, env, annotations and CDI
+        names (``Allocation.merge``). The SDK has already rejected unknown IDs. Must be
+        idempotent: the kubelet may send the same IDs again (init containers, re-allocation).
+
+        Args:
+            devices: The devices allocated to the container, in request order.
+
+        Raises:
+            AllocationError: the devices cannot be prepared; the message reaches the pod.
+        """
+        return Allocation.merge(devices)
+
+    async def preferred_allocation(
+        self, available: Sequence[Device], must_include: Sequence[Device], size: int
+    ) -> Sequence[str]:
+        """Choose ``size`` device IDs (optional; overriding it advertises the RPC).
+
+        The SDK makes the answer valid whatever this returns or raises: must-include devices
+        first, then this hook's choice among ``available``, then any other available devices;
+        an error is logged and answered with that fallback, because the kubelet fails the pod
+        on any GetPreferredAllocation error. ``devplugin_sdk.allocation`` has topology scorers.
+
+        Args:
+            available: Devices the kubelet may allocate (includes ``must_include``).
+            must_include: Devices that must be part of the answer.
+            size: How many devices the container gets in total.
+        """
+        raise NotImplementedError
+
+    async def pre_start_container(self, devices: Sequence[Device]) -> None:
+        """Prepare devices before each container start (optional; overriding it makes the
+        kubelet call it before every start, restarts included).
+
+        Bounded by ``Settings.prestart_timeout`` (the kubelet gives up at 30 s).
+
+        Raises:
+            AllocationError: the container must not start; the kubelet retries with backoff.
+        """
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------------------- introspection
+
+    def overrides(self, hook: str) -> bool:
+        """Whether this plugin's class overrides the optional hook ``hook``."""
+        return getattr(type(self), hook) is not getattr(DevicePlugin, hook)
+
+    # ----------------------------------------------------------------------------- running
+
+    async def serve(self, settings: Settings | None = None) -> None:
+        """Serve this plugin until cancelled (see module-level ``serve``)."""
+        await serve(self, settings=settings)
+
+    def run(self, settings: Settings | None = None) -> None:
+        """Serve this plugin until SIGTERM or SIGINT (see module-level ``run``)."""
+        run(self, settings=settings)
+
+
+async def serve(*plugins: DevicePlugin, settings: Settings | None = None) -> None:
+    """Serve several plugins concurrently in the running event loop, until cancelled.
+
+    Each plugin gets its own socket, registration and ListAndWatch streams; the kubelet-restart
+    watcher is shared. On cancellation every ListAndWatch stream ends cleanly, the servers stop
+    and the sockets are removed. Must run on the asyncio backend (grpc.aio requires it).
+
+    Raises:
+        RegistrationRejectedError: the kubelet rejected a plugin for good.
+        SocketInUseError: another live server answers on a plugin's socket.
+        ValueError: bad names, or two plugins for one resource or socket.
+    """
+    from devplugin_sdk import _lifecycle
+
+    await _lifecycle.serve(plugins, settings)
+
+
+def run(*plugins: DevicePlugin, settings: Settings | None = None) -> None:
+    """Serve plugins in a new asyncio event loop until SIGTERM or SIGINT, then clean up."""
+    from devplugin_sdk import _lifecycle
+
+    _lifecycle.run(plugins, settings)

@@ -1,0 +1,76 @@
+"""One settings dataclass for everything the SDK's lifecycle needs: paths, timings, limits.
+
+Injected into ``serve()``/``run()``; filesystem roots are parameters so that tests point them at
+temporary directories. Defaults are what a production node wants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from devplugin_sdk.api import constants
+
+__all__ = ["Settings"]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Lifecycle settings shared by every plugin that one ``serve()`` call runs.
+
+    Args:
+        device_plugin_dir: The kubelet's device-plugin directory (holds ``kubelet.sock``).
+        register_timeout: Deadline of one Register call, seconds. At least 15 s: the kubelet
+            dials back (up to 10 s) inside Register.
+        register_backoff_initial: First retry delay after a retryable Register failure.
+        register_backoff_max: Cap of the exponential retry delay.
+        restart_poll_interval: How often the kubelet-restart watcher re-checks the socket files
+            by polling, on top of inotify (or instead of it, where inotify is unavailable).
+        stream_lost_grace: After the kubelet cancels every ListAndWatch stream while
+            ``kubelet.sock`` stays up, re-register if no new stream arrives within this many
+            seconds (covers the kubelet's duplicate-registration bug).
+        reregister_delay: When re-registering with a kubelet that did not restart, wait this
+            long after stopping the old server, so the old stream's end cannot tear down the
+            new registration (kubelet issue #121994).
+        health_interval: Period of ``check_health()`` polling, seconds.
+        prestart_timeout: Bound on ``pre_start_container()``; the kubelet gives up at 30 s.
+        hook_timeout: Bound on ``allocate()`` and ``preferred_allocation()``; the kubelet sets
+            none, and admission of every pod on the node waits behind a hanging call.
+        stop_grace: Seconds the gRPC server gets to finish in-flight calls when stopping.
+    """
+
+    device_plugin_dir: Path = Path(constants.DEVICE_PLUGIN_PATH)
+    register_timeout: float = 20.0
+    register_backoff_initial: float = 0.2
+    register_backoff_max: float = 30.0
+    restart_poll_interval: float = 2.0
+    stream_lost_grace: float = 5.0
+    reregister_delay: float = 1.5
+    health_interval: float = 10.0
+    prestart_timeout: float = 20.0
+    hook_timeout: float = 8.0
+    stop_grace: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device_plugin_dir", Path(self.device_plugin_dir))
+        for name in (
+            "register_timeout",
+            "register_backoff_initial",
+            "register_backoff_max",
+            "restart_poll_interval",
+            "health_interval",
+            "prestart_timeout",
+            "hook_timeout",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"Settings.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("stream_lost_grace", "reregister_delay", "stop_grace"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Settings.{name} must be >= 0, got {getattr(self, name)}")
+        if self.prestart_timeout >= constants.PRE_START_CONTAINER_TIMEOUT_S:
+            raise ValueError("Settings.prestart_timeout must be under the kubelet's 30 s deadline")
+
+    @property
+    def kubelet_socket(self) -> Path:
+        """Path of the kubelet's registration socket."""
+        return self.device_plugin_dir / constants.KUBELET_SOCKET_NAME
