@@ -1,10 +1,14 @@
 """Built-in backends. Importing this package imports nothing heavy (no NVML).
 
-``BUILTIN`` maps the names ``devplugin run NAME`` accepts to ``module:Class`` paths.
+``BUILTIN`` maps the names ``devplugin run NAME --config FILE`` accepts to backend modules; each
+module has ``from_config(mapping) -> list[DevicePlugin]``.
 """
 
 from __future__ import annotations
 
 BUILTIN: dict[str, str] = {
-    "generic": "devplugin_sdk.backends.generic:GenericPlugin",
+    "generic": "devplugin_sdk.backends.generic",
+    "nvidia": "devplugin_sdk.backends.nvml",
+    "fpga": "devplugin_sdk.backends.fpga",
+    "rdma": "devplugin_sdk.backends.rdma",
 }
