@@ -63,7 +63,11 @@ def validate_socket_name(name: str) -> str:
         raise ValueError(f"invalid socket name {name!r}: must be a bare file name")
     if name.startswith("."):
         raise ValueError(f"invalid socket name {name!r}: must not start with '.'")
-    if name in (constants.KUBELET_SOCKET_NAME, constants.CHECKPOINT_NAME, constants.DEPRECATION_NAME):
+    if name in (
+        constants.KUBELET_SOCKET_NAME,
+        constants.CHECKPOINT_NAME,
+        constants.DEPRECATION_NAME,
+    ):
         raise ValueError(f"invalid socket name {name!r}: reserved by the kubelet")
     if "\0" in name or not name.isprintable():
         raise ValueError(f"invalid socket name {name!r}: must be printable")

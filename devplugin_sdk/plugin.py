@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
-from devplugin_sdk import _names
+from devplugin_sdk import _lifecycle, _names
 from devplugin_sdk.types import Allocation, Device, Health, HealthEvent, RescanEvent
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class DevicePlugin(abc.ABC):
             resource name with ``/`` replaced by ``_`` plus ``.sock``.
     """
 
-    resource_name: ClassVar[str] | str
+    resource_name: str
     socket_name: str | None = None
 
     def __init__(self, *, resource_name: str | None = None, socket_name: str | None = None) -> None:
@@ -76,7 +76,7 @@ class DevicePlugin(abc.ABC):
         """
         name = getattr(self, "resource_name", None)
         if not isinstance(name, str):
-            raise ValueError(f"{type(self).__name__} must set resource_name to a string")
+            raise TypeError(f"{type(self).__name__} must set resource_name to a string")
         _names.validate_resource_name(name)
         _names.validate_socket_name(self.effective_socket_name)
 
@@ -194,13 +194,9 @@ async def serve(*plugins: DevicePlugin, settings: Settings | None = None) -> Non
         SocketInUseError: another live server answers on a plugin's socket.
         ValueError: bad names, or two plugins for one resource or socket.
     """
-    from devplugin_sdk import _lifecycle
-
     await _lifecycle.serve(plugins, settings)
 
 
 def run(*plugins: DevicePlugin, settings: Settings | None = None) -> None:
     """Serve plugins in a new asyncio event loop until SIGTERM or SIGINT, then clean up."""
-    from devplugin_sdk import _lifecycle
-
     _lifecycle.run(plugins, settings)

@@ -119,15 +119,16 @@ class Device:
             raise ValueError("Device.id must not be empty")
         if not self.id.isprintable():
             raise ValueError(f"Device.id must be printable, got {self.id!r}")
-        if not isinstance(self.health, Health):
-            # Accept "Healthy"/"Unhealthy" strings but nothing the kubelet would misread.
-            object.__setattr__(self, "health", Health(self.health))
+        # Accept "Healthy"/"Unhealthy" strings but nothing the kubelet would misread.
+        object.__setattr__(self, "health", Health(self.health))
         for name in ("numa_nodes", "device_nodes", "mounts", "cdi_devices"):
             value = getattr(self, name)
             if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
         if any(n < 0 for n in self.numa_nodes):
-            raise ValueError(f"Device {self.id!r}: NUMA node IDs must be >= 0, got {self.numa_nodes}")
+            raise ValueError(
+                f"Device {self.id!r}: NUMA node IDs must be >= 0, got {self.numa_nodes}"
+            )
 
     @property
     def healthy(self) -> bool:

@@ -13,7 +13,7 @@ __all__ = ["list_dir", "numa_node", "pci_device_dir", "read_attr", "read_int", "
 
 
 def read_attr(path: Path) -> str | None:
-    """Read a sysfs attribute stripped of whitespace, or None if it does not exist or cannot be read."""
+    """Read a sysfs attribute without surrounding whitespace; None if missing or unreadable."""
     try:
         return path.read_text(encoding="utf-8", errors="replace").strip()
     except OSError:

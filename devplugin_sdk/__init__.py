@@ -1,0 +1,57 @@
+"""devplugin-sdk: write Kubernetes device plugins in Python.
+
+Subclass ``DevicePlugin``, describe your devices, and call ``run()``: the SDK owns the socket,
+registration with the kubelet, recovery after kubelet restarts, ListAndWatch and the allocation
+RPCs. ``devplugin_sdk.testing`` has ``FakeKubelet`` for your tests.
+"""
+
+from devplugin_sdk.errors import (
+    AllocationError,
+    BackendError,
+    ConfigError,
+    DevicePluginError,
+    MissingDependencyError,
+    RegistrationError,
+    RegistrationRejectedError,
+    SocketInUseError,
+    UnknownDeviceError,
+)
+from devplugin_sdk.plugin import DevicePlugin, PluginEvent, run, serve
+from devplugin_sdk.settings import Settings
+from devplugin_sdk.types import (
+    Allocation,
+    Device,
+    DeviceNode,
+    Health,
+    HealthEvent,
+    Mount,
+    RescanEvent,
+    replicate,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Allocation",
+    "AllocationError",
+    "BackendError",
+    "ConfigError",
+    "Device",
+    "DeviceNode",
+    "DevicePlugin",
+    "DevicePluginError",
+    "Health",
+    "HealthEvent",
+    "MissingDependencyError",
+    "Mount",
+    "PluginEvent",
+    "RegistrationError",
+    "RegistrationRejectedError",
+    "RescanEvent",
+    "Settings",
+    "SocketInUseError",
+    "UnknownDeviceError",
+    "replicate",
+    "run",
+    "serve",
+]

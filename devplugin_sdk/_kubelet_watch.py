@@ -1,0 +1,55 @@
+"""Watches the device-plugin directory for the signs of a kubelet restart, once per process.
+
+The kubelet deletes every file in the directory when it starts (our socket among them) and then
+creates a new kubelet.sock. Plugins ask for the inode of kubelet.sock and of their own socket
+and wait for the next change; inotify makes that sub-millisecond, polling is the safety net.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import anyio
+
+from devplugin_sdk import fswatch
+
+log = logging.getLogger("devplugin_sdk")
+
+__all__ = ["DirectoryWatcher", "inode"]
+
+
+def inode(path: Path) -> int | None:
+    """The inode of ``path`` (not following symlinks), or None if it does not exist."""
+    try:
+        return os.lstat(path).st_ino
+    except OSError:
+        return None
+
+
+class DirectoryWatcher:
+    """Broadcasts "something changed in the directory" to every plugin of the process."""
+
+    def __init__(self, directory: Path, poll_interval: float) -> None:
+        self.directory = directory
+        self.poll_interval = poll_interval
+        self.generation = 0
+        self._changed = anyio.Event()
+
+    async def run(self) -> None:
+        """Watch until cancelled."""
+        async for _changed in fswatch.watch([self.directory], poll_interval=self.poll_interval):
+            self.notify()
+
+    def notify(self) -> None:
+        """Wake every waiter (also used by the lifecycle for its own events)."""
+        self.generation += 1
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait(self, generation: int) -> int:
+        """Wait until the generation moves past ``generation``; return the new generation."""
+        while self.generation == generation:
+            await self._changed.wait()
+        return self.generation

@@ -1,0 +1,374 @@
+"""The lifecycle the SDK owns: serve -> register -> wait for a loss -> stop -> repeat.
+
+One ``PluginRuntime`` per plugin holds its device state and runs its loop; one
+``DirectoryWatcher`` per process wakes every loop when the device-plugin directory changes.
+Discovery, polled health and pushed events run beside the loop for the plugin's whole life,
+so health keeps flowing into the state across kubelet restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
+
+import anyio
+import grpc
+
+from devplugin_sdk import _convert, _registration
+from devplugin_sdk._kubelet_watch import DirectoryWatcher, inode
+from devplugin_sdk._server import start_server
+from devplugin_sdk._servicer import DevicePluginServicer
+from devplugin_sdk._state import DeviceState, Snapshot
+from devplugin_sdk.errors import DevicePluginError
+from devplugin_sdk.settings import Settings
+from devplugin_sdk.types import HealthEvent, RescanEvent
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
+
+if TYPE_CHECKING:
+    from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
+    from devplugin_sdk.plugin import DevicePlugin
+
+log = logging.getLogger("devplugin_sdk")
+
+__all__ = ["PluginRuntime", "run", "serve"]
+
+
+class PluginRuntime:
+    """Everything the SDK keeps for one plugin while it is served."""
+
+    def __init__(self, plugin: DevicePlugin, settings: Settings, watcher: DirectoryWatcher) -> None:
+        self.plugin = plugin
+        self.settings = settings
+        self.watcher = watcher
+        self.resource = plugin.resource_name
+        self.state = DeviceState(self.resource)
+        self.socket_path = settings.device_plugin_dir / plugin.effective_socket_name
+        self.servicer = DevicePluginServicer(self)
+        self.streams: set[int] = set()
+        self._next_stream = 0
+        self.no_stream_since: float | None = None
+        self.registered = False
+        self.registrations = 0
+        self.lists_sent = 0
+        self.allocations = 0
+        self.rpc_errors = 0
+        self._options = _convert.options(
+            pre_start_required=plugin.overrides("pre_start_container"),
+            preferred_allocation=plugin.overrides("preferred_allocation"),
+        )
+
+    @property
+    def extra(self) -> dict[str, str]:
+        return {"resource": self.resource}
+
+    # ------------------------------------------------------------------ servicer callbacks
+
+    def options_message(self) -> pb.DevicePluginOptions:
+        return self._options
+
+    def stream_started(self) -> int:
+        self._next_stream += 1
+        self.streams.add(self._next_stream)
+        self.no_stream_since = None
+        log.info(
+            "%s: ListAndWatch stream opened (%d open)",
+            self.resource,
+            len(self.streams),
+            extra=self.extra,
+        )
+        self.watcher.notify()
+        return self._next_stream
+
+    def stream_ended(self, stream_id: int) -> None:
+        self.streams.discard(stream_id)
+        if not self.streams:
+            self.no_stream_since = time.monotonic()
+        log.info(
+            "%s: ListAndWatch stream ended (%d open)",
+            self.resource,
+            len(self.streams),
+            extra=self.extra,
+        )
+        self.watcher.notify()
+
+    def list_sent(self, snapshot: Snapshot) -> None:
+        self.lists_sent += 1
+        log.debug(
+            "%s: sent %d devices (%d healthy)",
+            self.resource,
+            len(snapshot.devices),
+            snapshot.healthy_count,
+            extra=self.extra,
+        )
+
+    def allocation_done(self, seconds: float) -> None:
+        self.allocations += 1
+
+    def rpc_failed(self, rpc: str, code: grpc.StatusCode) -> None:
+        self.rpc_errors += 1
+
+    def oversized(self, size: int) -> None:
+        pass
+
+    # ------------------------------------------------------------------ the plugin's life
+
+    async def run(self) -> None:
+        """Discover, then keep the plugin registered until cancelled."""
+        devices = await self.plugin.discover()
+        self.state.set_devices(devices)
+        log.info("%s: discovered %d devices", self.resource, len(devices), extra=self.extra)
+        async with anyio.create_task_group() as tg:
+            if self.plugin.overrides("check_health"):
+                tg.start_soon(self._poll_health)
+            if self.plugin.overrides("watch"):
+                tg.start_soon(self._consume_events)
+            await self._serve_registrations()
+
+    async def rescan(self, reason: str = "") -> None:
+        """Call ``discover()`` again; keep the previous list if it fails."""
+        try:
+            devices = await self.plugin.discover()
+            if self.state.set_devices(devices):
+                log.info(
+                    "%s: device list changed on rescan%s: %d devices",
+                    self.resource,
+                    f" ({reason})" if reason else "",
+                    len(devices),
+                    extra=self.extra,
+                )
+        except Exception:
+            log.exception(
+                "%s: rediscovery failed; keeping the previous devices",
+                self.resource,
+                extra=self.extra,
+            )
+
+    async def _poll_health(self) -> None:
+        while True:
+            try:
+                result = await self.plugin.check_health(self.state.devices)
+                self.state.report_health(result, "polled")
+            except Exception:
+                log.exception(
+                    "%s: check_health failed; health unchanged", self.resource, extra=self.extra
+                )
+            await anyio.sleep(self.settings.health_interval)
+
+    async def _consume_events(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                async for event in self.plugin.watch():
+                    if isinstance(event, HealthEvent):
+                        self.state.report_health({event.device_id: event.health}, event.reason)
+                    elif isinstance(event, RescanEvent):
+                        await self.rescan(event.reason)
+                    else:  # authors may yield anything at run time
+                        log.error(  # type: ignore[unreachable]
+                            "%s: watch() yielded %r; expected HealthEvent or RescanEvent",
+                            self.resource,
+                            event,
+                            extra=self.extra,
+                        )
+            except Exception:
+                log.exception(
+                    "%s: watch() failed; restarting it in %gs",
+                    self.resource,
+                    delay,
+                    extra=self.extra,
+                )
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+            else:
+                log.info("%s: watch() finished", self.resource, extra=self.extra)
+                return
+
+    async def _serve_registrations(self) -> None:
+        settings = self.settings
+        kubelet_socket = settings.kubelet_socket
+        server: grpc.aio.Server | None = None
+        own_inode: int | None = None
+        registered_with: int | None = None  # inode of the kubelet.sock we last registered with
+        stopped_at: float | None = None
+        backoff = settings.register_backoff_initial
+        waiting_logged = False
+        try:
+            while True:
+                generation = self.watcher.generation
+                kubelet_inode = inode(kubelet_socket)
+                if kubelet_inode is None:
+                    if not waiting_logged:
+                        log.info(
+                            "%s: waiting for %s", self.resource, kubelet_socket, extra=self.extra
+                        )
+                        waiting_logged = True
+                    await self.watcher.wait(generation)
+                    continue
+                waiting_logged = False
+                if server is None or inode(self.socket_path) != own_inode:
+                    if server is not None:
+                        await self._stop(server)
+                        stopped_at = time.monotonic()
+                    server, own_inode = await start_server(
+                        self.socket_path, [self.servicer.handler()]
+                    )
+                if registered_with == kubelet_inode and stopped_at is not None:
+                    # Same kubelet as before: let it process the old stream's end first, or it
+                    # may tear down the new registration (kubelet issue #121994).
+                    remaining = settings.reregister_delay - (time.monotonic() - stopped_at)
+                    if remaining > 0:
+                        await anyio.sleep(remaining)
+                started = time.perf_counter()
+                outcome, why = await _registration.register_once(
+                    kubelet_socket,
+                    _registration.register_request(
+                        self.resource, self.socket_path.name, self._options
+                    ),
+                    settings.register_timeout,
+                )
+                if outcome is _registration.Outcome.TIMED_OUT and self.streams:
+                    # A ListAndWatch stream arrived: the kubelet completed it after all.
+                    outcome = _registration.Outcome.REGISTERED
+                if outcome is not _registration.Outcome.REGISTERED:
+                    log.warning(
+                        "%s: Register failed (%s); retrying in %.2gs",
+                        self.resource,
+                        why,
+                        backoff,
+                        extra=self.extra,
+                    )
+                    generation = self.watcher.generation
+                    with anyio.move_on_after(backoff):
+                        # A change in the directory (a new kubelet.sock) retries at once.
+                        await self.watcher.wait(generation)
+                    backoff = min(backoff * 2, settings.register_backoff_max)
+                    continue
+                backoff = settings.register_backoff_initial
+                self.registered = True
+                self.registrations += 1
+                registered_with = kubelet_inode
+                if not self.streams:
+                    self.no_stream_since = time.monotonic()
+                log.info(
+                    "%s: registered with the kubelet as %s in %.1f ms",
+                    self.resource,
+                    self.socket_path.name,
+                    (time.perf_counter() - started) * 1000,
+                    extra=self.extra,
+                )
+                reason = await self._wait_for_loss(own_inode, kubelet_inode)
+                self.registered = False
+                log.warning(
+                    "%s: %s; serving and registering again", self.resource, reason, extra=self.extra
+                )
+                await self._stop(server)
+                server = None
+                stopped_at = time.monotonic()
+        finally:
+            self.registered = False
+            if server is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._stop(server)
+
+    async def _wait_for_loss(self, own_inode: int | None, kubelet_inode: int) -> str:
+        """Wait until the registration is lost; return why."""
+        grace = self.settings.stream_lost_grace
+        while True:
+            generation = self.watcher.generation
+            if inode(self.socket_path) != own_inode:
+                # The kubelet deletes every socket in its directory when it starts.
+                return "our socket was removed (kubelet restart)"
+            current = inode(self.settings.kubelet_socket)
+            if current is not None and current != kubelet_inode:
+                return "kubelet.sock was recreated (kubelet restart)"
+            timeout = math.inf
+            if not self.streams and self.no_stream_since is not None and current is not None:
+                # The kubelet never retries a closed ListAndWatch: only a new registration helps.
+                lost_for = time.monotonic() - self.no_stream_since
+                if lost_for >= grace:
+                    return f"no ListAndWatch stream for {lost_for:.1f}s while the kubelet is up"
+                timeout = grace - lost_for
+            with anyio.move_on_after(timeout):
+                await self.watcher.wait(generation)
+
+    async def _stop(self, server: grpc.aio.Server) -> None:
+        """End every ListAndWatch stream cleanly, then stop the server."""
+        with anyio.CancelScope(shield=True):
+            self.state.close()
+            await server.stop(self.settings.stop_grace)
+            self.state.reopen()
+
+
+def _check_unique(plugins: Sequence[DevicePlugin]) -> None:
+    resources = [p.resource_name for p in plugins]
+    sockets = [p.effective_socket_name for p in plugins]
+    for what, names in (("resource name", resources), ("socket name", sockets)):
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"several plugins share the {what} {', '.join(duplicates)}")
+
+
+def _reraise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
+    """Raise the one meaningful error of a task group failure, not the group."""
+    errors: list[BaseException] = []
+
+    def collect(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                collect(inner)
+        elif not isinstance(exc, anyio.get_cancelled_exc_class()):
+            errors.append(exc)
+
+    collect(group)
+    preferred = [e for e in errors if isinstance(e, (DevicePluginError, ValueError, OSError))]
+    if len(errors) == 1 or preferred:
+        raise (preferred or errors)[0]
+    raise group
+
+
+async def serve(plugins: Sequence[DevicePlugin], settings: Settings | None = None) -> None:
+    """Serve ``plugins`` until cancelled (see ``devplugin_sdk.serve``)."""
+    if not plugins:
+        raise ValueError("serve() needs at least one plugin")
+    settings = settings or Settings()
+    for plugin in plugins:
+        plugin.validate_names()
+    _check_unique(plugins)
+    watcher = DirectoryWatcher(settings.device_plugin_dir, settings.restart_poll_interval)
+    runtimes = [PluginRuntime(p, settings, watcher) for p in plugins]
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watcher.run)
+            for runtime in runtimes:
+                tg.start_soon(runtime.run)
+    except BaseExceptionGroup as group:
+        _reraise_single(group)
+
+
+def run(plugins: Sequence[DevicePlugin], settings: Settings | None = None) -> None:
+    """Serve ``plugins`` in a new event loop until SIGTERM/SIGINT (see ``devplugin_sdk.run``)."""
+
+    async def main() -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def stop_on_signal() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for signum in signals:
+                            log.info("received %s; shutting down", signal.Signals(signum).name)
+                            tg.cancel_scope.cancel()
+                            return
+
+                tg.start_soon(stop_on_signal)
+                await serve(plugins, settings)
+        except BaseExceptionGroup as group:
+            _reraise_single(group)
+
+    anyio.run(main, backend="asyncio")

@@ -1,0 +1,87 @@
+"""A grpc.aio server on a unix socket, with the stale-socket rules of the device-plugin dir.
+
+A stale socket file (nobody listening) is removed; a socket that a live server answers is never
+stolen. grpcio deletes the socket path when a server stops, even if a newer server bound the same
+path since, so callers stop the old server before starting a new one on the same name.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+from pathlib import Path
+
+import grpc
+
+from devplugin_sdk.api import constants
+from devplugin_sdk.errors import SocketInUseError
+
+__all__ = ["is_live_socket", "prepare_socket_path", "start_server"]
+
+_SERVER_OPTIONS = [
+    # The kubelet accepts at most 4 MiB per message; fail locally rather than break its stream.
+    ("grpc.max_send_message_length", constants.MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", constants.MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def is_live_socket(path: Path) -> bool:
+    """Whether a server accepts connections on the unix socket at ``path``."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def prepare_socket_path(path: Path) -> None:
+    """Make ``path`` free to bind: remove a stale file, refuse a live server's socket.
+
+    Raises:
+        SocketInUseError: another process serves on ``path``.
+        ValueError: the path is too long for a unix socket.
+    """
+    if len(os.fsencode(path)) > constants.MAX_SOCKET_PATH_BYTES:
+        raise ValueError(
+            f"socket path {path} is {len(os.fsencode(path))} bytes; unix sockets allow "
+            f"{constants.MAX_SOCKET_PATH_BYTES}"
+        )
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISSOCK(st.st_mode) and is_live_socket(path):
+        raise SocketInUseError(
+            f"{path} is served by another live process (another instance of this plugin?); "
+            "refusing to take it over"
+        )
+    if stat.S_ISDIR(st.st_mode):
+        raise SocketInUseError(f"{path} is a directory; cannot serve there")
+    path.unlink(missing_ok=True)
+
+
+async def start_server(
+    path: Path, handlers: list[grpc.GenericRpcHandler]
+) -> tuple[grpc.aio.Server, int]:
+    """Serve ``handlers`` on the unix socket ``path``; return the server and the socket's inode.
+
+    Raises:
+        SocketInUseError: another process serves on ``path``.
+        OSError: the socket could not be bound.
+    """
+    prepare_socket_path(path)
+    server = grpc.aio.server(options=_SERVER_OPTIONS)
+    server.add_generic_rpc_handlers(handlers)
+    try:
+        server.add_insecure_port(f"unix:{path}")
+    except RuntimeError as exc:
+        raise OSError(errno.EADDRINUSE, f"cannot bind {path}: {exc}") from exc
+    await server.start()
+    return server, os.lstat(path).st_ino

@@ -1,0 +1,293 @@
+"""The v1beta1 DevicePlugin service of one plugin: calls its hooks, maps errors to gRPC status.
+
+This is the one place where SDK errors become status codes. Handlers are registered as generic
+handlers so that ListAndWatch can send the state's pre-encoded bytes without re-serialising.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import grpc
+
+from devplugin_sdk import _convert
+from devplugin_sdk.api import constants
+from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
+from devplugin_sdk.errors import AllocationError, BackendError, UnknownDeviceError
+from devplugin_sdk.types import Device, Health
+
+if TYPE_CHECKING:
+    from devplugin_sdk._lifecycle import PluginRuntime
+
+log = logging.getLogger("devplugin_sdk")
+
+T = TypeVar("T")
+
+SERVICE = "v1beta1.DevicePlugin"
+
+
+class _RequestError(Exception):
+    """A malformed request: answered with INVALID_ARGUMENT."""
+
+
+def _identity(payload: bytes) -> bytes:
+    return payload
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    """The gRPC status code for an exception raised while serving a request."""
+    if isinstance(exc, (UnknownDeviceError, _RequestError)):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, AllocationError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(exc, TimeoutError):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    if isinstance(exc, BackendError):
+        return grpc.StatusCode.UNAVAILABLE
+    return grpc.StatusCode.INTERNAL
+
+
+class DevicePluginServicer:
+    """Serves one plugin's RPCs from its ``PluginRuntime``."""
+
+    def __init__(self, runtime: PluginRuntime) -> None:
+        self.runtime = runtime
+        self.plugin = runtime.plugin
+        self.state = runtime.state
+        self.resource = runtime.plugin.resource_name
+        self._too_big_version = -1
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The generic handler to add to a grpc.aio server."""
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
+                    self.get_options,
+                    request_deserializer=pb.Empty.FromString,
+                    response_serializer=pb.DevicePluginOptions.SerializeToString,
+                ),
+                "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+                    self.list_and_watch,
+                    request_deserializer=pb.Empty.FromString,
+                    response_serializer=_identity,
+                ),
+                "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
+                    self.get_preferred_allocation,
+                    request_deserializer=pb.PreferredAllocationRequest.FromString,
+                    response_serializer=pb.PreferredAllocationResponse.SerializeToString,
+                ),
+                "Allocate": grpc.unary_unary_rpc_method_handler(
+                    self.allocate,
+                    request_deserializer=pb.AllocateRequest.FromString,
+                    response_serializer=pb.AllocateResponse.SerializeToString,
+                ),
+                "PreStartContainer": grpc.unary_unary_rpc_method_handler(
+                    self.pre_start_container,
+                    request_deserializer=pb.PreStartContainerRequest.FromString,
+                    response_serializer=pb.PreStartContainerResponse.SerializeToString,
+                ),
+            },
+        )
+
+    # ------------------------------------------------------------------ RPCs
+
+    async def get_options(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.DevicePluginOptions:
+        # Called once, inside the kubelet's Register handler: it must be fast and never fail.
+        return self.runtime.options_message()
+
+    async def list_and_watch(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        stream_id = self.runtime.stream_started()
+        seen = -1
+        try:
+            while not self.state.closed:
+                snapshot = self.state.snapshot()
+                if snapshot.version != seen:
+                    seen = snapshot.version
+                    if len(snapshot.payload) > constants.MAX_MESSAGE_BYTES:
+                        self._log_too_big(
+                            snapshot.version, len(snapshot.payload), len(snapshot.devices)
+                        )
+                    else:
+                        yield snapshot.payload
+                        self.runtime.list_sent(snapshot)
+                        continue
+                await self.state.wait_changed(seen)
+        finally:
+            # Reached on a clean end (we closed the state) and on kubelet cancellation alike.
+            self.runtime.stream_ended(stream_id)
+
+    async def allocate(
+        self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.AllocateResponse:
+        started = time.perf_counter()
+
+        async def serve() -> pb.AllocateResponse:
+            if not request.container_requests:
+                raise _RequestError("AllocateRequest has no container requests")
+            responses = []
+            for index, container in enumerate(request.container_requests):
+                devices = self._devices(container.devices_ids, f"container request {index}")
+                for device in devices:
+                    if self.state.health_of(device.id) is not Health.HEALTHY:
+                        # The kubelet may legitimately re-send held devices (init containers,
+                        # re-allocation); refusing would fail a pod that already owns them.
+                        log.warning(
+                            "%s: allocating unhealthy device %s",
+                            self.resource,
+                            device.id,
+                            extra={"resource": self.resource, "device": device.id},
+                        )
+                allocation = await self._bounded(
+                    self.plugin.allocate(devices), self.runtime.settings.hook_timeout, "allocate"
+                )
+                responses.append(_convert.allocation_to_response(allocation))
+            return pb.AllocateResponse(container_responses=responses)
+
+        try:
+            return await self._guard("Allocate", context, serve())
+        finally:
+            self.runtime.allocation_done(time.perf_counter() - started)
+
+    async def get_preferred_allocation(
+        self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PreferredAllocationResponse:
+        async def serve() -> pb.PreferredAllocationResponse:
+            return _convert.preferred_response(
+                [await self._prefer(c) for c in request.container_requests]
+            )
+
+        return await self._guard("GetPreferredAllocation", context, serve())
+
+    async def pre_start_container(
+        self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PreStartContainerResponse:
+        async def serve() -> pb.PreStartContainerResponse:
+            devices = self._devices(request.devices_ids, "PreStartContainerRequest")
+            if self.plugin.overrides("pre_start_container"):
+                await self._bounded(
+                    self.plugin.pre_start_container(devices),
+                    self.runtime.settings.prestart_timeout,
+                    "pre_start_container",
+                )
+            return pb.PreStartContainerResponse()
+
+        return await self._guard("PreStartContainer", context, serve())
+
+    # ------------------------------------------------------------------ helpers
+
+    def _devices(self, ids: Sequence[str], where: str) -> list[Device]:
+        if not ids:
+            raise _RequestError(f"{where} has no device IDs")
+        duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
+        if duplicates:
+            raise _RequestError(f"{where} repeats device IDs: {', '.join(duplicates)}")
+        return self.state.lookup(ids)
+
+    async def _prefer(self, request: pb.ContainerPreferredAllocationRequest) -> list[str]:
+        """A valid preference whatever the hook does: must-include, hook's choice, the rest."""
+        size = request.allocation_size
+        known = {d.id: d for d in self.state.devices}
+        available = [i for i in dict.fromkeys(request.available_deviceIDs) if i in known]
+        must = [i for i in dict.fromkeys(request.must_include_deviceIDs) if i in known]
+        dropped = (
+            set(request.available_deviceIDs) | set(request.must_include_deviceIDs)
+        ) - known.keys()
+        if dropped:
+            log.warning(
+                "%s: GetPreferredAllocation named unknown devices %s; ignoring them",
+                self.resource,
+                ", ".join(sorted(dropped)),
+                extra={"resource": self.resource},
+            )
+        if size <= 0:
+            return []
+        available_set = set(available)
+        must = [i for i in must if i in available_set] + [i for i in must if i not in available_set]
+        if len(must) >= size:
+            return must[:size] if len(must) > size else must
+        choice: list[str] = []
+        if self.plugin.overrides("preferred_allocation"):
+            try:
+                answer = await self._bounded(
+                    self.plugin.preferred_allocation(
+                        [known[i] for i in available], [known[i] for i in must], size
+                    ),
+                    self.runtime.settings.hook_timeout,
+                    "preferred_allocation",
+                )
+                choice = [str(i) for i in answer]
+            except Exception as exc:
+                # The kubelet fails the pod on any GetPreferredAllocation error: fall back.
+                log.warning(
+                    "%s: preferred_allocation failed (%s: %s); answering with a default choice",
+                    self.resource,
+                    type(exc).__name__,
+                    exc,
+                    extra={"resource": self.resource},
+                )
+        result = list(must)
+        chosen = set(result)
+        for candidate in [*choice, *available]:
+            if len(result) >= size:
+                break
+            if candidate in available_set and candidate not in chosen:
+                result.append(candidate)
+                chosen.add(candidate)
+        return result
+
+    async def _bounded(self, awaitable: Awaitable[T], timeout: float, hook: str) -> T:
+        with anyio.move_on_after(timeout) as scope:
+            return await awaitable
+        if scope.cancelled_caught:
+            raise TimeoutError(f"{self.resource}: {hook} did not finish within {timeout:g}s")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _guard(
+        self, rpc: str, context: grpc.aio.ServicerContext[Any, Any], work: Awaitable[T]
+    ) -> T:
+        try:
+            return await work
+        except Exception as exc:
+            code = status_for(exc)
+            message = str(exc) or type(exc).__name__
+            if code is grpc.StatusCode.INTERNAL:
+                message = f"{self.resource}: {type(exc).__name__}: {message}"
+                log.exception(
+                    "%s: %s failed", self.resource, rpc, extra={"resource": self.resource}
+                )
+            else:
+                log.warning(
+                    "%s: %s refused: %s",
+                    self.resource,
+                    rpc,
+                    message,
+                    extra={"resource": self.resource},
+                )
+            self.runtime.rpc_failed(rpc, code)
+            await context.abort(code, message)
+            raise  # pragma: no cover - abort raises
+
+    def _log_too_big(self, version: int, size: int, count: int) -> None:
+        if version == self._too_big_version:
+            return
+        self._too_big_version = version
+        log.error(
+            "%s: not sending a ListAndWatch message of %d bytes (%d devices): the kubelet rejects "
+            "messages over %d bytes and would drop the resource; split it into several resources",
+            self.resource,
+            size,
+            count,
+            constants.MAX_MESSAGE_BYTES,
+            extra={"resource": self.resource},
+        )
+        self.runtime.oversized(size)
