@@ -17,15 +17,22 @@ from devplugin_sdk import fswatch
 
 log = logging.getLogger("devplugin_sdk")
 
-__all__ = ["DirectoryWatcher", "inode"]
+__all__ = ["DirectoryWatcher", "FileId", "file_id"]
+
+FileId = tuple[int, int, int]
 
 
-def inode(path: Path) -> int | None:
-    """The inode of ``path`` (not following symlinks), or None if it does not exist."""
+def file_id(path: Path) -> FileId | None:
+    """Identity of the file at ``path`` (not following symlinks), or None if it does not exist.
+
+    Inode numbers are reused at once when a file is deleted and another created (the kubelet
+    deletes our socket, then creates kubelet.sock), so the creation-time ctime is part of it.
+    """
     try:
-        return os.lstat(path).st_ino
+        st = os.lstat(path)
     except OSError:
         return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 class DirectoryWatcher:

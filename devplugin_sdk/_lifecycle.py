@@ -20,7 +20,7 @@ import anyio
 import grpc
 
 from devplugin_sdk import _convert, _registration
-from devplugin_sdk._kubelet_watch import DirectoryWatcher, inode
+from devplugin_sdk._kubelet_watch import DirectoryWatcher, FileId, file_id
 from devplugin_sdk._server import start_server
 from devplugin_sdk._servicer import DevicePluginServicer
 from devplugin_sdk._state import DeviceState, Snapshot
@@ -194,16 +194,16 @@ class PluginRuntime:
         settings = self.settings
         kubelet_socket = settings.kubelet_socket
         server: grpc.aio.Server | None = None
-        own_inode: int | None = None
-        registered_with: int | None = None  # inode of the kubelet.sock we last registered with
+        own_id: FileId | None = None
+        registered_with: FileId | None = None  # the kubelet.sock we last registered with
         stopped_at: float | None = None
         backoff = settings.register_backoff_initial
         waiting_logged = False
         try:
             while True:
                 generation = self.watcher.generation
-                kubelet_inode = inode(kubelet_socket)
-                if kubelet_inode is None:
+                kubelet_id = file_id(kubelet_socket)
+                if kubelet_id is None:
                     if not waiting_logged:
                         log.info(
                             "%s: waiting for %s", self.resource, kubelet_socket, extra=self.extra
@@ -212,14 +212,14 @@ class PluginRuntime:
                     await self.watcher.wait(generation)
                     continue
                 waiting_logged = False
-                if server is None or inode(self.socket_path) != own_inode:
+                if server is None or file_id(self.socket_path) != own_id:
                     if server is not None:
                         await self._stop(server)
                         stopped_at = time.monotonic()
-                    server, own_inode = await start_server(
+                    server, own_id = await start_server(
                         self.socket_path, [self.servicer.handler()]
                     )
-                if registered_with == kubelet_inode and stopped_at is not None:
+                if registered_with == kubelet_id and stopped_at is not None:
                     # Same kubelet as before: let it process the old stream's end first, or it
                     # may tear down the new registration (kubelet issue #121994).
                     remaining = settings.reregister_delay - (time.monotonic() - stopped_at)
@@ -253,7 +253,7 @@ class PluginRuntime:
                 backoff = settings.register_backoff_initial
                 self.registered = True
                 self.registrations += 1
-                registered_with = kubelet_inode
+                registered_with = kubelet_id
                 if not self.streams:
                     self.no_stream_since = time.monotonic()
                 log.info(
@@ -263,7 +263,7 @@ class PluginRuntime:
                     (time.perf_counter() - started) * 1000,
                     extra=self.extra,
                 )
-                reason = await self._wait_for_loss(own_inode, kubelet_inode)
+                reason = await self._wait_for_loss(own_id, kubelet_id)
                 self.registered = False
                 log.warning(
                     "%s: %s; serving and registering again", self.resource, reason, extra=self.extra
@@ -277,16 +277,16 @@ class PluginRuntime:
                 with anyio.CancelScope(shield=True):
                     await self._stop(server)
 
-    async def _wait_for_loss(self, own_inode: int | None, kubelet_inode: int) -> str:
+    async def _wait_for_loss(self, own_id: FileId | None, kubelet_id: FileId) -> str:
         """Wait until the registration is lost; return why."""
         grace = self.settings.stream_lost_grace
         while True:
             generation = self.watcher.generation
-            if inode(self.socket_path) != own_inode:
+            if file_id(self.socket_path) != own_id:
                 # The kubelet deletes every socket in its directory when it starts.
                 return "our socket was removed (kubelet restart)"
-            current = inode(self.settings.kubelet_socket)
-            if current is not None and current != kubelet_inode:
+            current = file_id(self.settings.kubelet_socket)
+            if current is not None and current != kubelet_id:
                 return "kubelet.sock was recreated (kubelet restart)"
             timeout = math.inf
             if not self.streams and self.no_stream_since is not None and current is not None:

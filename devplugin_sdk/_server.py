@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 
+from devplugin_sdk._kubelet_watch import FileId, file_id
 from devplugin_sdk.api import constants
 from devplugin_sdk.errors import SocketInUseError
 
@@ -69,8 +70,8 @@ def prepare_socket_path(path: Path) -> None:
 
 async def start_server(
     path: Path, handlers: list[grpc.GenericRpcHandler]
-) -> tuple[grpc.aio.Server, int]:
-    """Serve ``handlers`` on the unix socket ``path``; return the server and the socket's inode.
+) -> tuple[grpc.aio.Server, FileId]:
+    """Serve ``handlers`` on the unix socket ``path``; return the server and the socket's identity.
 
     Raises:
         SocketInUseError: another process serves on ``path``.
@@ -84,4 +85,7 @@ async def start_server(
     except RuntimeError as exc:
         raise OSError(errno.EADDRINUSE, f"cannot bind {path}: {exc}") from exc
     await server.start()
-    return server, os.lstat(path).st_ino
+    identity = file_id(path)
+    if identity is None:  # pragma: no cover - grpcio creates the socket when it binds
+        raise OSError(errno.ENOENT, f"{path} vanished right after binding")
+    return server, identity

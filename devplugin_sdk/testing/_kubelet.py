@@ -1,0 +1,756 @@
+"""FakeKubelet: the kubelet's side of the device-plugin protocol, for tests of real plugins.
+
+It follows the kubelet v1.32 device manager as written down in the protocol reference:
+registration validates with the kubelet's error strings and dials back synchronously, calling
+GetDevicePluginOptions inside Register; ListAndWatch messages replace the device set and are
+checkpointed; a stream end disconnects the plugin (healthy devices become unhealthy, grace period
+starts), and, as in v1.32, the client is looked up by resource name (kubelet issue #121994), so a
+duplicate registration gets torn down when the old stream ends. ``allocate`` chooses devices the
+kubelet's way. ``restart`` wipes the directory except the checkpoint, as kubelet start does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import socket
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import grpc
+
+from devplugin_sdk import _convert, _names
+from devplugin_sdk.api import constants
+from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
+from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
+from devplugin_sdk.settings import Settings
+from devplugin_sdk.types import Allocation
+
+log = logging.getLogger("devplugin_sdk.testing")
+
+__all__ = [
+    "AdmissionError",
+    "ContainerAllocation",
+    "ContainerStartError",
+    "FakeKubelet",
+    "FakeKubeletError",
+    "KubeletDevice",
+    "Registration",
+]
+
+
+class FakeKubeletError(Exception):
+    """An error the kubelet would report for a pod."""
+
+
+class AdmissionError(FakeKubeletError):
+    """Pod admission failed (``UnexpectedAdmissionError`` on a real node)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"Allocate failed due to {reason}, which is unexpected")
+
+
+class ContainerStartError(FakeKubeletError):
+    """Container creation failed (``CreateContainerConfigError`` on a real node)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletDevice:
+    """A device as the kubelet last heard of it."""
+
+    id: str
+    health: str
+    numa_nodes: tuple[int, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        # Only the exact string counts.
+        return self.health == constants.HEALTHY
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One Register call as the kubelet saw it."""
+
+    resource_name: str
+    endpoint: str
+    version: str
+    pre_start_required: bool
+    preferred_allocation: bool
+    at: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAllocation:
+    """What a container got: the chosen device IDs and the plugin's response."""
+
+    pod: str
+    container: str
+    resource_name: str
+    device_ids: tuple[str, ...]
+    allocation: Allocation
+    preferred: tuple[str, ...] | None = None
+
+
+@dataclass(eq=False)
+class _Client:
+    """One registration: the kubelet's connection to a plugin socket."""
+
+    resource: str
+    socket_path: Path
+    channel: grpc.aio.Channel
+    stub: pb_grpc.DevicePluginAsyncStub
+    options: pb.DevicePluginOptions = field(default_factory=pb.DevicePluginOptions)
+    stopped_at: float | None = None
+    scope: anyio.CancelScope | None = None
+
+
+@dataclass
+class _Books:
+    """The device manager's state for one resource."""
+
+    devices: dict[str, KubeletDevice] = field(default_factory=dict)
+    healthy: set[str] = field(default_factory=set)
+    unhealthy: set[str] = field(default_factory=set)
+    endpoint: _Client | None = None
+    stopped_at: float | None = None
+    seen_list: bool = False
+    messages: int = 0
+
+
+class FakeKubelet:
+    """A kubelet for tests: a real Registration server on ``kubelet.sock`` in a temporary dir.
+
+    Use as an async context manager; ``settings()`` gives plugin settings pointing at it.
+
+    Args:
+        directory: The device-plugin directory; a short new temporary one by default (unix
+            socket paths are limited to 107 bytes).
+        grace_period: Seconds a disconnected plugin's resource keeps its capacity (5 min real).
+        dial_timeout: How long Register waits for the plugin's socket to accept (10 s real).
+        register_delay: Extra seconds Register takes before dialing (a slow kubelet).
+        per_socket_clients: Track clients per (resource, socket) as kubelet v1.37 does, instead
+            of per resource (v1.32, with its duplicate-registration bug).
+        seed: Seed of the random order in which the kubelet iterates its sets.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        grace_period: float = constants.ENDPOINT_STOP_GRACE_PERIOD_S,
+        dial_timeout: float = constants.KUBELET_DIAL_TIMEOUT_S,
+        register_delay: float = 0.0,
+        per_socket_clients: bool = False,
+        seed: int = 0,
+    ) -> None:
+        self._own_directory = directory is None
+        self.directory = Path(directory) if directory is not None else Path()
+        self.grace_period = grace_period
+        self.dial_timeout = dial_timeout
+        self.register_delay = register_delay
+        self.per_socket_clients = per_socket_clients
+        self.registrations: list[Registration] = []
+        self.restarts = 0
+        self._random = random.Random(seed)
+        self._books: dict[str, _Books] = {}
+        self._clients: dict[tuple[str, str], _Client] = {}
+        self._allocations: dict[tuple[str, str, str], ContainerAllocation] = {}
+        self._server: grpc.aio.Server | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._changed = anyio.Event()
+        self._pod_counter = 0
+
+    # ------------------------------------------------------------------ context management
+
+    async def __aenter__(self) -> FakeKubelet:
+        if self._own_directory:
+            self.directory = Path(tempfile.mkdtemp(prefix="dpk-", dir="/tmp"))
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        with anyio.CancelScope(shield=True):
+            await self.stop()
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        result = await self._tg.__aexit__(exc_type, exc, tb)
+        if self._own_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+        return result
+
+    @property
+    def socket_path(self) -> Path:
+        """Path of ``kubelet.sock``."""
+        return self.directory / constants.KUBELET_SOCKET_NAME
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.directory / constants.CHECKPOINT_NAME
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    def settings(self, **overrides: Any) -> Settings:
+        """Plugin settings for this kubelet, with test-friendly timings."""
+        values: dict[str, Any] = {
+            "device_plugin_dir": self.directory,
+            "register_timeout": 15.0,
+            "register_backoff_initial": 0.02,
+            "register_backoff_max": 0.5,
+            "restart_poll_interval": 0.5,
+            "stream_lost_grace": 1.0,
+            "reregister_delay": 0.2,
+            "health_interval": 0.5,
+            "stop_grace": 0.5,
+        }
+        values.update(overrides)
+        return Settings(**values)
+
+    # ------------------------------------------------------------------ kubelet start / stop
+
+    async def start(self) -> None:
+        """Start as the kubelet does: read the checkpoint, clean the directory, serve."""
+        if self._server is not None:
+            raise RuntimeError("FakeKubelet is already running")
+        self.directory.mkdir(mode=0o750, parents=True, exist_ok=True)
+        self._read_checkpoint()
+        self._cleanup_directory()
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers(
+            [
+                grpc.method_handlers_generic_handler(
+                    "v1beta1.Registration",
+                    {
+                        "Register": grpc.unary_unary_rpc_method_handler(
+                            self._register,
+                            request_deserializer=pb.RegisterRequest.FromString,
+                            response_serializer=pb.Empty.SerializeToString,
+                        )
+                    },
+                )
+            ]
+        )
+        server.add_insecure_port(f"unix:{self.socket_path}")
+        await server.start()
+        self._server = server
+        self._notify()
+
+    async def stop(self) -> None:
+        """Stop gracefully: disconnect every plugin and remove ``kubelet.sock``."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        for client in list(self._clients.values()):
+            await self._disconnect(client)
+        await server.stop(0)
+        # Go's unix listener removes its socket on Close (grpcio does too; make it certain).
+        self.socket_path.unlink(missing_ok=True)
+        self._notify()
+
+    async def crash(self) -> None:
+        """Stop without cleanup: plugins' streams break and a stale ``kubelet.sock`` stays."""
+        await self.stop()
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stale.bind(str(self.socket_path))
+        stale.close()  # bound, never listening: connections are refused
+        self._notify()
+
+    async def restart(self) -> None:
+        """Stop, then start again (wiping every non-directory file but the checkpoint)."""
+        await self.stop()
+        self.restarts += 1
+        await self.start()
+
+    def _cleanup_directory(self) -> None:
+        # The kubelet removes every entry directly in its directory except the checkpoint and
+        # subdirectories, whatever its type (CleanupPluginDirectory).
+        for entry in os.scandir(self.directory):
+            if entry.name == constants.CHECKPOINT_NAME or entry.is_dir(follow_symlinks=False):
+                continue
+            os.unlink(entry.path)
+
+    def _read_checkpoint(self) -> None:
+        try:
+            data = json.loads(self.checkpoint_path.read_text())["Data"]
+        except (OSError, ValueError, KeyError):
+            return
+        now = time.monotonic()
+        for resource in data.get("RegisteredDevices", {}):
+            # Resources from the checkpoint get a stopped endpoint and empty sets.
+            books = self._books.setdefault(resource, _Books())
+            books.devices.clear()
+            books.healthy.clear()
+            books.unhealthy.clear()
+            books.endpoint = None
+            books.stopped_at = now
+
+    def _write_checkpoint(self) -> None:
+        entries = [
+            {
+                "PodUID": a.pod,
+                "ContainerName": a.container,
+                "ResourceName": a.resource_name,
+                "DeviceIDs": {"-1": list(a.device_ids)},
+                "AllocResp": "",
+            }
+            for a in self._allocations.values()
+        ]
+        registered = {r: sorted(b.healthy) for r, b in self._books.items()}
+        data = {"PodDeviceEntries": entries, "RegisteredDevices": registered}
+        checksum = zlib.crc32(json.dumps(data, sort_keys=True).encode())
+        tmp = self.checkpoint_path.with_name(".checkpoint.tmp")
+        tmp.write_text(json.dumps({"Data": data, "Checksum": checksum}))
+        os.replace(tmp, self.checkpoint_path)
+
+    # ------------------------------------------------------------------ Register
+
+    async def _register(
+        self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.Empty:
+        record = Registration(
+            resource_name=request.resource_name,
+            endpoint=request.endpoint,
+            version=request.version,
+            pre_start_required=request.options.pre_start_required,
+            preferred_allocation=request.options.get_preferred_allocation_available,
+            at=time.monotonic(),
+        )
+        error = await self._connect(request)
+        self.registrations.append(record if error is None else _with_error(record, error))
+        self._notify()
+        if error is not None:
+            # The kubelet returns plain Go errors: status UNKNOWN with the message.
+            await context.abort(grpc.StatusCode.UNKNOWN, error)
+        return pb.Empty()
+
+    async def _connect(self, request: pb.RegisterRequest) -> str | None:
+        if request.version not in constants.SUPPORTED_VERSIONS:
+            return (
+                f'requested API version "{request.version}" is not supported by kubelet. '
+                f'Supported version is ["{constants.VERSION}"]'
+            )
+        if not _names.is_extended_resource_name(request.resource_name):
+            return f'the ResourceName "{request.resource_name}" is invalid'
+        if self.register_delay:
+            await anyio.sleep(self.register_delay)
+        resource = request.resource_name
+        path = _join_endpoint(self.directory, request.endpoint)
+        channel = grpc.aio.insecure_channel(f"unix:{path}")
+        client = _Client(resource, path, channel, pb_grpc.DevicePluginStub(channel))
+        key = self._key(resource, path)
+        self._clients[key] = client
+        try:
+            with anyio.fail_after(self.dial_timeout):
+                await channel.channel_ready()
+        except TimeoutError:
+            self._deregister(key)
+            await channel.close()
+            return "failed to dial device plugin: context deadline exceeded"
+        try:
+            client.options = await client.stub.GetDevicePluginOptions(pb.Empty())
+        except grpc.aio.AioRpcError as exc:
+            self._deregister(key)
+            await channel.close()
+            return (
+                "failed to get device plugin options: "
+                f"rpc error: code = {_code_name(exc.code())} desc = {exc.details()}"
+            )
+        books = self._books.setdefault(resource, _Books())
+        # The new endpoint replaces any previous one for the resource, live or stopped.
+        books.endpoint = client
+        books.stopped_at = None
+        assert self._tg is not None
+        self._tg.start_soon(self._run_client, client)
+        return None
+
+    def _key(self, resource: str, path: Path) -> tuple[str, str]:
+        return (resource, str(path) if self.per_socket_clients else "")
+
+    def _deregister(self, key: tuple[str, str]) -> None:
+        self._clients.pop(key, None)
+
+    async def _run_client(self, client: _Client) -> None:
+        scope = anyio.CancelScope()
+        client.scope = scope
+        with scope:
+            try:
+                async for response in client.stub.ListAndWatch(pb.Empty()):
+                    self._on_list(client, response)
+            except grpc.aio.AioRpcError as exc:
+                log.info("ListAndWatch for %s ended: %s", client.resource, exc.code().name)
+            except Exception:
+                log.exception("ListAndWatch for %s failed", client.resource)
+        log.info("ListAndWatch ended unexpectedly for resource %s", client.resource)
+        # v1.32 looks the client up by resource name only: when an old registration's stream
+        # ends it finds, and disconnects, the newest client of the resource.
+        current = self._clients.get(self._key(client.resource, client.socket_path))
+        if current is None:
+            return
+        await self._disconnect(current)
+
+    async def _disconnect(self, client: _Client) -> None:
+        self._deregister(self._key(client.resource, client.socket_path))
+        if client.scope is not None:
+            client.scope.cancel()
+        await client.channel.close()
+        books = self._books.get(client.resource)
+        if books is not None and client.stopped_at is None:
+            client.stopped_at = time.monotonic()
+            # PluginDisconnected: every healthy device becomes unhealthy; the grace clock starts.
+            books.unhealthy |= books.healthy
+            books.healthy.clear()
+            books.stopped_at = client.stopped_at
+        self._notify()
+
+    def _on_list(self, client: _Client, response: pb.ListAndWatchResponse) -> None:
+        books = self._books.setdefault(client.resource, _Books())
+        books.devices = {}
+        books.healthy = set()
+        books.unhealthy = set()
+        for device in response.devices:
+            kd = KubeletDevice(device.ID, device.health, tuple(n.ID for n in device.topology.nodes))
+            books.devices[device.ID] = kd
+            (books.healthy if kd.healthy else books.unhealthy).add(device.ID)
+        books.seen_list = True
+        books.messages += 1
+        self._write_checkpoint()
+        self._notify()
+
+    # ------------------------------------------------------------------ views
+
+    def _live_books(self, resource: str) -> _Books | None:
+        books = self._books.get(resource)
+        if books is None:
+            return None
+        if (
+            books.stopped_at is not None
+            and time.monotonic() - books.stopped_at >= self.grace_period
+        ):
+            # GetCapacity drops an endpoint stopped for longer than the grace period.
+            books.devices.clear()
+            books.healthy.clear()
+            books.unhealthy.clear()
+            books.endpoint = None
+        return books
+
+    def capacity(self, resource: str) -> int:
+        """Node capacity for ``resource`` (healthy plus unhealthy devices)."""
+        books = self._live_books(resource)
+        return 0 if books is None else len(books.healthy) + len(books.unhealthy)
+
+    def allocatable(self, resource: str) -> int:
+        """Node allocatable for ``resource`` (healthy devices)."""
+        books = self._live_books(resource)
+        return 0 if books is None else len(books.healthy)
+
+    def devices(self, resource: str) -> dict[str, KubeletDevice]:
+        """Devices of ``resource`` from the latest ListAndWatch message."""
+        books = self._live_books(resource)
+        return {} if books is None else dict(books.devices)
+
+    def is_registered(self, resource: str) -> bool:
+        """Whether ``resource`` has a live (not stopped) endpoint."""
+        books = self._books.get(resource)
+        return bool(books and books.endpoint is not None and books.endpoint.stopped_at is None)
+
+    def connections(self, resource: str) -> int:
+        """How many live client connections the kubelet holds for ``resource``."""
+        return sum(
+            1 for c in self._clients.values() if c.resource == resource and c.stopped_at is None
+        )
+
+    def messages(self, resource: str) -> int:
+        """How many ListAndWatch messages the kubelet processed for ``resource``."""
+        books = self._books.get(resource)
+        return 0 if books is None else books.messages
+
+    def successful_registrations(self, resource: str) -> list[Registration]:
+        return [r for r in self.registrations if r.resource_name == resource and r.error is None]
+
+    # ------------------------------------------------------------------ waiting
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_for(
+        self, predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition"
+    ) -> None:
+        """Wait until ``predicate()`` holds, re-checking on every kubelet state change.
+
+        Raises:
+            TimeoutError: naming ``what`` and the kubelet's view, after ``timeout`` seconds.
+        """
+        try:
+            with anyio.fail_after(timeout):
+                while not predicate():
+                    with anyio.move_on_after(0.05):
+                        # Capacity can also change with time alone (the grace period).
+                        await self._changed.wait()
+        except TimeoutError:
+            raise TimeoutError(
+                f"timed out after {timeout:g}s waiting for {what}; {self.describe()}"
+            ) from None
+
+    async def wait_for_allocatable(self, resource: str, count: int, timeout: float = 5.0) -> None:
+        """Wait until ``allocatable(resource) == count``."""
+        await self.wait_for(
+            lambda: self.allocatable(resource) == count,
+            timeout,
+            f"allocatable {resource} == {count}",
+        )
+
+    async def wait_for_health(
+        self, resource: str, device_id: str, health: str, timeout: float = 5.0
+    ) -> None:
+        """Wait until the kubelet sees ``device_id`` with ``health``."""
+
+        def check() -> bool:
+            device = self.devices(resource).get(device_id)
+            return device is not None and device.health == str(health)
+
+        await self.wait_for(check, timeout, f"{resource} device {device_id} {health}")
+
+    async def wait_for_registrations(self, resource: str, count: int, timeout: float = 5.0) -> None:
+        """Wait until ``resource`` has registered successfully ``count`` times in total."""
+        await self.wait_for(
+            lambda: len(self.successful_registrations(resource)) >= count,
+            timeout,
+            f"{count} registrations of {resource}",
+        )
+
+    def describe(self) -> str:
+        """A one-line summary of what the kubelet sees, for failure messages."""
+        parts = [f"kubelet {'running' if self.running else 'stopped'}"]
+        for resource in sorted(self._books):
+            parts.append(
+                f"{resource}: capacity={self.capacity(resource)} "
+                f"allocatable={self.allocatable(resource)} "
+                f"registered={self.is_registered(resource)}"
+            )
+        parts.append(f"{len(self.registrations)} Register calls")
+        return "; ".join(parts)
+
+    # ------------------------------------------------------------------ allocation
+
+    async def allocate(
+        self,
+        resource: str,
+        count: int,
+        *,
+        pod: str | None = None,
+        container: str = "main",
+        start: bool = True,
+    ) -> ContainerAllocation:
+        """Admit a container asking for ``count`` devices, as the kubelet does.
+
+        Chooses devices (GetPreferredAllocation when offered), calls Allocate, records the
+        result, then, with ``start``, calls PreStartContainer when the plugin requires it.
+
+        Raises:
+            AdmissionError: with the kubelet's reason (no healthy devices, unavailable, RPC error).
+            ContainerStartError: PreStartContainer failed.
+        """
+        if pod is None:
+            self._pod_counter += 1
+            pod = f"pod-{self._pod_counter}"
+        key = (pod, container, resource)
+        existing = self._allocations.get(key)
+        if existing is not None:
+            if len(existing.device_ids) != count:
+                raise AdmissionError(
+                    f'pod "{pod}" container "{container}" changed request for resource '
+                    f'"{resource}" from {len(existing.device_ids)} to {count}'
+                )
+            if start:
+                await self.start_container(existing)
+            return existing
+        books = self._live_books(resource)
+        if books is None or not books.seen_list:
+            raise AdmissionError(f"cannot allocate unregistered device {resource}")
+        if not books.healthy:
+            raise AdmissionError(
+                f"no healthy devices present; cannot allocate unhealthy devices {resource}"
+            )
+        in_use = {
+            i
+            for a in self._allocations.values()
+            if a.resource_name == resource
+            for i in a.device_ids
+        }
+        available = sorted(books.healthy - in_use)
+        self._random.shuffle(available)  # Go set iteration order is random
+        if len(available) < count:
+            raise AdmissionError(
+                f"requested number of devices unavailable for {resource}. "
+                f"Requested: {count}, Available: {len(available)}"
+            )
+        client = books.endpoint
+        if client is None:
+            raise AdmissionError(f"unknown Device Plugin {resource}")
+        if client.stopped_at is not None:
+            raise AdmissionError(f"endpoint {client.socket_path} has been stopped")
+        chosen: list[str] = []
+        preferred: tuple[str, ...] | None = None
+        if client.options.get_preferred_allocation_available:
+            request = pb.PreferredAllocationRequest(
+                container_requests=[
+                    pb.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=available,
+                        must_include_deviceIDs=[],
+                        allocation_size=count,
+                    )
+                ]
+            )
+            try:
+                answer = await client.stub.GetPreferredAllocation(request)
+            except grpc.aio.AioRpcError as exc:
+                raise AdmissionError(
+                    f"device plugin GetPreferredAllocation rpc failed with err: {_rpc_error(exc)}"
+                ) from None
+            if answer.container_responses:
+                preferred = tuple(answer.container_responses[0].deviceIDs)
+                # Only the intersection with the candidates counts; order means nothing.
+                valid = [i for i in dict.fromkeys(preferred) if i in set(available)]
+                if len(valid) > count:
+                    valid = self._random.sample(valid, count)
+                chosen = valid
+        for device_id in available:
+            if len(chosen) >= count:
+                break
+            if device_id not in chosen:
+                chosen.append(device_id)
+        ids = list(chosen)
+        self._random.shuffle(ids)
+        try:
+            response = await client.stub.Allocate(
+                pb.AllocateRequest(
+                    container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]
+                )
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise AdmissionError(_rpc_error(exc)) from None
+        if not response.container_responses:
+            raise AdmissionError(f"no containers return in allocation response {response}")
+        result = ContainerAllocation(
+            pod=pod,
+            container=container,
+            resource_name=resource,
+            device_ids=tuple(sorted(ids)),
+            allocation=_convert.allocation_from_response(response.container_responses[0]),
+            preferred=preferred,
+        )
+        self._allocations[key] = result
+        self._write_checkpoint()
+        self._notify()
+        if start:
+            await self.start_container(result)
+        return result
+
+    async def start_container(self, allocation: ContainerAllocation) -> None:
+        """Start (or restart) a container: PreStartContainer when the plugin requires it.
+
+        Raises:
+            ContainerStartError: the plugin's endpoint is gone or PreStartContainer failed.
+        """
+        books = self._live_books(allocation.resource_name)
+        client = books.endpoint if books is not None else None
+        if client is None:
+            raise ContainerStartError(
+                f"endpoint not found in cache for a registered resource: {allocation.resource_name}"
+            )
+        if client.stopped_at is not None or not client.options.pre_start_required:
+            return
+        try:
+            await client.stub.PreStartContainer(
+                pb.PreStartContainerRequest(devices_ids=list(allocation.device_ids)),
+                timeout=constants.PRE_START_CONTAINER_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise ContainerStartError(
+                f"device plugin PreStartContainer rpc failed with err: {_rpc_error(exc)}"
+            ) from None
+
+    def release(self, allocation: ContainerAllocation) -> None:
+        """The pod ended: its devices are free again (the plugin is never told)."""
+        self._allocations.pop(
+            (allocation.pod, allocation.container, allocation.resource_name), None
+        )
+        self._write_checkpoint()
+        self._notify()
+
+    def allocated(self, resource: str) -> set[str]:
+        """IDs of ``resource`` held by containers."""
+        return {
+            i
+            for a in self._allocations.values()
+            if a.resource_name == resource
+            for i in a.device_ids
+        }
+
+    async def call_allocate(self, resource: str, device_ids: Iterable[str]) -> Allocation:
+        """Call the plugin's Allocate directly with ``device_ids`` (no admission checks).
+
+        Raises:
+            grpc.aio.AioRpcError: the plugin's error status.
+        """
+        client = self._client_for(resource)
+        response = await client.stub.Allocate(
+            pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))]
+            )
+        )
+        return _convert.allocation_from_response(response.container_responses[0])
+
+    def _client_for(self, resource: str) -> _Client:
+        books = self._books.get(resource)
+        if books is None or books.endpoint is None:
+            raise AdmissionError(f"unknown Device Plugin {resource}")
+        return books.endpoint
+
+
+def _join_endpoint(directory: Path, endpoint: str) -> Path:
+    # The kubelet joins the endpoint onto its directory with no other check (filepath.Join).
+    return Path(os.path.normpath(directory / endpoint))
+
+
+def _with_error(record: Registration, error: str) -> Registration:
+    return Registration(
+        resource_name=record.resource_name,
+        endpoint=record.endpoint,
+        version=record.version,
+        pre_start_required=record.pre_start_required,
+        preferred_allocation=record.preferred_allocation,
+        at=record.at,
+        error=error,
+    )
+
+
+def _code_name(code: grpc.StatusCode) -> str:
+    # grpc-go spells codes in CamelCase ("InvalidArgument").
+    return "".join(part.capitalize() for part in code.name.split("_"))
+
+
+def _rpc_error(exc: grpc.aio.AioRpcError) -> str:
+    return f"rpc error: code = {_code_name(exc.code())} desc = {exc.details()}"
