@@ -1,4 +1,4 @@
-"""Test tools for plugin authors: ``FakeKubelet`` and ``serving``.
+"""Test tools for plugin authors: ``FakeKubelet``, ``serving`` and ``StaticPlugin``.
 
 ``FakeKubelet`` plays the kubelet over real gRPC on real unix sockets; ``serving`` runs plugins
 against it in the background of a test::
@@ -28,6 +28,7 @@ from devplugin_sdk.testing._kubelet import (
     KubeletDevice,
     Registration,
 )
+from devplugin_sdk.testing._static import StaticPlugin
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
@@ -40,6 +41,7 @@ __all__ = [
     "FakeKubeletError",
     "KubeletDevice",
     "Registration",
+    "StaticPlugin",
     "serving",
 ]
 
