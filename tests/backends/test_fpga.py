@@ -1,0 +1,391 @@
+"""The FPGA backend on fake hosts (two U250s, DFL PACs): discovery, naming, health, hot-plug."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import ObjectReceiveStream
+
+from devplugin_sdk.backends import fpga
+from devplugin_sdk.errors import ConfigError
+from devplugin_sdk.plugin import PluginEvent
+from devplugin_sdk.testing.fpga_trees import (
+    DFL_INTERFACE_ID,
+    NLB0_AFU_ID,
+    NLB3_AFU_ID,
+    U250_VBNV,
+    FpgaHost,
+    alveo_u250_host,
+    dfl_pac_host,
+)
+from devplugin_sdk.types import Health, HealthEvent, RescanEvent
+
+ALL_F = "f" * 32
+
+
+def plugins(host: FpgaHost, **config: Any) -> list[fpga.FpgaPlugin]:
+    options = {"sysfs_root": host.sysfs_root, "dev_root": host.dev_root, **config}
+    return fpga.build_plugins(fpga.FpgaConfig.from_mapping(options))
+
+
+def only(host: FpgaHost, **config: Any) -> fpga.FpgaPlugin:
+    found = plugins(host, **config)
+    assert len(found) == 1, [p.resource_name for p in found]
+    return found[0]
+
+
+@contextlib.asynccontextmanager
+async def watching(plugin: fpga.FpgaPlugin) -> AsyncIterator[ObjectReceiveStream[PluginEvent]]:
+    """Run ``plugin.watch()`` in a task; yield once it is waiting, with its events as a stream."""
+    send, receive = anyio.create_memory_object_stream[PluginEvent](100)
+
+    async def pump() -> None:
+        with send:
+            async with contextlib.aclosing(plugin.watch()) as events:  # type: ignore[type-var]
+                async for event in events:
+                    await send.send(event)
+
+    with receive:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pump)
+            await anyio.wait_all_tasks_blocked()
+            yield receive
+            tg.cancel_scope.cancel()
+
+
+async def next_of(
+    events: ObjectReceiveStream[PluginEvent], kind: type[Any], timeout: float = 5
+) -> Any:
+    with anyio.fail_after(timeout):
+        while True:
+            event = await events.receive()
+            if isinstance(event, kind):
+                return event
+
+
+# ----------------------------------------------------------------------------- XRT
+
+
+async def test_two_u250_boards_make_one_resource_named_after_the_shell(tmp_path: Path) -> None:
+    """Boards pair management and user functions; the resource is named from the VBNV."""
+    host, boards = alveo_u250_host(tmp_path)
+    plugin = only(host, family="xrt")
+    assert plugin.resource_name == f"amd.com/{U250_VBNV}"
+
+    devices = await plugin.discover()
+
+    assert [d.id for d in devices] == ["0000:3b:00.1", "0000:d8:00.1"]
+    assert [d.numa_nodes for d in devices] == [(0,), (1,)]
+    assert all(d.health is Health.HEALTHY for d in devices)
+    node = devices[0].device_nodes[0]
+    assert (node.host_path, node.container_path) == ("/dev/dri/renderD128", "/dev/dri/renderD128")
+    assert len(devices[0].device_nodes) == 1
+    assert devices[0].attributes["management_function"] == boards[0].mgmt_address
+
+
+async def test_management_node_is_given_only_when_configured(tmp_path: Path) -> None:
+    host, boards = alveo_u250_host(tmp_path)
+    plugin = only(host, family="xrt", include_mgmt=True, host_dev_root="/hostdev")
+
+    devices = await plugin.discover()
+
+    paths = [n.host_path for n in devices[0].device_nodes]
+    assert paths == ["/hostdev/dri/renderD128", f"/hostdev/{boards[0].mgmt_node}"]
+    assert devices[0].device_nodes[1].container_path == f"/dev/{boards[0].mgmt_node}"
+
+
+async def test_rename_names_a_shell_and_declares_resources_without_boards(tmp_path: Path) -> None:
+    host, _ = alveo_u250_host(tmp_path)
+    found = plugins(
+        host,
+        family="xrt",
+        rename={U250_VBNV: "u250", "xilinx_u280_xdma_201920_3": "example.com/u280"},
+    )
+
+    assert [p.resource_name for p in found] == ["amd.com/u250", "example.com/u280"]
+    assert len(await found[0].discover()) == 2
+    assert await found[1].discover() == []
+
+
+def test_odd_shell_names_are_sanitised_into_valid_resource_names(tmp_path: Path) -> None:
+    host = FpgaHost(tmp_path)
+    host.add_alveo("0000:3b:00", vbnv="xilinx:u280 gen3x16/xdma.1__")
+
+    plugin = only(host, family="xrt")
+
+    assert plugin.resource_name == "amd.com/xilinx_u280_gen3x16_xdma.1"
+    assert fpga.sanitize_name_part("x" * 80 + "!") == "x" * 63
+
+
+@pytest.mark.parametrize(
+    ("break_board", "reason"),
+    [
+        (lambda b: b.set_offline(True), "offline"),
+        (lambda b: b.set_ready(False), "not ready"),
+        (lambda b: (b.dev_root / "dri" / b.render_node).unlink(), "missing"),
+    ],
+    ids=["dev_offline", "not-ready", "render-node-missing"],
+)
+async def test_board_health_comes_from_the_driver(
+    tmp_path: Path, break_board: Any, reason: str
+) -> None:
+    host, boards = alveo_u250_host(tmp_path)
+    plugin = only(host, family="xrt")
+    break_board(boards[0])
+
+    devices = {d.id: d for d in await plugin.discover()}
+
+    assert devices["0000:3b:00.1"].health is Health.UNHEALTHY
+    assert devices["0000:d8:00.1"].health is Health.HEALTHY
+    board = {b.id: b for b in fpga.scan(plugin.config)}["0000:3b:00.1"]
+    assert reason in board.reason
+
+
+async def test_board_with_xocl_unbound_is_unhealthy_not_absent(tmp_path: Path) -> None:
+    host = FpgaHost(tmp_path)
+    host.add_alveo("0000:3b:00", user_driver=None)
+
+    [board] = fpga.scan_xrt(host.sysfs_root, host.dev_root)
+
+    assert board.id == "0000:3b:00.1"
+    assert board.health is Health.UNHEALTHY
+    assert "not bound to xocl" in board.reason
+    assert board.key == U250_VBNV  # read from the management function's ROM
+
+
+async def test_board_whose_shell_becomes_unreadable_stays_in_its_resource_unhealthy(
+    tmp_path: Path,
+) -> None:
+    host, boards = alveo_u250_host(tmp_path)
+    plugin = only(host, family="xrt")
+    await plugin.discover()
+    for function_dir in (boards[0].mgmt_dir, boards[0].user_dir):
+        for rom in function_dir.glob("rom.*"):
+            shutil.rmtree(rom)
+
+    devices = {d.id: d for d in await plugin.discover()}
+
+    assert devices["0000:3b:00.1"].health is Health.UNHEALTHY
+    assert devices["0000:d8:00.1"].health is Health.HEALTHY
+
+
+async def test_reflashed_board_moves_to_the_resource_of_its_new_shell(tmp_path: Path) -> None:
+    host, boards = alveo_u250_host(tmp_path)
+    found = plugins(host, family="xrt", rename={"xilinx_u250_gen3x16_xdma_shell_4_1": "u250-4"})
+    by_name = {p.resource_name: p for p in found}
+    old, new = by_name[f"amd.com/{U250_VBNV}"], by_name["amd.com/u250-4"]
+    await old.discover()
+
+    boards[1].set_vbnv("xilinx_u250_gen3x16_xdma_shell_4_1")
+
+    assert [d.id for d in await old.discover()] == ["0000:3b:00.1"]
+    assert [d.id for d in await new.discover()] == ["0000:d8:00.1"]
+
+
+# ----------------------------------------------------------------------------- DFL
+
+
+async def test_af_mode_gives_one_resource_per_afu_id(tmp_path: Path) -> None:
+    host, _ = dfl_pac_host(tmp_path)
+
+    nlb0, nlb3 = plugins(host, family="dfl", mode="af")
+
+    assert nlb0.resource_name == f"fpga.intel.com/af-{NLB0_AFU_ID}"
+    assert nlb3.resource_name == f"fpga.intel.com/af-{NLB3_AFU_ID}"
+    [port0] = await nlb0.discover()
+    [port1] = await nlb3.discover()
+    assert (port0.id, port0.numa_nodes) == ("0000:5e:00.0-port0", (0,))
+    assert (port1.id, port1.numa_nodes) == ("0000:af:00.0-port0", (1,))
+    assert [n.host_path for n in port0.device_nodes] == ["/dev/dfl-port.0"]
+    assert port0.attributes["interface_id"] == DFL_INTERFACE_ID
+    assert port0.health is Health.HEALTHY
+
+
+async def test_region_mode_gives_one_device_per_card_keyed_by_interface_id(tmp_path: Path) -> None:
+    host, _ = dfl_pac_host(tmp_path)
+
+    plugin = only(host, family="dfl", mode="region", include_fme=True)
+    devices = await plugin.discover()
+
+    assert plugin.resource_name == f"fpga.intel.com/region-{DFL_INTERFACE_ID}"
+    assert [d.id for d in devices] == ["0000:5e:00.0", "0000:af:00.0"]
+    assert [n.host_path for n in devices[1].device_nodes] == ["/dev/dfl-port.1", "/dev/dfl-fme.1"]
+
+
+async def test_card_with_two_ports_as_in_the_kernel_documentation(tmp_path: Path) -> None:
+    """region0 is the base region; region1 and region2 are the FME's PR regions, not cards."""
+    host = FpgaHost(tmp_path)
+    card = host.add_dfl_card("0000:5e:00.0", afu_ids=[NLB0_AFU_ID, NLB0_AFU_ID])
+    assert (card.base_region, card.fme_regions) == ("region0", ["region1", "region2"])
+
+    af = only(host, family="dfl", mode="af")
+    region = only(host, family="dfl", mode="region")
+
+    assert [d.id for d in await af.discover()] == ["0000:5e:00.0-port0", "0000:5e:00.0-port1"]
+    [whole] = await region.discover()
+    assert [n.host_path for n in whole.device_nodes] == ["/dev/dfl-port.0", "/dev/dfl-port.1"]
+
+
+async def test_all_f_afu_id_marks_the_port_unhealthy(tmp_path: Path) -> None:
+    host, cards = dfl_pac_host(tmp_path)
+    nlb0, _ = plugins(host, family="dfl")
+    await nlb0.discover()
+
+    cards[0].set_afu_id(0, ALL_F)
+    [port] = await nlb0.discover()
+
+    assert port.health is Health.UNHEALTHY
+    # A card that has crashed before the plugin starts gets the crash marker's resource, as
+    # Intel's plugin does, and is unhealthy there.
+    crashed = [p for p in plugins(host, family="dfl") if p.resource_name.endswith(ALL_F)]
+    [device] = await crashed[0].discover()
+    assert device.health is Health.UNHEALTHY
+
+
+async def test_all_f_interface_id_marks_the_region_unhealthy(tmp_path: Path) -> None:
+    host, cards = dfl_pac_host(tmp_path)
+    plugin = only(host, family="dfl", mode="region")
+    await plugin.discover()
+
+    cards[1].set_interface_id(ALL_F)
+    devices = {d.id: d.health for d in await plugin.discover()}
+
+    assert devices == {"0000:5e:00.0": Health.HEALTHY, "0000:af:00.0": Health.UNHEALTHY}
+
+
+async def test_missing_port_node_marks_the_port_unhealthy(tmp_path: Path) -> None:
+    host, cards = dfl_pac_host(tmp_path)
+    nlb0, _ = plugins(host, family="dfl")
+    cards[0].remove_port_node(0)
+
+    [port] = await nlb0.discover()
+    health = await nlb0.check_health([port])
+
+    assert port.health is Health.UNHEALTHY
+    assert health == {port.id: Health.UNHEALTHY}
+
+
+async def test_unplugged_card_disappears_from_discovery(tmp_path: Path) -> None:
+    host, cards = dfl_pac_host(tmp_path)
+    plugin = only(host, family="dfl", mode="region")
+
+    cards[0].unplug()
+    assert [d.id for d in await plugin.discover()] == ["0000:af:00.0"]
+    cards[0].replug()
+    assert [d.id for d in await plugin.discover()] == ["0000:5e:00.0", "0000:af:00.0"]
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [
+        ({}, "family"),
+        ({"family": "opae"}, "family"),
+        ({"family": "dfl", "mode": "regiondevel"}, "mode"),
+        ({"family": "xrt", "mode": "af"}, "mode"),
+        ({"family": "xrt", "colour": "red"}, "colour"),
+        ({"family": "xrt", "rename": {"shell": "Bad Name!"}}, "rename.shell"),
+        ({"family": "xrt", "rename": ["shell"]}, "rename"),
+        ({"family": "xrt", "health_interval": 0}, "health_interval"),
+        ({"family": "xrt", "include_mgmt": "yes"}, "include_mgmt"),
+        ({"family": "xrt", "vendors": ["10ee"]}, "vendors[0]"),
+        ({"family": "dfl", "domain": "Intel"}, "domain"),
+    ],
+)
+def test_config_errors_name_the_key(config: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        fpga.from_config(config)
+    assert raised.value.key == key
+
+
+def test_from_config_applies_overrides_and_canonicalises_ids(tmp_path: Path) -> None:
+    host, _ = dfl_pac_host(tmp_path)
+    dashed = "D8424DC4-A4A3-C413-F89E-433683F9040B"
+
+    found = fpga.from_config(
+        {"family": "dfl", "sysfs_root": "/nonexistent", "rename": {dashed: "nlb0"}},
+        sysfs_root=host.sysfs_root,
+        dev_root=host.dev_root,
+    )
+
+    assert [p.resource_name for p in found] == [
+        "fpga.intel.com/af-f7df405cbd7acf7222f144b0b93acd18",
+        "fpga.intel.com/nlb0",
+    ]
+
+
+def test_nothing_found_and_nothing_declared_gives_no_plugins(tmp_path: Path) -> None:
+    host = FpgaHost(tmp_path)
+    assert plugins(host, family="xrt") == []
+    assert plugins(host, family="dfl") == []
+
+
+# ----------------------------------------------------------------------------- watch
+
+
+async def test_watch_pushes_unhealthy_and_recovery_from_sysfs(tmp_path: Path) -> None:
+    host, boards = alveo_u250_host(tmp_path)
+    plugin = only(host, family="xrt", health_interval=0.05)
+    await plugin.discover()
+
+    async with watching(plugin) as events:
+        boards[1].set_offline(True)
+        down = await next_of(events, HealthEvent)
+        assert (down.device_id, down.health) == ("0000:d8:00.1", Health.UNHEALTHY)
+        assert "offline" in down.reason
+
+        boards[1].set_offline(False)
+        up = await next_of(events, HealthEvent)
+        assert (up.device_id, up.health) == ("0000:d8:00.1", Health.HEALTHY)
+
+
+async def test_watch_rescans_on_a_dev_node_change_without_waiting_for_the_interval(
+    tmp_path: Path,
+) -> None:
+    host, cards = dfl_pac_host(tmp_path)
+    nlb0, _ = plugins(host, family="dfl", health_interval=60)
+    await nlb0.discover()
+
+    async with watching(nlb0) as events:
+        cards[0].remove_port_node(0)
+        event = await next_of(events, RescanEvent)
+
+    assert "dfl-port.0" in event.reason
+    [port] = await nlb0.discover()
+    assert port.health is Health.UNHEALTHY
+
+
+async def test_watch_rescans_when_a_board_leaves_sysfs(tmp_path: Path) -> None:
+    host, boards = alveo_u250_host(tmp_path)
+    plugin = only(host, family="xrt", health_interval=0.05)
+    await plugin.discover()
+
+    async with watching(plugin) as events:
+        boards[0].unplug()
+        await next_of(events, RescanEvent)
+
+    assert [d.id for d in await plugin.discover()] == ["0000:d8:00.1"]
+
+
+async def test_recovery_of_a_board_unhealthy_at_discovery_asks_for_a_rescan(tmp_path: Path) -> None:
+    """Discovered health only improves through discover(), so recovery must trigger one."""
+    host, boards = alveo_u250_host(tmp_path)
+    boards[1].set_offline(True)
+    plugin = only(host, family="xrt", health_interval=0.05)
+    assert [d.health for d in await plugin.discover()] == [Health.HEALTHY, Health.UNHEALTHY]
+
+    async with watching(plugin) as events:
+        boards[1].set_offline(False)
+        up = await next_of(events, HealthEvent)
+        await next_of(events, RescanEvent)
+
+    assert (up.device_id, up.health) == ("0000:d8:00.1", Health.HEALTHY)
+    assert [d.health for d in await plugin.discover()] == [Health.HEALTHY, Health.HEALTHY]
