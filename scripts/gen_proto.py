@@ -10,6 +10,7 @@ tests/api/test_generated.py regenerates into a temporary directory and compares 
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -22,14 +23,27 @@ PROTOS = (
 )
 
 
+def _plugin(name: str) -> str:
+    """Absolute path of a protoc plugin installed beside this Python (e.g. in the venv)."""
+    found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    if found is None:
+        raise SystemExit(f"{name} not found: pip install -e '.[dev]' (it comes with mypy-protobuf)")
+    return found
+
+
 def generate(out: Path) -> None:
     """Generate *_pb2.py, *_pb2.pyi, *_pb2_grpc.py and *_pb2_grpc.pyi for every proto into `out`."""
     include = str(Path(protoc.__file__).parent / "_proto")
+    plugins = [
+        f"--plugin=protoc-gen-mypy={_plugin('protoc-gen-mypy')}",
+        f"--plugin=protoc-gen-mypy_grpc={_plugin('protoc-gen-mypy_grpc')}",
+    ]
     for proto in PROTOS:
         args = [
             "grpc_tools.protoc",
             f"-I{ROOT}",
             f"-I{include}",
+            *plugins,
             f"--python_out={out}",
             f"--mypy_out={out}",
             f"--grpc_python_out={out}",
