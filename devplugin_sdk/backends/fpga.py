@@ -21,7 +21,7 @@ import re
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast, overload
 
 import anyio
 
@@ -743,16 +743,21 @@ class FpgaPlugin(DevicePlugin):
 # ----------------------------------------------------------------------------- entry points
 
 
-def build_plugins(
-    config: FpgaConfig, *, plugin_class: type[FpgaPlugin] = FpgaPlugin
-) -> list[FpgaPlugin]:
+_P = TypeVar("_P", bound=FpgaPlugin)
+
+
+@overload
+def build_plugins(config: FpgaConfig) -> list[FpgaPlugin]: ...
+@overload
+def build_plugins(config: FpgaConfig, *, plugin_class: type[_P]) -> list[_P]: ...
+def build_plugins(config: FpgaConfig, *, plugin_class: type[Any] = FpgaPlugin) -> list[Any]:
     """Scan the host once and return one plugin per resource.
 
     Resources are those of the boards found now (named by ``config.rename`` or from the key)
-    plus every resource named in ``config.rename``, found or not: the kubelet's set of
-    resources is fixed for the life of the process, so a key that first appears later is only
-    served if it was declared there. Boards whose key cannot be read at start are logged and
-    left out.
+    plus every resource named in ``config.rename``, found or not: ``serve()`` runs a fixed
+    set of plugins, so a key that first appears after start (a board reprogrammed with a new
+    shell or AFU) is only served if it was declared there. Boards whose key cannot be read
+    at start are logged and left out.
 
     Args:
         config: Backend settings.
