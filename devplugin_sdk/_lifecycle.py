@@ -233,9 +233,15 @@ class PluginRuntime:
                     ),
                     settings.register_timeout,
                 )
-                if outcome is _registration.Outcome.TIMED_OUT and self.streams:
-                    # A ListAndWatch stream arrived: the kubelet completed it after all.
-                    outcome = _registration.Outcome.REGISTERED
+                if outcome is _registration.Outcome.TIMED_OUT:
+                    # Outcome unknown: kubelets up to v1.34 finish a registration the client
+                    # gave up on. A ListAndWatch stream arriving means it succeeded; retrying
+                    # at once would register twice.
+                    with anyio.move_on_after(settings.register_timeout):
+                        while not self.streams:
+                            await self.watcher.wait(self.watcher.generation)
+                    if self.streams:
+                        outcome = _registration.Outcome.REGISTERED
                 if outcome is not _registration.Outcome.REGISTERED:
                     log.warning(
                         "%s: Register failed (%s); retrying in %.2gs",

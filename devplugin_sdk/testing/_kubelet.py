@@ -163,6 +163,7 @@ class FakeKubelet:
         self.register_delay = register_delay
         self.per_socket_clients = per_socket_clients
         self.registrations: list[Registration] = []
+        self.register_calls = 0
         self.restarts = 0
         self._random = random.Random(seed)
         self._books: dict[str, _Books] = {}
@@ -328,6 +329,7 @@ class FakeKubelet:
     async def _register(
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.Empty:
+        self.register_calls += 1
         record = Registration(
             resource_name=request.resource_name,
             endpoint=request.endpoint,
@@ -336,12 +338,24 @@ class FakeKubelet:
             preferred_allocation=request.options.get_preferred_allocation_available,
             at=time.monotonic(),
         )
-        error = await self._connect(request)
-        self.registrations.append(record if error is None else _with_error(record, error))
-        self._notify()
-        if error is not None:
+        done = anyio.Event()
+        outcome: list[str | None] = []
+
+        async def connect() -> None:
+            error = await self._connect(request)
+            self.registrations.append(record if error is None else _with_error(record, error))
+            outcome.append(error)
+            self._notify()
+            done.set()
+
+        # v1.32 ignores the request's context: a client that gives up does not stop the
+        # kubelet from dialing back, fetching options and opening ListAndWatch.
+        assert self._tg is not None
+        self._tg.start_soon(connect)
+        await done.wait()
+        if outcome[0] is not None:
             # The kubelet returns plain Go errors: status UNKNOWN with the message.
-            await context.abort(grpc.StatusCode.UNKNOWN, error)
+            await context.abort(grpc.StatusCode.UNKNOWN, outcome[0])
         return pb.Empty()
 
     async def _connect(self, request: pb.RegisterRequest) -> str | None:
