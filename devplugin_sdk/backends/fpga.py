@@ -1,10 +1,10 @@
 """FPGA boards from sysfs: AMD/Xilinx Alveo cards under XRT, Intel FPGAs under the Linux DFL driver.
 
-Owns discovery (one ``Board`` per schedulable unit), per-board health read from what the drivers
-expose, resource naming (shell VBNV, AFU ID or interface ID, sanitised, renameable) and hot-plug.
-Layouts were learned from: the kernel's Documentation/fpga/dfl.rst ("Device enumeration"),
-Documentation/ABI/testing/sysfs-class-fpga-region, sysfs-platform-dfl-port, sysfs-platform-dfl-fme,
-drivers/fpga/dfl.c and dfl-fme-pr.c; Xilinx/XRT src/runtime_src/core/pcie/driver/linux/xocl/
+Owns discovery, per-board health from the drivers' own attributes, resource naming (shell VBNV,
+AFU ID or interface ID; sanitised, renameable) and hot-plug. Layouts learned from the kernel's
+Documentation/fpga/dfl.rst ("Device enumeration"), Documentation/ABI/testing/
+sysfs-class-fpga-region, sysfs-platform-dfl-port, sysfs-platform-dfl-fme, drivers/fpga/dfl.c
+and dfl-fme-pr.c; Xilinx/XRT src/runtime_src/core/pcie/driver/linux/xocl/
 (userpf/xocl_sysfs.c, mgmtpf/mgmt-sysfs.c, mgmtpf/mgmt-core.c, subdev/feature_rom.c, devices.h);
 intel/intel-device-plugins-for-kubernetes cmd/fpga_plugin/ and pkg/fpga/; Xilinx/FPGA_as_a_Service
 k8s-device-plugin/fpga.go.
@@ -465,8 +465,9 @@ def scan_dfl(
         port_names = [e for e in entries if _DFL_PORT.match(e)]
         # "Application needs to search each regionX folder, if feature device is found ...
         # then it's the base fpga region which represents the FPGA device" (dfl.rst); the
-        # other regions are the FME's PR regions.
-        if not fmes and not port_names:
+        # other regions are the FME's PR regions. A PF whose ports were all released to
+        # SR-IOV VFs keeps only its FME: nothing to allocate there.
+        if not port_names:
             continue
         # /sys/class/fpga_region/regionX links to <pci device>/fpga_region/regionX.
         real = Path(os.path.realpath(region_dir))
@@ -712,6 +713,8 @@ class FpgaPlugin(DevicePlugin):
         served = {i: (b.device_nodes, b.numa_node) for i, b in self._served.items()}
         rescan = structure != served
         for board_id, board in sorted(current.items()):
+            if board_id not in self._served:
+                continue  # new to this resource: the rescan brings it in with its health
             if board.health is not self._reported.get(board_id, Health.HEALTHY):
                 events.append(HealthEvent(board_id, board.health, board.reason or "recovered"))
                 self._reported[board_id] = board.health

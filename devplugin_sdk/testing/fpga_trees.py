@@ -67,6 +67,10 @@ def _link(link: Path, target: Path) -> None:
     os.symlink(os.path.relpath(target, link.parent), link)
 
 
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8").strip()
+
+
 def _remove(path: Path) -> None:
     if path.is_symlink() or path.is_file():
         path.unlink()
@@ -295,6 +299,108 @@ class FpgaHost:
         _node(node)
         created.paths.extend([char_link, node])
 
+    def _fpga_region(self, created: _Created, region_dir: Path, parent: Path) -> None:
+        """An fpga_region class device (drivers/fpga/fpga-region.c) and its class link."""
+        _link(region_dir / "subsystem", self.sysfs_root / "class/fpga_region")
+        _link(region_dir / "device", parent)
+        _write(region_dir / "uevent", "", newline=False)
+        class_link = self.sysfs_root / "class/fpga_region" / region_dir.name
+        _link(class_link, region_dir)
+        created.paths.append(class_link)
+
+    def _platform_device(self, created: _Created, device_dir: Path, driver: str | None) -> None:
+        platform = self.sysfs_root / "bus/platform"
+        _link(device_dir / "subsystem", platform)
+        if driver is not None:
+            _link(device_dir / "driver", platform / "drivers" / driver)
+        bus_link = platform / "devices" / device_dir.name
+        _link(bus_link, device_dir)
+        created.paths.append(bus_link)
+
+    def _base_region(self, created: _Created, pci_dir: Path, name: str) -> Path:
+        # dfl-pci registers the base region under the PCI device; the feature devices
+        # (FME, ports) are platform devices under it (dfl.c build_info_create_dev).
+        region_dir = pci_dir / "fpga_region" / name
+        self._fpga_region(created, region_dir, pci_dir)
+        # No compat_id on a base region: the attribute exists but reads fail with ENOENT.
+        os.symlink("compat_id.ENOENT", region_dir / "compat_id")
+        return region_dir
+
+    def _dfl_port(self, created: _Created, port_dir: Path, port_id: int, afu_id: str) -> None:
+        port = port_dir.name
+        minor = int(port.rsplit(".", 1)[1])
+        self._platform_device(created, port_dir, "dfl-port")
+        _write(port_dir / "uevent", f"MAJOR={_DFL_PORT_MAJOR}\nMINOR={minor}\n"
+                                    f"DEVNAME={port}\nDRIVER=dfl-port\nMODALIAS=platform:dfl-port")
+        # sysfs-platform-dfl-port: id "%d", afu_id "%016llx%016llx", power_state, ap1_event,
+        # ap2_event, ltr; errors/ "0x%llx".
+        _write(port_dir / "id", str(port_id))
+        _write(port_dir / "afu_id", afu_id)
+        _write(port_dir / "power_state", "0")
+        _write(port_dir / "ap1_event", "0")
+        _write(port_dir / "ap2_event", "0")
+        _write(port_dir / "ltr", "0")
+        for name in ("errors", "first_error", "first_malformed_req"):
+            _write(port_dir / "errors" / name, "0x0")
+        self._char_node(created, port_dir, _DFL_PORT_MAJOR, minor, port)
+
+    def add_dfl_vf(
+        self, card: DflCard, vf_address: str, *, port: int = 0, device: str = "0x0b2c"
+    ) -> DflCard:
+        """Move port ``port`` of ``card`` to a new SR-IOV VF, as after DFL_FPGA_FME_PORT_RELEASE
+        and ``echo 1 > sriov_numvfs`` (Documentation/fpga/dfl.rst "FPGA virtualization").
+
+        The PF keeps its FME and loses the port; the VF gets a base region of its own holding
+        the port and no FME. Not undone by ``card.replug()``.
+
+        Args:
+            card: The PF's card.
+            vf_address: The VF's PCI address (same bus as the PF).
+            port: Index in ``card.ports`` of the port to move.
+            device: The VF's PCI device ID (0x0b2c: PAC D5005 VF, 0x0b31: PAC N3000 VF).
+
+        Returns:
+            The VF as a card without FME.
+        """
+        name = card.ports[port]
+        afu_id = _read(card.region_dir / name / "afu_id")
+        port_id = int(_read(card.region_dir / name / "id"))
+        created = card._created
+        for link in (self.dev_root / name, self.sysfs_root / "bus/platform/devices" / name):
+            _remove(link)
+        for char in (self.sysfs_root / "dev/char").iterdir():
+            if char.is_symlink() and char.resolve() == (card.region_dir / name).resolve():
+                _remove(char)
+        shutil.rmtree(card.region_dir / name)
+        card.ports.remove(name)
+        base = f"region{self._next_region}"
+        self._next_region += 1
+        root_port = card.pci_dir.parent.name
+        vf_dir = self._pci_function(
+            created, vf_address, root_port=root_port, vendor="0x8086", device=device,
+            subsystem_device="0x0000", driver="dfl-pci",
+            numa_node=int(_read(card.pci_dir / "numa_node")),
+        )
+        # SR-IOV links: <vf>/physfn -> ../<pf>, <pf>/virtfnN -> ../<vf> (drivers/pci/iov.c).
+        _link(vf_dir / "physfn", card.pci_dir)
+        index = int(_read(card.pci_dir / "sriov_numvfs"))
+        _link(card.pci_dir / f"virtfn{index}", vf_dir)
+        _write(card.pci_dir / "sriov_numvfs", str(index + 1))
+        region_dir = self._base_region(created, vf_dir, base)
+        self._dfl_port(created, region_dir / name, port_id, afu_id)
+        vf = DflCard(
+            pci_address=vf_address,
+            pci_dir=vf_dir,
+            base_region=base,
+            fme="",
+            fme_regions=[],
+            ports=[name],
+            dev_root=self.dev_root,
+            _created=created,
+        )
+        self.dfl[vf_address] = vf
+        return vf
+
     # ------------------------------------------------------------------ Alveo
 
     def add_alveo(
@@ -463,44 +569,20 @@ class FpgaHost:
             base_region=base,
             fme=fme,
             fme_regions=fme_regions,
-            ports=ports,
+            ports=list(ports),
             dev_root=self.dev_root,
             _created=created,
         )
-        platform = self.sysfs_root / "bus/platform"
-        fpga_region_class = self.sysfs_root / "class/fpga_region"
-
-        def region_device(region_dir: Path, parent: Path) -> None:
-            # fpga_region class device (drivers/fpga/fpga-region.c).
-            _link(region_dir / "subsystem", fpga_region_class)
-            _link(region_dir / "device", parent)
-            _write(region_dir / "uevent", "", newline=False)
-            class_link = fpga_region_class / region_dir.name
-            _link(class_link, region_dir)
-            created.paths.append(class_link)
-
-        def platform_device(device_dir: Path, driver: str | None) -> None:
-            _link(device_dir / "subsystem", platform)
-            if driver is not None:
-                _link(device_dir / "driver", platform / "drivers" / driver)
-            bus_link = platform / "devices" / device_dir.name
-            _link(bus_link, device_dir)
-            created.paths.append(bus_link)
-
         def build() -> None:
             pci_dir = self._pci_function(
                 created, pci_address, root_port=port_addr, vendor="0x8086", device=device,
                 subsystem_device="0x0000", driver="dfl-pci", numa_node=numa_node,
             )
-            # dfl-pci registers the base region under the PCI device; the feature devices
-            # (FME, ports) are platform devices under it (dfl.c build_info_create_dev).
-            region_dir = pci_dir / "fpga_region" / base
-            region_device(region_dir, pci_dir)
-            # No compat_id on a base region: the attribute exists but reads fail with ENOENT.
-            os.symlink("compat_id.ENOENT", region_dir / "compat_id")
-
+            _write(pci_dir / "sriov_totalvfs", str(len(afu_ids)))
+            _write(pci_dir / "sriov_numvfs", "0")
+            region_dir = self._base_region(created, pci_dir, base)
             fme_dir = region_dir / fme
-            platform_device(fme_dir, "dfl-fme")
+            self._platform_device(created, fme_dir, "dfl-fme")
             _write(fme_dir / "uevent", f"MAJOR={_DFL_FME_MAJOR}\nMINOR={fme_minor}\n"
                                        f"DEVNAME={fme}\nDRIVER=dfl-fme\nMODALIAS=platform:dfl-fme")
             # sysfs-platform-dfl-fme: ports_num "%d", bitstream_id/metadata "0x%llx".
@@ -516,39 +598,22 @@ class FpgaHost:
             # dfl-fme-pr.c: one manager per FME (id of the FME), then per port a bridge
             # (PLATFORM_DEVID_AUTO, hence ".auto") and a region with the bridge's id.
             mgr_dir = fme_dir / f"dfl-fme-mgr.{fme_minor}"
-            platform_device(mgr_dir, "dfl-fme-mgr")
+            self._platform_device(created, mgr_dir, "dfl-fme-mgr")
             _write(mgr_dir / "fpga_manager" / f"fpga{fme_minor}" / "name", "DFL FME FPGA Manager")
             _write(mgr_dir / "fpga_manager" / f"fpga{fme_minor}" / "state", "operating")
             for bridge, fme_region in zip(bridges, fme_regions, strict=True):
                 br_dir = fme_dir / f"dfl-fme-bridge.{bridge}.auto"
-                platform_device(br_dir, "dfl-fme-bridge")
+                self._platform_device(created, br_dir, "dfl-fme-bridge")
                 _write(br_dir / "fpga_bridge" / f"br{bridge}" / "name", "DFL FPGA FME Bridge")
                 _write(br_dir / "fpga_bridge" / f"br{bridge}" / "state", "enabled")
                 holder = fme_dir / f"dfl-fme-region.{bridge}"
-                platform_device(holder, "dfl-fme-region")
+                self._platform_device(created, holder, "dfl-fme-region")
                 pr_region = holder / "fpga_region" / fme_region
-                region_device(pr_region, holder)
+                self._fpga_region(created, pr_region, holder)
                 # compat_id_show prints "%016llx%016llx\n" (fpga-region.c).
                 _write(pr_region / "compat_id", interface_id)
-
             for index, (port, afu_id) in enumerate(zip(ports, afu_ids, strict=True)):
-                port_dir = region_dir / port
-                minor = int(port.rsplit(".", 1)[1])
-                platform_device(port_dir, "dfl-port")
-                _write(port_dir / "uevent", f"MAJOR={_DFL_PORT_MAJOR}\nMINOR={minor}\n"
-                                            f"DEVNAME={port}\nDRIVER=dfl-port\n"
-                                            "MODALIAS=platform:dfl-port")
-                # sysfs-platform-dfl-port: id "%d", afu_id "%016llx%016llx", power_state,
-                # ap1_event, ap2_event, ltr; errors/ "0x%llx".
-                _write(port_dir / "id", str(index))
-                _write(port_dir / "afu_id", afu_id)
-                _write(port_dir / "power_state", "0")
-                _write(port_dir / "ap1_event", "0")
-                _write(port_dir / "ap2_event", "0")
-                _write(port_dir / "ltr", "0")
-                for name in ("errors", "first_error", "first_malformed_req"):
-                    _write(port_dir / "errors" / name, "0x0")
-                self._char_node(created, port_dir, _DFL_PORT_MAJOR, minor, port)
+                self._dfl_port(created, region_dir / port, index, afu_id)
 
         created.build = build
         build()

@@ -232,6 +232,24 @@ async def test_card_with_two_ports_as_in_the_kernel_documentation(tmp_path: Path
     assert [n.host_path for n in whole.device_nodes] == ["/dev/dfl-port.0", "/dev/dfl-port.1"]
 
 
+async def test_port_on_an_sriov_vf_takes_the_interface_id_of_its_pf(tmp_path: Path) -> None:
+    """A VF's base region has the port but no FME (intel-device-plugins issue #372)."""
+    host = FpgaHost(tmp_path)
+    card = host.add_dfl_card("0000:5e:00.0", afu_ids=[NLB0_AFU_ID, NLB3_AFU_ID], numa_node=1)
+    host.add_dfl_vf(card, "0000:5e:00.1", port=1)
+
+    af = {p.resource_name: p for p in plugins(host, family="dfl", mode="af")}
+    region = only(host, family="dfl", mode="region")
+
+    [vf_port] = await af[f"fpga.intel.com/af-{NLB3_AFU_ID}"].discover()
+    assert (vf_port.id, vf_port.numa_nodes, vf_port.health) == (
+        "0000:5e:00.1-port1", (1,), Health.HEALTHY,
+    )
+    assert vf_port.attributes["interface_id"] == DFL_INTERFACE_ID
+    devices = {d.id: [n.host_path for n in d.device_nodes] for d in await region.discover()}
+    assert devices == {"0000:5e:00.0": ["/dev/dfl-port.0"], "0000:5e:00.1": ["/dev/dfl-port.1"]}
+
+
 async def test_all_f_afu_id_marks_the_port_unhealthy(tmp_path: Path) -> None:
     host, cards = dfl_pac_host(tmp_path)
     nlb0, _ = plugins(host, family="dfl")
