@@ -640,7 +640,10 @@ class FpgaPlugin(DevicePlugin):
         """Read sysfs and return this resource's boards with the health read now."""
         boards = self._select(await anyio.to_thread.run_sync(scan, self.config))
         self._served = {b.id: b for b in boards}
-        self._reported = {b.id: b.health for b in boards}
+        # _reported mirrors the SDK's latest pushed/polled health per ID, which a rescan does
+        # not reset: keep it, so a recovery seen first by this rescan is still pushed.
+        for board in boards:
+            self._reported.setdefault(board.id, board.health)
         for board in boards:
             if board.health is Health.UNHEALTHY:
                 log.warning("%s: %s is unhealthy: %s", self.resource_name, board.id, board.reason)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -391,6 +392,23 @@ async def test_watch_rescans_when_a_board_leaves_sysfs(tmp_path: Path) -> None:
         await next_of(events, RescanEvent)
 
     assert [d.id for d in await plugin.discover()] == ["0000:d8:00.1"]
+
+
+async def test_recovery_seen_first_by_a_rescan_is_still_pushed(tmp_path: Path) -> None:
+    """The SDK keeps the last pushed/polled Unhealthy across rescans until told otherwise."""
+    host, boards = alveo_u250_host(tmp_path)
+    plugin = only(host, family="xrt", health_interval=60)
+    devices = await plugin.discover()
+    boards[1].set_offline(True)
+    assert (await plugin.check_health(devices))["0000:d8:00.1"] is Health.UNHEALTHY
+    boards[1].set_offline(False)
+    assert all(d.healthy for d in await plugin.discover())
+    plugin.config = dataclasses.replace(plugin.config, health_interval=0.05)
+
+    async with watching(plugin) as events:
+        up = await next_of(events, HealthEvent)
+
+    assert (up.device_id, up.health) == ("0000:d8:00.1", Health.HEALTHY)
 
 
 async def test_recovery_of_a_board_unhealthy_at_discovery_asks_for_a_rescan(tmp_path: Path) -> None:
