@@ -216,9 +216,7 @@ class PluginRuntime:
                     if server is not None:
                         await self._stop(server)
                         stopped_at = time.monotonic()
-                    server, own_id = await start_server(
-                        self.socket_path, [self.servicer.handler()]
-                    )
+                    server, own_id = await start_server(self.socket_path, [self.servicer.handler()])
                 if registered_with == kubelet_id and stopped_at is not None:
                     # Same kubelet as before: let it process the old stream's end first, or it
                     # may tear down the new registration (kubelet issue #121994).

@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import grpc
 
 from devplugin_sdk import _convert, _names
@@ -173,6 +174,9 @@ class FakeKubelet:
         self._tg: anyio.abc.TaskGroup | None = None
         self._changed = anyio.Event()
         self._pod_counter = 0
+        self._checkpoint_dirty = False
+        self._checkpoint_wakeup = anyio.Event()
+        self._checkpoint_lock = anyio.Lock()
 
     # ------------------------------------------------------------------ context management
 
@@ -181,6 +185,7 @@ class FakeKubelet:
             self.directory = Path(tempfile.mkdtemp(prefix="dpk-", dir="/tmp"))
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
+        self._tg.start_soon(self._checkpoint_writer)
         await self.start()
         return self
 
@@ -235,8 +240,9 @@ class FakeKubelet:
         if self._server is not None:
             raise RuntimeError("FakeKubelet is already running")
         self.directory.mkdir(mode=0o750, parents=True, exist_ok=True)
-        self._read_checkpoint()
-        self._cleanup_directory()
+        async with self._checkpoint_lock:
+            self._read_checkpoint()
+            self._cleanup_directory()
         server = grpc.aio.server()
         server.add_generic_rpc_handlers(
             [
@@ -267,6 +273,8 @@ class FakeKubelet:
         await server.stop(0)
         # Go's unix listener removes its socket on Close (grpcio does too; make it certain).
         self.socket_path.unlink(missing_ok=True)
+        async with self._checkpoint_lock:
+            self._flush_checkpoint()
         self._notify()
 
     async def crash(self) -> None:
@@ -307,6 +315,15 @@ class FakeKubelet:
             books.stopped_at = now
 
     def _write_checkpoint(self) -> None:
+        """Schedule a checkpoint write (the kubelet writes one after every list and allocation).
+
+        Writes happen off the event loop and coalesce, so the views update first, as in the
+        kubelet, and a slow disk does not inflate what tests measure; ``stop`` flushes.
+        """
+        self._checkpoint_dirty = True
+        self._checkpoint_wakeup.set()
+
+    def _checkpoint_text(self) -> str:
         entries = [
             {
                 "PodUID": a.pod,
@@ -318,11 +335,37 @@ class FakeKubelet:
             for a in self._allocations.values()
         ]
         registered = {r: sorted(b.healthy) for r, b in self._books.items()}
-        data = {"PodDeviceEntries": entries, "RegisteredDevices": registered}
-        checksum = zlib.crc32(json.dumps(data, sort_keys=True).encode())
+        data = json.dumps(
+            {"PodDeviceEntries": entries, "RegisteredDevices": registered}, sort_keys=True
+        )
+        return f'{{"Data":{data},"Checksum":{zlib.crc32(data.encode())}}}'
+
+    def _flush_checkpoint(self) -> None:
+        if not self._checkpoint_dirty:
+            return
+        self._checkpoint_dirty = False
         tmp = self.checkpoint_path.with_name(".checkpoint.tmp")
-        tmp.write_text(json.dumps({"Data": data, "Checksum": checksum}))
+        tmp.write_text(self._checkpoint_text())
         os.replace(tmp, self.checkpoint_path)
+
+    async def _checkpoint_writer(self) -> None:
+        while True:
+            await self._checkpoint_wakeup.wait()
+            self._checkpoint_wakeup = anyio.Event()
+            # start() cleans the directory under the same lock: it must not see a temp file.
+            async with self._checkpoint_lock:
+                text = self._checkpoint_text()
+                self._checkpoint_dirty = False
+
+                def write(text: str = text) -> None:
+                    tmp = self.checkpoint_path.with_name(".checkpoint.bg.tmp")
+                    tmp.write_text(text)
+                    os.replace(tmp, self.checkpoint_path)
+
+                try:
+                    await anyio.to_thread.run_sync(write)
+                except OSError:
+                    log.exception("FakeKubelet could not write its checkpoint")
 
     # ------------------------------------------------------------------ Register
 

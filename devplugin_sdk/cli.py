@@ -1,0 +1,163 @@
+"""The ``devplugin`` command (also ``python -m devplugin_sdk``): run plugins, run the demo.
+
+``devplugin run NAME --config FILE`` runs a built-in backend (``backends.BUILTIN``);
+``devplugin run MODULE:ATTR`` runs your own plugin class or factory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devplugin_sdk import _cli_probe, backends
+from devplugin_sdk._logging import configure_logging
+from devplugin_sdk.api import constants
+from devplugin_sdk.errors import ConfigError, DevicePluginError
+from devplugin_sdk.plugin import DevicePlugin, run
+from devplugin_sdk.settings import Settings
+
+__all__ = ["load_yaml", "main", "resolve_plugins"]
+
+
+def load_yaml(path: Path) -> Mapping[str, Any]:
+    """Read a YAML mapping from ``path``.
+
+    Raises:
+        ConfigError: unreadable file, YAML syntax error (with its line), or not a mapping.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(
+            str(path), f"invalid YAML{where}: {getattr(exc, 'problem', exc)}"
+        ) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(str(path), f"must hold a mapping, got {type(data).__name__}")
+    return data
+
+
+def resolve_plugins(target: str, config: Mapping[str, Any] | None) -> list[DevicePlugin]:
+    """Turn ``devplugin run``'s target into plugins.
+
+    ``target`` is a built-in backend name (its module's ``from_config`` gets ``config``) or
+    ``MODULE:ATTR`` where ATTR is a DevicePlugin subclass (with a ``from_config`` classmethod
+    when a config is given) or a callable returning one plugin or a list of them.
+
+    Raises:
+        ConfigError: unknown target, or a config the target cannot take.
+    """
+    if target in backends.BUILTIN:
+        module = importlib.import_module(backends.BUILTIN[target])
+        return list(module.from_config(config or {}))
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        known = ", ".join(sorted(backends.BUILTIN))
+        raise ConfigError(
+            "target", f"{target!r} is neither a built-in backend ({known}) nor MODULE:ATTR"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError("target", f"cannot import {module_name!r}: {exc}") from None
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise ConfigError("target", f"{module_name!r} has no attribute {attr!r}") from None
+    if config is not None:
+        factory = getattr(obj, "from_config", None)
+        if factory is None:
+            raise ConfigError("--config", f"{target} has no from_config() to take a configuration")
+        made = factory(config)
+    elif callable(obj):  # a DevicePlugin subclass or a factory
+        made = obj()
+    else:
+        raise ConfigError("target", f"{target} is not a DevicePlugin class or factory")
+    plugins = [made] if isinstance(made, DevicePlugin) else list(made)
+    for plugin in plugins:
+        if not isinstance(plugin, DevicePlugin):
+            raise ConfigError(
+                "target", f"{target} produced {type(plugin).__name__}, not a DevicePlugin"
+            )
+    if not plugins:
+        raise ConfigError("target", f"{target} produced no plugins")
+    return plugins
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    config = load_yaml(Path(args.config)) if args.config else None
+    plugins = resolve_plugins(args.target, config)
+    run(*plugins, settings=Settings(device_plugin_dir=Path(args.device_plugin_dir)))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    # Imported here: the demo pulls in the testing tools, which `devplugin run` never needs.
+    from devplugin_sdk import demo  # noqa: PLC0415
+
+    return demo.main(json_output=args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``devplugin`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="devplugin", description="Run Kubernetes device plugins built with devplugin-sdk."
+    )
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        help="debug, info, warning or error (default: info; demo: warning)",
+    )
+    parser.add_argument("--log-format", default="text", choices=["text", "json"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run_p = sub.add_parser("run", help="run device plugins until SIGTERM")
+    run_p.add_argument(
+        "target", help=f"built-in backend ({', '.join(sorted(backends.BUILTIN))}) or MODULE:ATTR"
+    )
+    run_p.add_argument("--config", help="YAML configuration file")
+    run_p.add_argument(
+        "--device-plugin-dir",
+        default=constants.DEVICE_PLUGIN_PATH,
+        help="the kubelet's device-plugin directory",
+    )
+    run_p.set_defaults(func=_cmd_run)
+
+    demo_p = sub.add_parser("demo", help="run the generic backend against an embedded FakeKubelet")
+    demo_p.add_argument("--json", action="store_true", help="print the timeline as JSON")
+    demo_p.set_defaults(func=_cmd_demo)
+
+    _cli_probe.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``devplugin``; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        default_level = "warning" if args.command == "demo" else "info"
+        configure_logging(args.log_level or default_level, args.log_format)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        code: int = args.func(args)
+    except (DevicePluginError, ValueError) as exc:
+        print(f"devplugin: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # pragma: no cover
+        return 130
+    return code
