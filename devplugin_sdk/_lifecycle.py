@@ -269,7 +269,7 @@ class PluginRuntime:
                 )
                 reason = await self._wait_for_loss(own_id, kubelet_id)
                 self.registered = False
-                log.warning(
+                log.info(
                     "%s: %s; serving and registering again", self.resource, reason, extra=self.extra
                 )
                 await self._stop(server)
