@@ -8,6 +8,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 from devplugin_sdk.testing import FakeKubelet, serving
 from devplugin_sdk.testing.fpga_trees import (
     DFL_INTERFACE_ID,
@@ -138,3 +140,18 @@ async def test_dfl_region_mode_serves_cards_by_interface_id(tmp_path: Path) -> N
 
     assert got.allocation.annotations == {"com.intel.fpga.mode": "fpga.intel.com/region"}
     assert len(got.allocation.device_nodes) == 1
+
+
+def test_main_refuses_a_bad_config_and_a_host_without_boards(tmp_path: Path) -> None:
+    host = FpgaHost(tmp_path / "host")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"family: dfl\nsysfs_root: {host.sysfs_root}\ndev_root: {host.dev_root}\n",
+        encoding="utf-8",
+    )
+    assert example.main(["--config", str(config)]) == 1
+
+    config.write_text("family: opae\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exited:
+        example.main(["--config", str(config)])
+    assert exited.value.code == 2
