@@ -15,15 +15,15 @@ sriov-network-device-plugin ``pkg/infoprovider/rdmaInfoProvider.go``, ``pkg/util
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import anyio
-import anyio.abc
 
 from devplugin_sdk import fswatch
 from devplugin_sdk.backends import _sysfs
@@ -523,7 +523,6 @@ class RdmaPlugin(DevicePlugin):
         self._reported: dict[str, Health] = {}
         self._recovery_rescan: set[str] = set()
         self._layout_rescan: tuple[Device, ...] | None = None
-        self._wake: anyio.Event | None = None
 
     # ------------------------------------------------------------------ discovery
 
@@ -578,9 +577,11 @@ class RdmaPlugin(DevicePlugin):
             attributes=attributes,
         )
 
-    def _snapshot(self) -> tuple[list[Device], dict[str, tuple[Health, str]]]:
+    def _snapshot(self) -> tuple[list[Device], dict[str, tuple[Health, str]], list[str]]:
         """Scan, select and build (blocking): the devices (one per RDMA device, or ``shares``
-        per device) and health by RDMA device name."""
+        per device), health by RDMA device name, and the ``/dev/infiniband`` listing as it was
+        before the scan."""
+        listing = _sysfs.list_dir(self.dev_root / _DEV_SUBDIR)
         selected = self.select(scan(self.sysfs_root))
         health = {info.name: self.health_of(info) for info in selected}
         devices: list[Device] = []
@@ -588,11 +589,11 @@ class RdmaPlugin(DevicePlugin):
             devices.extend(
                 replicate([self._device(info, health[info.name][0])], self.resource.shares)
             )
-        return devices, health
+        return devices, health, listing
 
     async def discover(self) -> Sequence[Device]:
         """Scan sysfs and return this resource's devices, health as of now."""
-        devices, health = await anyio.to_thread.run_sync(self._snapshot)
+        devices, health, _ = await anyio.to_thread.run_sync(self._snapshot)
         for name, (value, reason) in health.items():
             if reason:
                 log.info("%s: %s", self.resource_name, reason)
@@ -606,32 +607,28 @@ class RdmaPlugin(DevicePlugin):
 
     async def watch(self) -> AsyncIterator[PluginEvent]:
         """Push health changes and rescans; see the class docstring."""
-        send, receive = anyio.create_memory_object_stream[PluginEvent](64)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._watch_dev_nodes)
-            tg.start_soon(self._evaluate_loop, send)
-            async with receive:
-                async for event in receive:
-                    yield event
-            tg.cancel_scope.cancel()
-
-    async def _watch_dev_nodes(self) -> None:
         # sysfs emits no inotify events for device add/remove; udev's /dev/infiniband does.
+        # One task, no task group: a yield inside a task group breaks when the consumer is
+        # cancelled while the generator is suspended (anyio cancel scopes are per task).
         directory = self.dev_root / _DEV_SUBDIR
-        async for _changed in fswatch.watch([directory], poll_interval=self.health_interval):
-            if self._wake is not None:
-                self._wake.set()
-
-    async def _evaluate_loop(self, send: anyio.abc.ObjectSendStream[PluginEvent]) -> None:
-        async with send:
-            while True:
-                # A /dev change during the scan sets this new event: the next wait ends at once.
-                wake = self._wake = anyio.Event()
-                devices, health = await anyio.to_thread.run_sync(self._snapshot)
-                for event in self._changes(devices, health):
-                    await send.send(event)
-                with anyio.move_on_after(self.health_interval):
-                    await wake.wait()
+        while True:
+            devices, health, listing = await anyio.to_thread.run_sync(self._snapshot)
+            for event in self._changes(devices, health):
+                yield event
+            # A node created or removed since the scan would be in the watcher's first
+            # snapshot and never reported: look again right before arming it (no await in
+            # between; a devtmpfs listing takes microseconds).
+            if _sysfs.list_dir(directory) != listing:
+                continue
+            with anyio.move_on_after(self.health_interval):
+                # fswatch.watch is an async generator (annotated as an iterator): close it here.
+                changes = cast(
+                    "AsyncGenerator[set[Path], None]",
+                    fswatch.watch([directory], poll_interval=self.health_interval),
+                )
+                async with contextlib.aclosing(changes):
+                    async for _changed in changes:
+                        break
 
     def _changes(
         self, devices: Sequence[Device], health: Mapping[str, tuple[Health, str]]

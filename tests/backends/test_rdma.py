@@ -1,0 +1,583 @@
+"""The RDMA backend on fake ConnectX hosts: sysfs layout, selectors, health, modes, allocation,
+config, and port flaps seen through watch() and a FakeKubelet."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import ObjectReceiveStream
+
+from devplugin_sdk.backends import rdma
+from devplugin_sdk.errors import ConfigError
+from devplugin_sdk.plugin import PluginEvent
+from devplugin_sdk.testing import FakeKubelet, serving
+from devplugin_sdk.testing.rdma_trees import (
+    RdmaHost,
+    connectx_host,
+    connectx_ib_host,
+    connectx_roce_host,
+)
+from devplugin_sdk.types import Device, Health, HealthEvent, RescanEvent
+
+
+def plugins(host: RdmaHost, *resources: dict[str, Any], **top: Any) -> list[rdma.RdmaPlugin]:
+    config = {"resources": list(resources), **top}
+    return rdma.load_config(config, sysfs_root=host.sysfs_root, dev_root=host.dev_root).plugins()
+
+
+def only(host: RdmaHost, **resource: Any) -> rdma.RdmaPlugin:
+    (plugin,) = plugins(host, {"resourceName": "rdma/test", **resource})
+    return plugin
+
+
+def info(host: RdmaHost, name: str) -> rdma.RdmaDeviceInfo:
+    (found,) = [d for d in rdma.scan(host.sysfs_root) if d.name == name]
+    return found
+
+
+@contextlib.asynccontextmanager
+async def watching(plugin: rdma.RdmaPlugin) -> AsyncIterator[ObjectReceiveStream[PluginEvent]]:
+    """Run ``plugin.watch()`` in a task; yield once it is waiting, with its events as a stream."""
+    send, receive = anyio.create_memory_object_stream[PluginEvent](100)
+
+    async def pump() -> None:
+        with send:
+            async with contextlib.aclosing(plugin.watch()) as events:  # type: ignore[type-var]
+                async for event in events:
+                    await send.send(event)
+
+    with receive:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pump)
+            await anyio.wait_all_tasks_blocked()
+            yield receive
+            tg.cancel_scope.cancel()
+
+
+async def next_of(
+    events: ObjectReceiveStream[PluginEvent], kind: type[Any], timeout: float = 5
+) -> Any:
+    with anyio.fail_after(timeout):
+        while True:
+            event = await events.receive()
+            if isinstance(event, kind):
+                return event
+
+
+def paths(device: Device) -> list[str]:
+    return [n.host_path for n in device.device_nodes]
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> RdmaHost:
+    """``connectx_host``, built once for the tests that only read it (nothing may change it)."""
+    return connectx_host(tmp_path_factory.mktemp("mixed"))
+
+
+# ----------------------------------------------------------------------------- the fake tree
+
+
+def test_fake_tree_links_class_bus_and_sriov_entries_like_a_real_host(mixed: RdmaHost) -> None:
+    host = mixed
+    sys_ = host.sysfs_root
+    pf = sys_ / "devices/pci0000:b0/0000:b0:02.0/0000:b1:00.0"
+
+    for entry in ("class/infiniband/mlx5_2", "class/infiniband_verbs/uverbs2", "class/net/ens3f0np0"):
+        assert (sys_ / entry).is_symlink(), entry
+    assert (sys_ / "class/infiniband/mlx5_2").resolve() == pf / "infiniband/mlx5_2"
+    assert (sys_ / "class/infiniband_mad/issm2").resolve() == pf / "infiniband_mad/issm2"
+    assert (sys_ / "bus/pci/devices/0000:b1:00.0").resolve() == pf
+    assert (sys_ / "class/infiniband/mlx5_2/device").resolve() == pf
+    assert (pf / "driver").resolve() == sys_ / "bus/pci/drivers/mlx5_core"
+    assert (pf / "virtfn1").resolve() == pf.parent / "0000:b1:00.3"
+    assert (pf.parent / "0000:b1:00.3/physfn").resolve() == pf
+    assert (sys_ / "class/infiniband/mlx5_2/ports/1/state").read_text() == "4: ACTIVE\n"
+    assert (sys_ / "class/infiniband/mlx5_2/ports/1/phys_state").read_text() == "5: LinkUp\n"
+    assert (sys_ / "class/infiniband/mlx5_0/ports/1/link_layer").read_text() == "InfiniBand\n"
+    assert (sys_ / "class/infiniband_mad/umad2/port").read_text() == "1\n"
+    assert sorted(os.listdir(host.dev_root / "infiniband"))[:3] == ["issm0", "issm1", "issm2"]
+
+
+# ----------------------------------------------------------------------------- discovery
+
+
+def test_scan_reads_identity_numa_ports_and_char_devices(mixed: RdmaHost) -> None:
+    host = mixed
+
+    found = {d.name: d for d in rdma.scan(host.sysfs_root)}
+
+    assert list(found) == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4"]
+    ib = found["mlx5_1"]
+    assert (ib.pci_address, ib.vendor, ib.device_id, ib.driver) == (
+        "0000:ca:00.0", "15b3", "101b", "mlx5_core",
+    )
+    assert (ib.numa_node, ib.node_guid, ib.uverbs, ib.physfn) == (
+        1, "0c42:a103:0065:9d60", "uverbs1", None,
+    )
+    (port,) = ib.ports
+    assert (port.number, port.state_name, port.phys_state_name, port.link_layer) == (
+        1, "ACTIVE", "LinkUp", "InfiniBand",
+    )
+    assert (port.netdevs, port.umad, port.issm, port.active) == (("ib1",), "umad1", "issm1", True)
+    vf = found["mlx5_4"]
+    assert (vf.pci_address, vf.device_id, vf.physfn, vf.is_vf) == (
+        "0000:b1:00.3", "101e", "0000:b1:00.0", True,
+    )
+    assert (vf.netdevs, vf.link_layers) == (("ens3f0v1",), ("Ethernet",))
+
+
+def test_roce_netdev_comes_from_the_gid_table_when_the_function_has_none(tmp_path: Path) -> None:
+    host = connectx_roce_host(tmp_path)
+    # As for a sub-function, whose netdev hangs off the auxiliary device, not the PCI function.
+    shutil.rmtree(host.functions["0000:3b:00.1"].device_dir / "net")
+
+    assert info(host, "mlx5_1").netdevs == ("ens1f1np1",)
+
+
+def test_char_devices_are_matched_by_whole_device_name(tmp_path: Path) -> None:
+    # rdmamap once matched ibdev by substring, giving mlx5_1 the nodes of mlx5_10.
+    host = RdmaHost(tmp_path)
+    for n in range(11):
+        host.add_function(f"0000:{0x10 + n:02x}:00.0", ibdev=f"mlx5_{10 - n}", netdev=None)
+
+    found = {d.name: d for d in rdma.scan(host.sysfs_root)}
+
+    assert list(found)[:3] == ["mlx5_0", "mlx5_1", "mlx5_2"]  # natural order
+    assert (found["mlx5_10"].uverbs, found["mlx5_1"].uverbs) == ("uverbs0", "uverbs9")
+    assert (found["mlx5_10"].ports[0].umad, found["mlx5_1"].ports[0].umad) == ("umad0", "umad9")
+
+
+def test_host_without_rdma_stack_has_no_devices(tmp_path: Path) -> None:
+    assert rdma.scan(tmp_path / "sys") == []
+
+
+# ----------------------------------------------------------------------------- selectors
+
+
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        (rdma.Selector(), ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4"]),
+        (rdma.Selector(vendors=("0x15B3",)), ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4"]),
+        (rdma.Selector(device_ids=("101b", "101d")), ["mlx5_0", "mlx5_1", "mlx5_2"]),
+        (rdma.Selector(device_ids=("101e",), if_names=("ens3f0v1", "ib0")), ["mlx5_4"]),
+        (rdma.Selector(link_types=("ib",)), ["mlx5_0", "mlx5_1"]),
+        (rdma.Selector(link_types=("ether",), drivers=("mlx5_core",)), ["mlx5_2", "mlx5_3", "mlx5_4"]),
+        (rdma.Selector(rdma_devices=("mlx5_3",), pci_addresses=("0000:B1:00.2",)), ["mlx5_3"]),
+        (rdma.Selector(drivers=("irdma",)), []),
+    ],
+    ids=["empty", "vendor", "device-ids", "and-across-lists", "ib", "roce", "names", "no-match"],
+)
+def test_selectors_or_within_a_list_and_across_lists(
+    mixed: RdmaHost, selector: rdma.Selector, expected: list[str]
+) -> None:
+    assert [d.name for d in rdma.scan(mixed.sysfs_root) if selector.matches(d)] == expected
+
+
+def test_selector_rejects_ids_and_link_types_it_cannot_match() -> None:
+    with pytest.raises(ValueError, match="hex PCI ID"):
+        rdma.Selector(vendors=("mellanox",))
+    with pytest.raises(ValueError, match="link_types"):
+        rdma.Selector(link_types=("omnipath",))
+
+
+# ----------------------------------------------------------------------------- health
+
+
+@pytest.mark.parametrize(
+    ("state", "phys_state", "reason"),
+    [
+        ("DOWN", "Polling", "port 1 is DOWN/Polling"),  # IB cable pulled
+        ("INIT", "LinkUp", "port 1 is INIT/LinkUp"),  # link up, no subnet manager
+        ("ARMED", "LinkUp", "port 1 is ARMED/LinkUp"),
+        ("ACTIVE", "LinkErrorRecovery", "port 1 is ACTIVE/LinkErrorRecovery"),
+    ],
+)
+def test_only_active_linkup_ports_are_healthy(
+    tmp_path: Path, state: str, phys_state: str, reason: str
+) -> None:
+    host = connectx_ib_host(tmp_path)
+    assert rdma.evaluate_health(info(host, "mlx5_0"), dev_root=host.dev_root) == (
+        Health.HEALTHY, "",
+    )
+
+    host.set_port_state("mlx5_0", state=state, phys_state=phys_state)
+
+    assert rdma.evaluate_health(info(host, "mlx5_0"), dev_root=host.dev_root) == (
+        Health.UNHEALTHY, f"mlx5_0: {reason}",
+    )
+
+
+@pytest.mark.parametrize(
+    ("node", "require_rdma_cm", "problem"),
+    [
+        ("uverbs0", True, "/dev/infiniband/uverbs0 is missing"),
+        ("rdma_cm", True, "/dev/infiniband/rdma_cm is missing (is rdma_ucm loaded?)"),
+        ("rdma_cm", False, None),
+        ("umad0", True, None),
+    ],
+)
+def test_missing_char_devices_make_a_device_unhealthy(
+    tmp_path: Path, node: str, require_rdma_cm: bool, problem: str | None
+) -> None:
+    host = connectx_ib_host(tmp_path)
+    host.remove_dev_node(node)
+
+    health, reason = rdma.evaluate_health(
+        info(host, "mlx5_0"), dev_root=host.dev_root, require_rdma_cm=require_rdma_cm
+    )
+
+    assert (health, reason) == (
+        (Health.HEALTHY, "") if problem is None else (Health.UNHEALTHY, f"mlx5_0: {problem}")
+    )
+
+
+def test_health_looks_only_at_configured_ports(tmp_path: Path) -> None:
+    host = connectx_ib_host(tmp_path)
+    device = info(host, "mlx5_0")
+    two_ports = rdma.RdmaDeviceInfo(
+        **{
+            **{f: getattr(device, f) for f in device.__dataclass_fields__},
+            "ports": (device.ports[0], rdma.RdmaPort(2, 1, "DOWN", 3, "Disabled", "Ethernet")),
+        }
+    )
+
+    every = rdma.evaluate_health(two_ports, dev_root=host.dev_root)
+    first = rdma.evaluate_health(two_ports, ports=[1], dev_root=host.dev_root)
+    third = rdma.evaluate_health(two_ports, ports=[3], dev_root=host.dev_root)
+
+    assert every == (Health.UNHEALTHY, "mlx5_0: port 2 is DOWN/Disabled")
+    assert first == (Health.HEALTHY, "")
+    assert third == (Health.UNHEALTHY, "mlx5_0: port 3 does not exist")
+
+
+# ----------------------------------------------------------------------------- modes
+
+
+async def test_exclusive_mode_gives_each_rdma_device_its_nodes_env_and_numa_node(
+    tmp_path: Path,
+) -> None:
+    host = connectx_ib_host(tmp_path)
+    plugin = only(host, selectors={"linkTypes": ["InfiniBand"]})
+
+    devices = await plugin.discover()
+
+    assert [(d.id, d.numa_nodes, d.health, d.parent) for d in devices] == [
+        ("mlx5_0", (0,), Health.HEALTHY, None),
+        ("mlx5_1", (1,), Health.HEALTHY, None),
+    ]
+    assert paths(devices[1]) == [
+        "/dev/infiniband/uverbs1",
+        "/dev/infiniband/umad1",
+        "/dev/infiniband/issm1",
+        "/dev/infiniband/rdma_cm",
+    ]
+    assert all(n.container_path == n.host_path and n.permissions == "rw" for n in devices[1].device_nodes)
+    assert devices[1].env == {"RDMA_DEVICES": "mlx5_1", "RDMA_NETDEVS": "ib1"}
+    assert devices[1].attributes["pci_address"] == "0000:ca:00.0"
+
+
+async def test_shared_mode_makes_shares_whose_parent_is_the_hca(tmp_path: Path) -> None:
+    host = connectx_roce_host(tmp_path, vfs=0)
+    plugin = only(host, mode="shared", shares=3)
+
+    devices = await plugin.discover()
+
+    assert [d.id for d in devices] == [f"mlx5_{h}::{n}" for h in (0, 1) for n in range(3)]
+    assert {d.parent for d in devices} == {"mlx5_0", "mlx5_1"}
+    assert paths(devices[4])[0] == "/dev/infiniband/uverbs1"
+
+
+async def test_vfs_are_devices_and_device_ids_pick_them(tmp_path: Path) -> None:
+    host = connectx_roce_host(tmp_path, vfs=3)
+    plugin = only(host, selectors={"vendors": ["15b3"], "deviceIDs": ["101e"]})
+
+    devices = await plugin.discover()
+
+    assert [(d.id, d.attributes["physfn"], d.env["RDMA_NETDEVS"]) for d in devices] == [
+        ("mlx5_2", "0000:3b:00.0", "ens1f0v0"),
+        ("mlx5_3", "0000:3b:00.0", "ens1f0v1"),
+        ("mlx5_4", "0000:3b:00.0", "ens1f0v2"),
+    ]
+
+
+async def test_a_device_belongs_to_the_first_resource_that_selects_it(mixed: RdmaHost) -> None:
+    host = mixed
+    vfs, roce, rest = plugins(
+        host,
+        {"resourceName": "rdma/vf", "selectors": {"deviceIDs": ["101e"]}},
+        {"resourceName": "rdma/roce", "mode": "shared", "shares": 2, "selectors": {"linkTypes": ["roce"]}},
+        {"resourceName": "rdma/rest"},
+    )
+
+    assert [d.id for d in await vfs.discover()] == ["mlx5_3", "mlx5_4"]
+    assert [d.id for d in await roce.discover()] == ["mlx5_2::0", "mlx5_2::1"]
+    assert [d.id for d in await rest.discover()] == ["mlx5_0", "mlx5_1"]
+
+
+async def test_issm_rdma_cm_and_absent_umad_nodes_are_left_out(tmp_path: Path) -> None:
+    host = connectx_ib_host(tmp_path)
+    host.remove_dev_node("umad1")  # ib_umad's node gone: handing it out would fail the container
+    plugin = only(host, issm=False, rdmaCm=False)
+
+    devices = await plugin.discover()
+
+    assert paths(devices[0]) == ["/dev/infiniband/uverbs0", "/dev/infiniband/umad0"]
+    assert paths(devices[1]) == ["/dev/infiniband/uverbs1"]
+    assert [d.health for d in devices] == [Health.HEALTHY, Health.HEALTHY]
+
+
+async def test_cdi_kind_hands_out_cdi_names_instead_of_nodes(tmp_path: Path) -> None:
+    host = connectx_ib_host(tmp_path)
+    plugin = only(host, cdiKind="nvidia.com/net-rdma")
+
+    devices = await plugin.discover()
+    allocation = await plugin.allocate(devices)
+
+    assert allocation.cdi_devices == ("nvidia.com/net-rdma=mlx5_0", "nvidia.com/net-rdma=mlx5_1")
+    assert allocation.device_nodes == ()
+    assert allocation.env["RDMA_DEVICES"] == "mlx5_0,mlx5_1"
+
+
+# ----------------------------------------------------------------------------- allocation
+
+
+async def test_allocation_names_each_rdma_device_and_netdev_once(tmp_path: Path) -> None:
+    host = connectx_roce_host(tmp_path, vfs=0)
+    plugin = only(host, mode="shared", shares=4, envPrefix="NIC")
+    devices = {d.id: d for d in await plugin.discover()}
+
+    allocation = await plugin.allocate([devices["mlx5_1::0"], devices["mlx5_0::2"], devices["mlx5_1::3"]])
+
+    assert allocation.env == {"NIC_DEVICES": "mlx5_1,mlx5_0", "NIC_NETDEVS": "ens1f1np1,ens1f0np0"}
+    assert [n.host_path for n in allocation.device_nodes] == [
+        "/dev/infiniband/uverbs1",
+        "/dev/infiniband/umad1",
+        "/dev/infiniband/issm1",
+        "/dev/infiniband/rdma_cm",
+        "/dev/infiniband/uverbs0",
+        "/dev/infiniband/umad0",
+        "/dev/infiniband/issm0",
+    ]
+
+
+async def test_preferred_allocation_spreads_shares_over_hcas(tmp_path: Path) -> None:
+    host = connectx_roce_host(tmp_path, vfs=1)
+    plugin = only(host, mode="shared", shares=4)
+    devices = list(await plugin.discover())
+    # mlx5_1 has lost two shares to other pods: prefer the HCAs with more left.
+    available = [d for d in devices if d.id not in {"mlx5_1::0", "mlx5_1::1"}]
+
+    chosen = await plugin.preferred_allocation(available, [], 4)
+
+    assert chosen == ["mlx5_0::0", "mlx5_2::0", "mlx5_1::2", "mlx5_0::1"]
+
+
+async def test_preferred_allocation_keeps_to_the_numa_node_already_chosen(mixed: RdmaHost) -> None:
+    host = mixed  # mlx5_0 on NUMA 0; mlx5_1..mlx5_4 on NUMA 1
+    plugin = only(host)
+    devices = {d.id: d for d in await plugin.discover()}
+
+    chosen = await plugin.preferred_allocation(list(devices.values()), [devices["mlx5_1"]], 2)
+
+    assert chosen == ["mlx5_1", "mlx5_2"]
+
+
+# ----------------------------------------------------------------------------- watch
+
+
+async def test_port_flap_pushes_unhealthy_then_healthy_for_the_hca(tmp_path: Path) -> None:
+    host = connectx_roce_host(tmp_path, vfs=0)
+    (plugin,) = plugins(
+        host, {"resourceName": "rdma/roce", "mode": "shared", "shares": 2}, healthInterval=0.05
+    )
+    await plugin.discover()
+
+    async with watching(plugin) as events:
+        host.set_port_state("mlx5_1", state="DOWN")
+        down = await next_of(events, HealthEvent)
+        host.set_port_state("mlx5_1", state="ACTIVE")
+        up = await next_of(events, HealthEvent)
+
+    assert (down.device_id, down.health, down.reason) == (
+        "mlx5_1", Health.UNHEALTHY, "mlx5_1: port 1 is DOWN/Disabled",
+    )
+    assert (up.device_id, up.health) == ("mlx5_1", Health.HEALTHY)
+
+
+async def test_device_discovered_unhealthy_asks_for_a_rescan_when_it_recovers(
+    tmp_path: Path,
+) -> None:
+    host = connectx_ib_host(tmp_path)
+    host.set_port_state("mlx5_0", state="INIT")  # no subnet manager yet
+    (plugin,) = plugins(host, {"resourceName": "rdma/ib"}, healthInterval=0.05)
+    assert [d.health for d in await plugin.discover()] == [Health.UNHEALTHY, Health.HEALTHY]
+
+    async with watching(plugin) as events:
+        host.set_port_state("mlx5_0", state="ACTIVE")
+        rescan = await next_of(events, RescanEvent)
+
+    assert rescan.reason == "mlx5_0 recovered"
+    assert [d.health for d in await plugin.discover()] == [Health.HEALTHY, Health.HEALTHY]
+
+
+async def test_vfs_appearing_and_disappearing_ask_for_a_rescan(tmp_path: Path) -> None:
+    host = connectx_roce_host(tmp_path, vfs=1)
+    (plugin,) = plugins(host, {"resourceName": "rdma/vf"}, healthInterval=0.05)
+    await plugin.discover()
+
+    async with watching(plugin) as events:
+        host.add_function(
+            "0000:3b:00.3", ibdev="mlx5_3", netdev="ens1f0v1", device="0x101e", physfn="0000:3b:00.0"
+        )
+        await next_of(events, RescanEvent)
+        assert [d.id for d in await plugin.discover()][-1] == "mlx5_3"
+        host.remove_function("0000:3b:00.2")
+        await next_of(events, RescanEvent)
+
+    assert [d.id for d in await plugin.discover()] == ["mlx5_0", "mlx5_1", "mlx5_3"]
+
+
+async def test_dev_node_removal_is_seen_without_waiting_for_the_interval(tmp_path: Path) -> None:
+    host = connectx_ib_host(tmp_path)
+    (plugin,) = plugins(host, {"resourceName": "rdma/ib"}, healthInterval=600)
+    await plugin.discover()
+
+    async with watching(plugin) as events:
+        host.remove_dev_node("uverbs1")  # driver unloading: udev removes the node
+        event = await next_of(events, HealthEvent, timeout=10)
+
+    assert (event.device_id, event.health) == ("mlx5_1", Health.UNHEALTHY)
+
+
+async def test_node_removed_between_scan_and_waiting_is_not_missed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = connectx_ib_host(tmp_path)
+    (plugin,) = plugins(host, {"resourceName": "rdma/ib"}, healthInterval=600)
+    await plugin.discover()
+    scan_once = plugin._snapshot
+    calls = 0
+
+    def scan_then_unplug() -> Any:
+        nonlocal calls
+        calls += 1
+        result = scan_once()
+        if calls == 1:
+            host.remove_dev_node("uverbs0")  # after the scan, before the watcher is armed
+        return result
+
+    monkeypatch.setattr(plugin, "_snapshot", scan_then_unplug)
+    async with watching(plugin) as events:
+        event = await next_of(events, HealthEvent, timeout=10)
+
+    assert (event.device_id, event.health) == ("mlx5_0", Health.UNHEALTHY)
+
+
+async def test_a_port_going_down_takes_every_share_out_of_allocatable(tmp_path: Path) -> None:
+    host = connectx_roce_host(tmp_path, vfs=0)
+    (plugin,) = plugins(
+        host, {"resourceName": "rdma/roce", "mode": "shared", "shares": 5}, healthInterval=0.05
+    )
+
+    async with FakeKubelet() as kubelet, serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable("rdma/roce", 10)
+        host.set_port_state("mlx5_0", state="DOWN")
+        await kubelet.wait_for_allocatable("rdma/roce", 5)
+        assert kubelet.capacity("rdma/roce") == 10
+        got = await kubelet.allocate("rdma/roce", 2)
+        host.set_port_state("mlx5_0", state="ACTIVE")
+        await kubelet.wait_for_allocatable("rdma/roce", 10)
+
+    assert {i.split("::")[0] for i in got.device_ids} == {"mlx5_1"}
+    assert got.allocation.env["RDMA_DEVICES"] == "mlx5_1"
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_from_config_makes_one_plugin_per_resource(mixed: RdmaHost) -> None:
+    host = mixed
+    config = {
+        "healthInterval": 2,
+        "resources": [
+            {"resourceName": "example.com/ib", "selectors": {"linkTypes": ["infiniband"]}},
+            {
+                "resourceName": "example.com/roce",
+                "mode": "shared",
+                "shares": 100,
+                "selectors": [{"ifNames": ["ens3f0np0"]}, {"deviceIDs": ["101e"]}],
+            },
+        ],
+    }
+
+    found = rdma.from_config(config, sysfs_root=host.sysfs_root, dev_root=host.dev_root)
+
+    assert [p.resource_name for p in found] == ["example.com/ib", "example.com/roce"]
+    roce = found[1]
+    assert isinstance(roce, rdma.RdmaPlugin)
+    assert (roce.resource.mode, roce.resource.shares, roce.health_interval) == ("shared", 100, 2.0)
+    assert len(roce.resource.selectors) == 2
+    assert roce.sysfs_root == host.sysfs_root
+
+
+@pytest.mark.parametrize(
+    ("config", "key", "reason"),
+    [
+        ({}, "resources", "non-empty list"),
+        ({"resources": [{"resourceName": "rdma/a"}], "sysfs": "/sys"}, "sysfs", "unknown key"),
+        ({"resources": [{"resourceName": "a"}]}, "resources[0].resourceName", "fully qualified"),
+        ({"resources": [{"resourceName": "rdma/a", "mode": "spread"}]}, "resources[0].mode", "'shared'"),
+        ({"resources": [{"resourceName": "rdma/a", "mode": "shared"}]}, "resources[0].shares", ">= 1"),
+        ({"resources": [{"resourceName": "rdma/a", "shares": 4}]}, "resources[0].shares", "only applies"),
+        ({"resources": [{"resourceName": "rdma/a", "ports": [0]}]}, "resources[0].ports", "port numbers"),
+        ({"resources": [{"resourceName": "rdma/a", "issm": "yes"}]}, "resources[0].issm", "true or false"),
+        ({"resources": [{"resourceName": "rdma/a", "cdiKind": "rdma"}]}, "resources[0].cdiKind", "vendor.com"),
+        ({"resources": [{"resourceName": "rdma/a", "envPrefix": "1X"}]}, "resources[0].envPrefix", "variable"),
+        (
+            {"resources": [{"resourceName": "rdma/a", "selectors": {"vendor": ["15b3"]}}]},
+            "resources[0].selectors.vendor",
+            "unknown key",
+        ),
+        (
+            {"resources": [{"resourceName": "rdma/a", "selectors": {"vendors": ["nvidia"]}}]},
+            "resources[0].selectors.vendors",
+            "hex PCI ID",
+        ),
+        (
+            {"resources": [{"resourceName": "rdma/a", "selectors": [{}, {"linkTypes": ["opa"]}]}]},
+            "resources[0].selectors[1].linkTypes",
+            "is not one of",
+        ),
+        (
+            {"resources": [{"resourceName": "rdma/a", "selectors": {"ifNames": "ib0"}}]},
+            "resources[0].selectors.ifNames",
+            "list of strings",
+        ),
+        (
+            {"resources": [{"resourceName": "rdma/a"}, {"resourceName": "rdma/a"}]},
+            "resources[1].resourceName",
+            "duplicate",
+        ),
+        ({"resources": [{"resourceName": "rdma/a"}], "healthInterval": 0}, "healthInterval", "> 0"),
+    ],
+)
+def test_config_errors_name_the_dotted_key(config: dict[str, Any], key: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason) as caught:
+        rdma.load_config(config)
+
+    assert caught.value.key == key
+
+
+def test_unknown_override_is_refused() -> None:
+    with pytest.raises(ValueError, match="sysfs"):
+        rdma.from_config({"resources": [{"resourceName": "rdma/a"}]}, sysfs="/sys")
