@@ -159,7 +159,7 @@ class PluginRuntime:
                 log.exception(
                     "%s: check_health failed; health unchanged", self.resource, extra=self.extra
                 )
-            await anyio.sleep(self.settings.health_interval)
+            await anyio.sleep(self.plugin.health_interval or self.settings.health_interval)
 
     async def _consume_events(self) -> None:
         delay = 0.5

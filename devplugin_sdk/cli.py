@@ -62,7 +62,7 @@ def resolve_plugins(target: str, config: Mapping[str, Any] | None) -> list[Devic
     """
     if target in backends.BUILTIN:
         module = importlib.import_module(backends.BUILTIN[target])
-        return list(module.from_config(config or {}))
+        return _checked(target, module.from_config(config or {}))
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         known = ", ".join(sorted(backends.BUILTIN))
@@ -86,14 +86,20 @@ def resolve_plugins(target: str, config: Mapping[str, Any] | None) -> list[Devic
         made = obj()
     else:
         raise ConfigError("target", f"{target} is not a DevicePlugin class or factory")
-    plugins = [made] if isinstance(made, DevicePlugin) else list(made)
+    return _checked(target, made)
+
+
+def _checked(target: str, made: object) -> list[DevicePlugin]:
+    plugins = [made] if isinstance(made, DevicePlugin) else list(made)  # type: ignore[call-overload]
     for plugin in plugins:
         if not isinstance(plugin, DevicePlugin):
             raise ConfigError(
                 "target", f"{target} produced {type(plugin).__name__}, not a DevicePlugin"
             )
     if not plugins:
-        raise ConfigError("target", f"{target} produced no plugins")
+        raise ConfigError(
+            "target", f"{target} produced no plugins: no devices found and none configured"
+        )
     return plugins
 
 

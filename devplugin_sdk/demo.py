@@ -8,6 +8,7 @@ clean shutdown.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -138,7 +139,7 @@ async def run_demo(out: TextIO | None = None, json_output: bool = False) -> list
     finally:
         shutil.rmtree(tree, ignore_errors=True)
     if out is not None and json_output:
-        json.dump([step.__dict__ for step in steps], out, indent=2)
+        json.dump([dataclasses.asdict(step) for step in steps], out, indent=2)
         print(file=out)
     elif out is not None:
         print(

@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 # <sys/inotify.h>
 IN_MODIFY = 0x002
 IN_ATTRIB = 0x004
-IN_CLOSE_WRITE = 0x008
 IN_MOVED_FROM = 0x040
 IN_MOVED_TO = 0x080
 IN_CREATE = 0x100
@@ -40,17 +39,13 @@ IN_ONLYDIR = 0x01000000
 IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 
+# Entries appearing, going or changing attributes; not writes (a write to /dev/null would wake
+# every watcher of /dev).
 _DIR_MASK = (
-    IN_CREATE
-    | IN_DELETE
-    | IN_MOVED_FROM
-    | IN_MOVED_TO
-    | IN_ATTRIB
-    | IN_CLOSE_WRITE
-    | IN_DELETE_SELF
-    | IN_MOVE_SELF
-    | IN_ONLYDIR
-)
+    IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF
+) | IN_ONLYDIR
+# A watched directory's parent only tells us about the directory itself coming or going.
+_PARENT_MASK = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_ONLYDIR
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len
 
 Snapshot = dict[str, tuple[int, int, int]]
@@ -148,16 +143,17 @@ class _Watcher:
         """Watch every directory that exists, and the parent of every one that does not."""
         if self.inotify is None:
             return
-        wanted: set[Path] = set()
+        wanted: dict[Path, int] = {}
         for directory in self.directories:
-            wanted.add(directory)
             # The parent tells us when the directory itself is created or removed.
-            wanted.add(directory.parent)
-        for path in wanted:
+            wanted.setdefault(directory.parent, _PARENT_MASK)
+        for directory in self.directories:
+            wanted[directory] = _DIR_MASK
+        for path, mask in wanted.items():
             if path in self.watched:
                 continue
             try:
-                wd = self.inotify.add_watch(path, _DIR_MASK)
+                wd = self.inotify.add_watch(path, mask)
             except OSError as exc:
                 if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
                     log.warning("cannot watch %s (%s); relying on polling", path, exc)
@@ -222,9 +218,9 @@ async def watch(
 ) -> AsyncIterator[set[Path]]:
     """Yield sets of changed paths in ``directories`` until the caller stops iterating.
 
-    A path is reported when an entry is created, deleted, moved, or has its attributes or
-    content changed; a directory itself is reported when it appears or disappears. Missing
-    directories are picked up when they appear.
+    A path is reported when an entry is created, deleted, moved or has its attributes changed
+    (writes to a file are not reported); a directory itself is reported when it appears or
+    disappears. Missing directories are picked up when they appear.
 
     Args:
         directories: Directories to watch (not recursive).
@@ -241,10 +237,11 @@ async def watch(
         while True:
             changed: set[Path] = set()
             if watcher.inotify is not None:
-                with anyio.move_on_after(poll_interval):
+                with anyio.move_on_after(poll_interval) as timer:
                     await anyio.wait_readable(watcher.inotify.fd)
                     changed = watcher.handle_events()
-                if not changed:
+                if timer.cancelled_caught:
+                    # The safety net: list the directories only when inotify was quiet.
                     changed = watcher.poll()
             else:
                 await anyio.sleep(poll_interval)

@@ -47,10 +47,13 @@ class DevicePlugin(abc.ABC):
             or passed to ``__init__``.
         socket_name: Bare socket file name in the device-plugin directory; defaults to the
             resource name with ``/`` replaced by ``_`` plus ``.sock``.
+        health_interval: Seconds between ``check_health`` polls for this plugin; None means
+            ``Settings.health_interval``. Backends set it from their own configuration.
     """
 
     resource_name: str
     socket_name: str | None = None
+    health_interval: float | None = None
 
     def __init__(self, *, resource_name: str | None = None, socket_name: str | None = None) -> None:
         """Validate the names with the kubelet's rules.

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 from sdk_helpers import RESOURCE, widgets
 
@@ -53,7 +54,7 @@ async def test_waits_for_an_absent_kubelet_then_registers(short_dir: Path) -> No
     kubelet = FakeKubelet(short_dir)
     plugin = StaticPlugin(RESOURCE, widgets(2))
     async with serving(plugin, settings=kubelet.settings()):
-        await anyio.sleep(0)  # the plugin is now waiting for kubelet.sock
+        await anyio.lowlevel.checkpoint()  # the plugin is now waiting for kubelet.sock
         assert not kubelet.socket_path.exists()
         async with kubelet:
             await kubelet.wait_for_allocatable(RESOURCE, 2)
@@ -62,10 +63,10 @@ async def test_waits_for_an_absent_kubelet_then_registers(short_dir: Path) -> No
 
 async def test_a_slow_kubelet_still_registers() -> None:
     """Register waits while the kubelet takes its time (the deadline is at least 15 s)."""
-    async with FakeKubelet(register_delay=0.5) as kubelet:
-        async with serving(StaticPlugin(RESOURCE, widgets(1)), settings=kubelet.settings()):
-            await kubelet.wait_for_allocatable(RESOURCE, 1)
-            assert len(kubelet.registrations) == 1
+    kubelet = FakeKubelet(register_delay=0.5)
+    async with kubelet, serving(StaticPlugin(RESOURCE, widgets(1)), settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 1)
+        assert len(kubelet.registrations) == 1
 
 
 async def test_register_past_its_deadline_waits_for_the_kubelet_instead_of_duplicating() -> None:

@@ -45,12 +45,12 @@ class _KeepSocketsKubelet(FakeKubelet):
 
 
 async def test_reregisters_when_only_kubelet_sock_is_recreated() -> None:
-    async with _KeepSocketsKubelet() as kubelet:
-        async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings()):
-            await kubelet.wait_for_allocatable(RESOURCE, 2)
-            await kubelet.restart()
-            await kubelet.wait_for_allocatable(RESOURCE, 2)
-            assert len(kubelet.successful_registrations(RESOURCE)) == 2
+    kubelet = _KeepSocketsKubelet()
+    async with kubelet, serving(StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        await kubelet.restart()
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        assert len(kubelet.successful_registrations(RESOURCE)) == 2
 
 
 async def test_reregisters_when_the_kubelet_drops_the_stream(kubelet: FakeKubelet) -> None:

@@ -1,0 +1,16 @@
+"""Targets for `devplugin run MODULE:ATTR` in tests/test_cli.py."""
+
+from __future__ import annotations
+
+from sdk_helpers import widgets
+
+from devplugin_sdk.testing import StaticPlugin
+
+
+class TwoWidgets(StaticPlugin):
+    def __init__(self) -> None:
+        super().__init__("acme.com/widget", widgets(2))
+
+
+def not_a_plugin() -> list[str]:
+    return ["nope"]
