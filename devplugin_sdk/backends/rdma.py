@@ -21,7 +21,7 @@ import re
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast, overload
 
 import anyio
 
@@ -517,7 +517,8 @@ class RdmaPlugin(DevicePlugin):
         self.resource = resource
         self.sysfs_root = Path(sysfs_root)
         self.dev_root = Path(dev_root)
-        self.health_interval = float(health_interval)
+        # DevicePlugin.health_interval is the same notion (seconds between health checks).
+        self.health_interval = self._interval = float(health_interval)
         self._layout: tuple[Device, ...] | None = None
         self._discovered: dict[str, Health] = {}
         self._reported: dict[str, Health] = {}
@@ -561,6 +562,7 @@ class RdmaPlugin(DevicePlugin):
             "driver": info.driver or "",
             "node_guid": info.node_guid or "",
             "link_layer": ",".join(info.link_layers),
+            "ports": ",".join(str(port.number) for port in info.ports),
             "netdevs": ",".join(info.netdevs),
             "physfn": info.physfn or "",
         }
@@ -620,11 +622,11 @@ class RdmaPlugin(DevicePlugin):
             # between; a devtmpfs listing takes microseconds).
             if _sysfs.list_dir(directory) != listing:
                 continue
-            with anyio.move_on_after(self.health_interval):
+            with anyio.move_on_after(self._interval):
                 # fswatch.watch is an async generator (annotated as an iterator): close it here.
                 changes = cast(
                     "AsyncGenerator[set[Path], None]",
-                    fswatch.watch([directory], poll_interval=self.health_interval),
+                    fswatch.watch([directory], poll_interval=self._interval),
                 )
                 async with contextlib.aclosing(changes):
                     async for _changed in changes:
@@ -717,6 +719,9 @@ def _layout(devices: Sequence[Device]) -> tuple[Device, ...]:
 
 # ====================================================================== configuration
 
+_P = TypeVar("_P", bound=RdmaPlugin)
+
+
 
 @dataclass(frozen=True, slots=True)
 class RdmaConfig:
@@ -734,7 +739,12 @@ class RdmaConfig:
     dev_root: Path = Path("/dev")
     health_interval: float = 5.0
 
-    def plugins(self, plugin_class: type[RdmaPlugin] = RdmaPlugin) -> list[RdmaPlugin]:
+    @overload
+    def plugins(self) -> list[RdmaPlugin]: ...
+    @overload
+    def plugins(self, plugin_class: type[_P]) -> list[_P]: ...
+
+    def plugins(self, plugin_class: type[RdmaPlugin] = RdmaPlugin) -> list[Any]:
         """One plugin per resource.
 
         Args:
