@@ -25,6 +25,7 @@ from devplugin_sdk._server import start_server
 from devplugin_sdk._servicer import DevicePluginServicer
 from devplugin_sdk._state import DeviceState, Snapshot
 from devplugin_sdk.errors import DevicePluginError
+from devplugin_sdk.observe import Observer, PluginStatus
 from devplugin_sdk.settings import Settings
 from devplugin_sdk.types import HealthEvent, RescanEvent
 
@@ -43,7 +44,13 @@ __all__ = ["PluginRuntime", "run", "serve"]
 class PluginRuntime:
     """Everything the SDK keeps for one plugin while it is served."""
 
-    def __init__(self, plugin: DevicePlugin, settings: Settings, watcher: DirectoryWatcher) -> None:
+    def __init__(
+        self,
+        plugin: DevicePlugin,
+        settings: Settings,
+        watcher: DirectoryWatcher,
+        observer: Observer | None = None,
+    ) -> None:
         self.plugin = plugin
         self.settings = settings
         self.watcher = watcher
@@ -59,6 +66,9 @@ class PluginRuntime:
         self.lists_sent = 0
         self.allocations = 0
         self.rpc_errors = 0
+        self.observer = observer
+        self._sent_version = -1
+        self._version_seen_at = (self.state.version, time.monotonic())
         self._options = _convert.options(
             pre_start_required=plugin.overrides("pre_start_container"),
             preferred_allocation=plugin.overrides("preferred_allocation"),
@@ -100,6 +110,9 @@ class PluginRuntime:
 
     def list_sent(self, snapshot: Snapshot) -> None:
         self.lists_sent += 1
+        self._sent_version = max(self._sent_version, snapshot.version)
+        healthy = snapshot.healthy_count
+        self._notify("list_sent", self.resource, healthy, len(snapshot.devices) - healthy)
         log.debug(
             "%s: sent %d devices (%d healthy)",
             self.resource,
@@ -108,11 +121,43 @@ class PluginRuntime:
             extra=self.extra,
         )
 
-    def allocation_done(self, seconds: float) -> None:
+    def allocation_done(self, seconds: float, error: grpc.StatusCode | None) -> None:
         self.allocations += 1
+        self._notify("allocation", self.resource, seconds, error.name if error else None)
 
     def rpc_failed(self, rpc: str, code: grpc.StatusCode) -> None:
         self.rpc_errors += 1
+        if rpc != "Allocate":
+            self._notify("rpc_error", self.resource, rpc, code.name)
+
+    def status(self) -> PluginStatus:
+        """This plugin's state for liveness checks (see ``observe.PluginStatus``)."""
+        version = self.state.version
+        now = time.monotonic()
+        if version != self._version_seen_at[0]:
+            self._version_seen_at = (version, now)
+        pending = 0.0
+        if self.streams and self._sent_version < version:
+            pending = now - self._version_seen_at[1]
+        counts: dict[str, int] = {}
+        for health in self.state.snapshot().health.values():
+            counts[health.value] = counts.get(health.value, 0) + 1
+        return PluginStatus(
+            resource=self.resource,
+            registered=self.registered and bool(self.streams),
+            streams=len(self.streams),
+            pending_seconds=pending,
+            devices=counts,
+        )
+
+    def _notify(self, event: str, *args: object) -> None:
+        method = getattr(self.observer, event, None)
+        if method is None:
+            return
+        try:
+            method(*args)
+        except Exception:
+            log.exception("observer %s.%s failed", type(self.observer).__name__, event)
 
     def oversized(self, size: int) -> None:
         pass
@@ -257,6 +302,7 @@ class PluginRuntime:
                 backoff = settings.register_backoff_initial
                 self.registered = True
                 self.registrations += 1
+                self._notify("registered", self.resource, time.perf_counter() - started)
                 registered_with = kubelet_id
                 if not self.streams:
                     self.no_stream_since = time.monotonic()
@@ -269,6 +315,7 @@ class PluginRuntime:
                 )
                 reason = await self._wait_for_loss(own_id, kubelet_id)
                 self.registered = False
+                self._notify("reregistering", self.resource, reason)
                 log.info(
                     "%s: %s; serving and registering again", self.resource, reason, extra=self.extra
                 )
@@ -337,7 +384,15 @@ def _reraise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
     raise group
 
 
-async def serve(plugins: Sequence[DevicePlugin], settings: Settings | None = None) -> None:
+#: Runtimes of the plugins this process serves, for status endpoints.
+RUNTIMES: list[PluginRuntime] = []
+
+
+async def serve(
+    plugins: Sequence[DevicePlugin],
+    settings: Settings | None = None,
+    observer: Observer | None = None,
+) -> None:
     """Serve ``plugins`` until cancelled (see ``devplugin_sdk.serve``)."""
     if not plugins:
         raise ValueError("serve() needs at least one plugin")
@@ -346,7 +401,8 @@ async def serve(plugins: Sequence[DevicePlugin], settings: Settings | None = Non
         plugin.validate_names()
     _check_unique(plugins)
     watcher = DirectoryWatcher(settings.device_plugin_dir, settings.restart_poll_interval)
-    runtimes = [PluginRuntime(p, settings, watcher) for p in plugins]
+    runtimes = [PluginRuntime(p, settings, watcher, observer) for p in plugins]
+    RUNTIMES.extend(runtimes)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(watcher.run)
@@ -354,9 +410,16 @@ async def serve(plugins: Sequence[DevicePlugin], settings: Settings | None = Non
                 tg.start_soon(runtime.run)
     except BaseExceptionGroup as group:
         _reraise_single(group)
+    finally:
+        for runtime in runtimes:
+            RUNTIMES.remove(runtime)
 
 
-def run(plugins: Sequence[DevicePlugin], settings: Settings | None = None) -> None:
+def run(
+    plugins: Sequence[DevicePlugin],
+    settings: Settings | None = None,
+    observer: Observer | None = None,
+) -> None:
     """Serve ``plugins`` in a new event loop until SIGTERM/SIGINT (see ``devplugin_sdk.run``)."""
 
     async def main() -> None:
@@ -371,7 +434,7 @@ def run(plugins: Sequence[DevicePlugin], settings: Settings | None = None) -> No
                             return
 
                 tg.start_soon(stop_on_signal)
-                await serve(plugins, settings)
+                await serve(plugins, settings, observer)
         except BaseExceptionGroup as group:
             _reraise_single(group)
 

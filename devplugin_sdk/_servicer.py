@@ -153,10 +153,13 @@ class DevicePluginServicer:
                 responses.append(_convert.allocation_to_response(allocation))
             return pb.AllocateResponse(container_responses=responses)
 
+        failure: list[grpc.StatusCode] = []
         try:
-            return await self._guard("Allocate", context, serve())
+            return await self._guard("Allocate", context, serve(), failure)
         finally:
-            self.runtime.allocation_done(time.perf_counter() - started)
+            self.runtime.allocation_done(
+                time.perf_counter() - started, failure[0] if failure else None
+            )
 
     async def get_preferred_allocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -253,7 +256,11 @@ class DevicePluginServicer:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _guard(
-        self, rpc: str, context: grpc.aio.ServicerContext[Any, Any], work: Awaitable[T]
+        self,
+        rpc: str,
+        context: grpc.aio.ServicerContext[Any, Any],
+        work: Awaitable[T],
+        failure: list[grpc.StatusCode] | None = None,
     ) -> T:
         try:
             return await work
@@ -274,6 +281,8 @@ class DevicePluginServicer:
                     extra={"resource": self.resource},
                 )
             self.runtime.rpc_failed(rpc, code)
+            if failure is not None:
+                failure.append(code)
             await context.abort(code, message)
             raise  # pragma: no cover - abort raises
 

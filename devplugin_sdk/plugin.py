@@ -14,6 +14,7 @@ from devplugin_sdk import _lifecycle, _names
 from devplugin_sdk.types import Allocation, Device, Health, HealthEvent, RescanEvent
 
 if TYPE_CHECKING:
+    from devplugin_sdk.observe import Observer
     from devplugin_sdk.settings import Settings
 
 __all__ = ["DevicePlugin", "PluginEvent", "run", "serve"]
@@ -185,7 +186,9 @@ class DevicePlugin(abc.ABC):
         run(self, settings=settings)
 
 
-async def serve(*plugins: DevicePlugin, settings: Settings | None = None) -> None:
+async def serve(
+    *plugins: DevicePlugin, settings: Settings | None = None, observer: Observer | None = None
+) -> None:
     """Serve several plugins concurrently in the running event loop, until cancelled.
 
     Each plugin gets its own socket, registration and ListAndWatch streams; the kubelet-restart
@@ -197,9 +200,14 @@ async def serve(*plugins: DevicePlugin, settings: Settings | None = None) -> Non
         SocketInUseError: another live server answers on a plugin's socket.
         ValueError: bad names, or two plugins for one resource or socket.
     """
-    await _lifecycle.serve(plugins, settings)
+    await _lifecycle.serve(plugins, settings, observer)
 
 
-def run(*plugins: DevicePlugin, settings: Settings | None = None) -> None:
-    """Serve plugins in a new asyncio event loop until SIGTERM or SIGINT, then clean up."""
-    _lifecycle.run(plugins, settings)
+def run(
+    *plugins: DevicePlugin, settings: Settings | None = None, observer: Observer | None = None
+) -> None:
+    """Serve plugins in a new asyncio event loop until SIGTERM or SIGINT, then clean up.
+
+    ``observer`` receives lifecycle and RPC events (see ``devplugin_sdk.observe``).
+    """
+    _lifecycle.run(plugins, settings, observer)

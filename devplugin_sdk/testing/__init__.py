@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 import anyio
 
 from devplugin_sdk import _lifecycle
+from devplugin_sdk.observe import Observer
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.settings import Settings
 from devplugin_sdk.testing._kubelet import (
@@ -47,7 +48,9 @@ __all__ = [
 
 
 @asynccontextmanager
-async def serving(*plugins: DevicePlugin, settings: Settings) -> AsyncIterator[None]:
+async def serving(
+    *plugins: DevicePlugin, settings: Settings, observer: Observer | None = None
+) -> AsyncIterator[None]:
     """Serve ``plugins`` in the background for the body of the ``async with``.
 
     On exit the plugins shut down as on SIGTERM (streams end, servers stop, sockets removed).
@@ -55,7 +58,7 @@ async def serving(*plugins: DevicePlugin, settings: Settings) -> AsyncIterator[N
     """
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_lifecycle.serve, plugins, settings)
+            tg.start_soon(_lifecycle.serve, plugins, settings, observer)
             try:
                 yield
             finally:

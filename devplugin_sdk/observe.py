@@ -1,0 +1,52 @@
+"""What the SDK reports about itself while serving: the ``Observer`` protocol and plugin status.
+
+Pass an object with these methods as ``observer=`` to ``serve``/``run`` (metrics exporters do);
+every method is optional at run time (missing ones are skipped) and must not block. ``status()``
+of each served plugin feeds health endpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Observer", "PluginStatus"]
+
+
+class Observer(Protocol):
+    """Receives lifecycle and RPC events; implement the methods you need."""
+
+    def registered(self, resource: str, seconds: float) -> None:
+        """A Register call succeeded after ``seconds``."""
+
+    def reregistering(self, resource: str, reason: str) -> None:
+        """The registration was lost (kubelet restart, stream lost); serving again."""
+
+    def list_sent(self, resource: str, healthy: int, unhealthy: int) -> None:
+        """A ListAndWatch message went out with these counts."""
+
+    def allocation(self, resource: str, seconds: float, error: str | None) -> None:
+        """An Allocate call finished (``error`` is the gRPC code name when it failed)."""
+
+    def rpc_error(self, resource: str, rpc: str, code: str) -> None:
+        """An RPC other than Allocate failed with ``code``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PluginStatus:
+    """A served plugin's state, for liveness checks.
+
+    Attributes:
+        resource: The resource name.
+        registered: Registered with the kubelet, with a ListAndWatch stream open.
+        streams: Open ListAndWatch streams.
+        pending_seconds: How long the newest device list has waited to be sent on an open
+            stream (0 when every stream is up to date). A large value means a stuck loop.
+        devices: Devices by health ("Healthy"/"Unhealthy") as the plugin sees them.
+    """
+
+    resource: str
+    registered: bool
+    streams: int
+    pending_seconds: float
+    devices: dict[str, int]

@@ -1,0 +1,76 @@
+"""The observer hook and plugin status that metrics and /healthz are built on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from sdk_helpers import RESOURCE, widgets
+
+from devplugin_sdk import Allocation, Device, Health, _lifecycle
+from devplugin_sdk.testing import AdmissionError, FakeKubelet, StaticPlugin
+from devplugin_sdk.testing import serving as _serving
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[object, ...]] = []
+
+    def registered(self, resource: str, seconds: float) -> None:
+        self.events.append(("registered", resource))
+
+    def reregistering(self, resource: str, reason: str) -> None:
+        self.events.append(("reregistering", resource, reason))
+
+    def list_sent(self, resource: str, healthy: int, unhealthy: int) -> None:
+        self.events.append(("list_sent", resource, healthy, unhealthy))
+
+    def allocation(self, resource: str, seconds: float, error: str | None) -> None:
+        self.events.append(("allocation", resource, error))
+
+
+class _Refusing(StaticPlugin):
+    refuse = False
+
+    async def allocate(self, devices: Sequence[Device]) -> Allocation:
+        if self.refuse:
+            raise RuntimeError("boom")
+        return await super().allocate(devices)
+
+
+async def test_observer_sees_registrations_lists_and_allocations(kubelet: FakeKubelet) -> None:
+    recorder = Recorder()
+    plugin = _Refusing(RESOURCE, widgets(2))
+    async with _serving(plugin, settings=kubelet.settings(), observer=recorder):
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        plugin.set_health("w1", Health.UNHEALTHY)
+        await kubelet.wait_for_allocatable(RESOURCE, 1)
+        kubelet.release(await kubelet.allocate(RESOURCE, 1))
+        plugin.refuse = True
+        with pytest.raises(AdmissionError, match="boom"):
+            await kubelet.allocate(RESOURCE, 1, pod="p2")
+        await kubelet.restart()
+        await kubelet.wait_for_registrations(RESOURCE, 2)
+        await kubelet.wait_for_allocatable(RESOURCE, 1)
+    assert ("registered", RESOURCE) in recorder.events
+    assert ("list_sent", RESOURCE, 2, 0) in recorder.events
+    assert ("list_sent", RESOURCE, 1, 1) in recorder.events
+    assert ("allocation", RESOURCE, None) in recorder.events
+    assert ("allocation", RESOURCE, "INTERNAL") in recorder.events
+    assert any(e[0] == "reregistering" and "kubelet restart" in str(e[2]) for e in recorder.events)
+
+
+async def test_status_reports_registration_and_device_counts(kubelet: FakeKubelet) -> None:
+    plugin = StaticPlugin(RESOURCE, widgets(3))
+    async with _serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 3)
+        plugin.set_health("w0", Health.UNHEALTHY)
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        (runtime,) = [r for r in _lifecycle.RUNTIMES if r.plugin is plugin]
+        status = runtime.status()
+        assert status.registered
+        assert status.streams == 1
+        assert status.pending_seconds == 0
+        assert status.devices == {"Healthy": 2, "Unhealthy": 1}
+        await kubelet.stop()
+        await kubelet.wait_for(lambda: not runtime.status().registered, what="unregistered status")
