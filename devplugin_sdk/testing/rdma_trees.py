@@ -227,7 +227,8 @@ class RdmaHost:
         _write(ib_dir / "sys_image_guid", node_guid)
         _write(ib_dir / "node_desc", f"host {ibdev}")
         _write(ib_dir / "fw_ver", "22.39.1002")
-        _write(ib_dir / "hca_type", "MT4125" if link_layer == "Ethernet" else "MT4123")
+        # mlx5 prints the PCI device ID in decimal: MT4123 is ConnectX-6 (0x101b).
+        _write(ib_dir / "hca_type", f"MT{int(device, 16)}")
         _write(ib_dir / "hw_rev", "0x0")
         _write(ib_dir / "board_id", "MT_0000000359")
         self._class_link("infiniband", ibdev, rel_from_sys)
