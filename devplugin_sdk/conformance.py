@@ -1,0 +1,880 @@
+"""``devplugin conformance``: a suite of named checks that any device plugin must pass.
+
+Each check is a small async function that returns what it saw or raises ``CheckFailed`` or
+``Skip``; the suite talks to the plugin through ``probe.PluginClient``, as the kubelet would.
+``check_socket`` tests a plugin on its socket; ``check_register_dir`` plays the kubelet
+(``FakeKubelet``) on a directory, tests what registers, then restarts the kubelet. The rules are
+the plugin obligations of the protocol reference (kubelet-device-plugin-protocol.md, section 14).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+import grpc
+
+from devplugin_sdk import _names
+from devplugin_sdk._server import is_live_socket
+from devplugin_sdk.api import constants
+from devplugin_sdk.probe import (
+    DeviceList,
+    ListStream,
+    PluginClient,
+    PluginOptions,
+    PluginRpcError,
+    ProbeError,
+)
+from devplugin_sdk.testing import FakeKubelet, Registration
+
+__all__ = [
+    "CHECKS",
+    "Check",
+    "CheckFailed",
+    "CheckResult",
+    "ConformanceError",
+    "ConformanceReport",
+    "Limits",
+    "Skip",
+    "check_register_dir",
+    "check_socket",
+]
+
+Status = Literal["pass", "fail", "skip"]
+OnResult = Callable[["CheckResult"], None]
+
+UNKNOWN_ID = "conformance-unknown-1"
+# The API's comment on Device.ID; the kubelet itself does not enforce it.
+MAX_ID_LENGTH = 63
+# Conformance reads ListAndWatch with a larger limit than the kubelet's so that it can report
+# the size of an oversized message instead of only the kubelet's RESOURCE_EXHAUSTED.
+_MEASURE_LIMIT = 64 * 1024 * 1024
+
+
+class CheckFailed(Exception):
+    """Raised by a check: the plugin broke the rule; the message says how."""
+
+
+class Skip(Exception):
+    """Raised by a check that does not apply (an option not advertised, no devices)."""
+
+
+class ConformanceError(Exception):
+    """The suite cannot run (e.g. a live kubelet already serves the register directory)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """The outcome of one check.
+
+    Attributes:
+        name: The check's name, e.g. ``"unknown-ids-rejected"``.
+        status: ``"pass"``, ``"fail"`` or ``"skip"``.
+        detail: What was seen, or why it failed or was skipped.
+        resource: The resource tested, in ``--register-dir`` mode.
+    """
+
+    name: str
+    status: Status
+    detail: str
+    resource: str | None = None
+
+    def line(self) -> str:
+        """``PASS  options-fast  answered in 0.4 ms``."""
+        return f"{self.status.upper():<4}  {self.name}  {self.detail}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "detail": self.detail,
+            "resource": self.resource,
+        }
+
+
+@dataclass
+class ConformanceReport:
+    """Every result of a run, in order.
+
+    Attributes:
+        mode: ``"socket"`` or ``"register-dir"``.
+        target: The socket or directory tested.
+        results: The check results.
+    """
+
+    mode: str
+    target: str
+    results: list[CheckResult] = field(default_factory=list)
+
+    def count(self, status: Status) -> int:
+        return sum(1 for r in self.results if r.status == status)
+
+    @property
+    def ok(self) -> bool:
+        """True when no check failed and at least one passed."""
+        return self.count("fail") == 0 and self.count("pass") > 0
+
+    def summary(self) -> str:
+        """``N passed, M failed`` (plus skipped checks, when any)."""
+        text = f"{self.count('pass')} passed, {self.count('fail')} failed"
+        skipped = self.count("skip")
+        return f"{text}, {skipped} skipped" if skipped else text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "target": self.target,
+            "results": [r.to_json() for r in self.results],
+            "passed": self.count("pass"),
+            "failed": self.count("fail"),
+            "skipped": self.count("skip"),
+            "ok": self.ok,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Thresholds and timeouts of a run.
+
+    Args:
+        fast_within: "Quickly" for options-fast and list-prompt, seconds.
+        timeout: Dial timeout and deadline of each RPC or stream wait, seconds.
+        max_devices: At most this many single-device Allocate calls.
+        register_wait: ``--register-dir``: how long to wait for a plugin to register.
+        expect: ``--register-dir``: wait until this many resources registered.
+        settle: ``--register-dir``: then wait this long for more resources to register.
+        restart_timeout: ``--register-dir``: how long a plugin may take to re-register.
+    """
+
+    fast_within: float = 1.0
+    timeout: float = 10.0
+    max_devices: int = 64
+    register_wait: float = 60.0
+    expect: int = 1
+    settle: float = 0.5
+    restart_timeout: float = 10.0
+
+
+# ------------------------------------------------------------------------------------------ subject
+
+
+class _Subject:
+    """The plugin under test and the connections and streams the checks share."""
+
+    def __init__(self, path: Path, limits: Limits) -> None:
+        self.path = path
+        self.limits = limits
+        self.client: PluginClient | None = None
+        self.options: PluginOptions | None = None
+        self.first: DeviceList | None = None
+        self.primary: ListStream | None = None
+        self.primary_end: str | None = None
+        self.updates = 0
+        self.largest = 0
+        self.registration: Registration | None = None
+        self._clients: list[PluginClient] = []
+        self._streams: list[ListStream] = []
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def __aenter__(self) -> _Subject:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._tg is not None
+        # Stop the background reader first: a grpc read interrupted by a local cancel of its
+        # call raises CancelledError, which must not look like a cancellation of the task.
+        self._tg.cancel_scope.cancel()
+        try:
+            return await self._tg.__aexit__(exc_type, exc, tb)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.close_connections()
+
+    async def connect(self) -> PluginClient:
+        """A new connection to the plugin, closed at the end of the run."""
+        client = await PluginClient.connect(
+            self.path,
+            timeout=self.limits.timeout,
+            rpc_timeout=self.limits.timeout,
+            max_receive_bytes=_MEASURE_LIMIT,
+        )
+        self._clients.append(client)
+        return client
+
+    def keep_open(self, stream: ListStream) -> None:
+        self._streams.append(stream)
+
+    async def close_connections(self) -> None:
+        for stream in self._streams:
+            stream.cancel()
+        for client in self._clients:
+            await client.close()
+        self._clients.clear()
+        self._streams.clear()
+
+    def start_draining(self, stream: ListStream) -> None:
+        """Read the primary stream in the background, recording updates and its end."""
+        assert self._tg is not None
+        self.primary = stream
+        self.keep_open(stream)
+        self._tg.start_soon(self._drain, stream)
+
+    async def _drain(self, stream: ListStream) -> None:
+        try:
+            async for devices in stream:
+                self.updates += 1
+                self.largest = max(self.largest, devices.size)
+        except ProbeError as exc:
+            self.primary_end = str(exc)
+
+    def need_client(self) -> PluginClient:
+        if self.client is None:
+            raise Skip("needs a connection (dial failed)")
+        return self.client
+
+    def need_options(self) -> PluginOptions:
+        if self.options is None:
+            raise Skip("needs the plugin's options (options-fast failed)")
+        return self.options
+
+    def need_list(self) -> DeviceList:
+        if self.first is None:
+            raise Skip("needs the first device list (list-prompt failed)")
+        return self.first
+
+    def healthy_ids(self, at_least: int = 1) -> list[str]:
+        ids = list(dict.fromkeys(d.id for d in self.need_list().healthy))
+        if len(ids) < at_least:
+            raise Skip(
+                f"needs {at_least} healthy device{'s' if at_least > 1 else ''}, "
+                f"the plugin lists {len(ids)}"
+            )
+        return ids
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _ms(seconds: float) -> str:
+    if seconds >= 1.0:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1000:.1f} ms"
+
+
+def _flags(options: PluginOptions) -> str:
+    return (
+        f"pre_start_required={str(options.pre_start_required).lower()}, "
+        f"get_preferred_allocation_available={str(options.preferred_allocation).lower()}"
+    )
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A named check.
+
+    Attributes:
+        name: The name printed on its line.
+        rule: The rule it checks, one sentence.
+        run: The check: returns a detail line, or raises ``CheckFailed``/``Skip``.
+        register_only: Runs only in ``--register-dir`` mode.
+    """
+
+    name: str
+    rule: str
+    run: Callable[[_Subject], Awaitable[str]]
+    register_only: bool = False
+
+
+async def _dial(s: _Subject) -> str:
+    # The kubelet dials once per registration, blocking, with a 10 s timeout.
+    s.client = await s.connect()
+    return f"connected in {_ms(s.client.connect_seconds)}"
+
+
+async def _options_fast(s: _Subject) -> str:
+    client = s.need_client()
+    started = time.perf_counter()
+    options = await client.options()
+    elapsed = time.perf_counter() - started
+    s.options = options
+    if elapsed > s.limits.fast_within:
+        # The kubelet calls it inside Register, with no deadline: registration waits on it.
+        raise CheckFailed(
+            f"answered in {_ms(elapsed)}, over {_ms(s.limits.fast_within)}; the kubelet calls it "
+            "inside Register and the plugin's registration waits for it"
+        )
+    return f"answered in {_ms(elapsed)} ({_flags(options)})"
+
+
+async def _registration_valid(s: _Subject) -> str:
+    reg = s.registration
+    if reg is None:
+        raise Skip("no registration recorded")
+    problems: list[str] = []
+    if reg.error is not None:
+        problems.append(f"the kubelet rejected it: {reg.error}")
+    if reg.version != constants.VERSION:
+        problems.append(f"version {reg.version!r} is not {constants.VERSION!r}")
+    name_problem = _names.resource_name_problem(reg.resource_name)
+    if name_problem is not None:
+        problems.append(f"resource name {reg.resource_name!r} is invalid: {name_problem}")
+    try:
+        # Only files directly in the directory are wiped at kubelet start (restart detection).
+        _names.validate_socket_name(reg.endpoint)
+    except ValueError as exc:
+        problems.append(f"endpoint must be a bare socket file name in the directory: {exc}")
+    if s.options is not None and (
+        reg.pre_start_required != s.options.pre_start_required
+        or reg.preferred_allocation != s.options.preferred_allocation
+    ):
+        problems.append(
+            "RegisterRequest.options (pre_start_required="
+            f"{str(reg.pre_start_required).lower()}, get_preferred_allocation_available="
+            f"{str(reg.preferred_allocation).lower()}) differ from GetDevicePluginOptions "
+            f"({_flags(s.options)})"
+        )
+    if problems:
+        raise CheckFailed("; ".join(problems))
+    return f"{reg.resource_name} registered {reg.version} with endpoint {reg.endpoint!r}"
+
+
+async def _list_prompt(s: _Subject) -> str:
+    client = s.need_client()
+    stream = client.list_and_watch()
+    try:
+        devices = await stream.next(timeout=s.limits.timeout)
+    except TimeoutError:
+        stream.cancel()
+        raise CheckFailed(
+            f"no ListAndWatch message within {s.limits.timeout:g} s; the plugin must send the "
+            "full device list as soon as the stream opens (capacity stays 0 until it does)"
+        ) from None
+    elapsed = time.perf_counter() - stream.opened_at
+    s.first = devices
+    s.largest = devices.size
+    s.start_draining(stream)
+    if elapsed > s.limits.fast_within:
+        raise CheckFailed(
+            f"first message after {_ms(elapsed)}, over {_ms(s.limits.fast_within)}; pods "
+            "admitted before it fail with UnexpectedAdmissionError"
+        )
+    return (
+        f"first message after {_ms(elapsed)}: {_n(len(devices.devices), 'device')} "
+        f"({len(devices.healthy)} healthy)"
+    )
+
+
+async def _list_size(s: _Subject) -> str:
+    first = s.need_list()
+    size = max(first.size, s.largest)
+    if size > constants.MAX_MESSAGE_BYTES:
+        # grpc-go's default receive limit, which the kubelet never raises.
+        raise CheckFailed(
+            f"a ListAndWatch message is {size} bytes, over the kubelet's 4 MiB receive limit "
+            f"({constants.MAX_MESSAGE_BYTES} bytes): the kubelet ends the stream and drops the "
+            "resource; split the devices over several resources"
+        )
+    return f"{first.size} bytes for {_n(len(first.devices), 'device')} (limit 4 MiB)"
+
+
+async def _ids_unique_valid(s: _Subject) -> str:
+    devices = s.need_list().devices
+    counts = Counter(d.id for d in devices)
+    duplicates = [(i, n) for i, n in counts.items() if n > 1]
+    if duplicates:
+        device_id, n = duplicates[0]
+        # The kubelet does not reject duplicates: it may count one ID twice in capacity.
+        raise CheckFailed(
+            f"ID {device_id!r} is listed {n} times ({len(duplicates)} duplicated IDs); "
+            "IDs must be unique within the resource"
+        )
+    for device in devices:
+        if not device.id:
+            raise CheckFailed("a device has an empty ID")
+        if not device.id.isprintable():
+            raise CheckFailed(f"ID {device.id!r} is not printable")
+        if len(device.id) > MAX_ID_LENGTH:
+            raise CheckFailed(
+                f"ID {device.id[:24]!r}... is {len(device.id)} characters; the API limits IDs "
+                f"to {MAX_ID_LENGTH}"
+            )
+    if not devices:
+        return "no devices listed (an empty list is valid)"
+    return f"{_n(len(devices), 'unique printable ID')}"
+
+
+async def _health_values(s: _Subject) -> str:
+    devices = s.need_list().devices
+    for device in devices:
+        if device.health not in (constants.HEALTHY, constants.UNHEALTHY):
+            # The kubelet compares with the exact string "Healthy"; anything else is unhealthy.
+            raise CheckFailed(
+                f"device {device.id!r} has health {device.health!r}; only exactly 'Healthy' or "
+                "'Unhealthy' (the kubelet treats every other value as unhealthy)"
+            )
+    healthy = sum(1 for d in devices if d.healthy)
+    return f"{healthy} Healthy, {len(devices) - healthy} Unhealthy"
+
+
+async def _topology_valid(s: _Subject) -> str:
+    devices = s.need_list().devices
+    for device in devices:
+        if any(n < 0 for n in device.numa_nodes):
+            raise CheckFailed(
+                f"device {device.id!r} reports NUMA nodes {list(device.numa_nodes)}; NUMA IDs "
+                "are >= 0 (omit topology when unknown)"
+            )
+        if len(set(device.numa_nodes)) != len(device.numa_nodes):
+            raise CheckFailed(
+                f"device {device.id!r} repeats a NUMA node: {list(device.numa_nodes)}"
+            )
+    with_topology = sum(1 for d in devices if d.numa_nodes)
+    return f"{with_topology} of {len(devices)} devices report NUMA nodes"
+
+
+async def _one_response(client: PluginClient, containers: Sequence[Sequence[str]]) -> None:
+    label = f"Allocate({[list(c) for c in containers]!r:.80})"
+    try:
+        responses = await client.allocate(*containers)
+    except ProbeError as exc:
+        raise CheckFailed(f"{label}: {exc}") from None
+    if len(responses) != len(containers):
+        # The kubelet sends one container request and reads the first response.
+        raise CheckFailed(
+            f"{label} answered {len(responses)} container responses for {len(containers)} "
+            "container requests; it must answer one per request"
+        )
+
+
+async def _allocate_each(s: _Subject) -> str:
+    client = s.need_client()
+    ids = s.healthy_ids()
+    sample = ids[: s.limits.max_devices]
+    slowest = 0.0
+    for device_id in sample:
+        started = time.perf_counter()
+        await _one_response(client, [[device_id]])
+        slowest = max(slowest, time.perf_counter() - started)
+    shown = "" if len(sample) == len(ids) else f" (first {len(sample)} of {len(ids)})"
+    return (
+        f"{_n(len(sample), 'device')}{shown}, one container response each, slowest {_ms(slowest)}"
+    )
+
+
+async def _allocate_all(s: _Subject) -> str:
+    client = s.need_client()
+    ids = s.healthy_ids()
+    started = time.perf_counter()
+    # Also re-sends IDs already allocated above: Allocate must be idempotent.
+    await _one_response(client, [ids])
+    return (
+        f"{_n(len(ids), 'device')} in one container request, one response in "
+        f"{_ms(time.perf_counter() - started)}"
+    )
+
+
+async def _allocate_multi(s: _Subject) -> str:
+    client = s.need_client()
+    ids = s.healthy_ids(at_least=2)[:4]
+    await _one_response(client, [[i] for i in ids])
+    return f"{len(ids)} container requests, {len(ids)} container responses"
+
+
+async def _unknown_rejected(s: _Subject) -> str:
+    client = s.need_client()
+    known = {d.id for d in s.need_list().devices}
+    unknown = UNKNOWN_ID
+    while unknown in known:
+        unknown += "x"
+    requests: list[list[str]] = [[unknown]]
+    healthy = [d.id for d in s.need_list().healthy]
+    if healthy:
+        requests.append([healthy[0], unknown])
+    codes = []
+    for ids in requests:
+        try:
+            await client.allocate(ids)
+        except PluginRpcError as exc:
+            if exc.code is grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise CheckFailed(f"Allocate({ids!r}) did not answer: {exc.details}") from None
+            codes.append(exc.code.name)
+            continue
+        except ProbeError:
+            pass  # answered with a response: accepted
+        others = f" next to known ID {ids[0]!r}" if len(ids) > 1 else ""
+        raise CheckFailed(f"Allocate accepted unknown ID {unknown!r}{others}")
+    return f"Allocate rejected unknown IDs with {', '.join(dict.fromkeys(codes))}"
+
+
+async def _preferred(s: _Subject) -> str:
+    options = s.need_options()
+    if not options.preferred_allocation:
+        raise Skip("not advertised (get_preferred_allocation_available=false)")
+    client = s.need_client()
+    healthy = s.healthy_ids()
+    n = len(healthy)
+    cases: list[tuple[list[str], list[str], int]] = [(healthy, [], 1)]
+    if n >= 2:
+        cases.append((healthy, [healthy[-1]], 2))
+    if n >= 3:
+        # Leave the first device out of the candidates: naive plugins pick from their own list.
+        cases.append((healthy[1:], [healthy[2]], 2))
+    cases.append((healthy, [], n))
+    for available, must, size in cases:
+        label = (
+            f"GetPreferredAllocation(size={size}, must_include={must!r}, "
+            f"{len(available)} available)"
+        )
+        try:
+            answer = await client.preferred_allocation(available, must, size)
+        except ProbeError as exc:
+            # The kubelet fails the pod on any GetPreferredAllocation error.
+            raise CheckFailed(f"{label}: {exc}") from None
+        if answer is None:
+            raise CheckFailed(f"{label} answered no container response")
+        if len(answer) != size:
+            raise CheckFailed(f"{label} returned {len(answer)} IDs: {list(answer)!r:.120}")
+        if len(set(answer)) != len(answer):
+            raise CheckFailed(f"{label} repeats IDs: {list(answer)!r:.120}")
+        missing = [i for i in must if i not in answer]
+        if missing:
+            raise CheckFailed(f"{label} left out must-include ID {missing[0]!r}")
+        outside = [i for i in answer if i not in set(available)]
+        if outside:
+            raise CheckFailed(f"{label} returned {outside[0]!r}, which is not available")
+    return (
+        f"{len(cases)} requests answered with exactly the requested size, every must-include "
+        "ID and only available IDs"
+    )
+
+
+async def _prestart(s: _Subject) -> str:
+    options = s.need_options()
+    if not options.pre_start_required:
+        raise Skip("not advertised (pre_start_required=false)")
+    client = s.need_client()
+    ids = s.healthy_ids()[:1]
+    started = time.perf_counter()
+    # The kubelet's deadline is 30 s and it calls before every container start.
+    await client.pre_start_container(ids)
+    return f"PreStartContainer({ids!r}) answered in {_ms(time.perf_counter() - started)}"
+
+
+async def _second_stream(s: _Subject) -> str:
+    s.need_list()
+    client = await s.connect()
+    stream = client.list_and_watch()
+    s.keep_open(stream)
+    try:
+        devices = await stream.next(timeout=s.limits.timeout)
+    except TimeoutError:
+        raise CheckFailed(
+            f"a second concurrent ListAndWatch stream got no message within "
+            f"{s.limits.timeout:g} s; streams overlap after a re-registration and every one "
+            "must get the full list"
+        ) from None
+    elapsed = time.perf_counter() - stream.opened_at
+    return f"second stream got {_n(len(devices.devices), 'device')} after {_ms(elapsed)}"
+
+
+async def _stream_stays_open(s: _Subject) -> str:
+    s.need_list()
+    if s.primary_end is not None:
+        # Any end of the stream makes the kubelet mark every device unhealthy.
+        raise CheckFailed(f"the first ListAndWatch stream ended: {s.primary_end}")
+    assert s.primary is not None
+    age = time.perf_counter() - s.primary.opened_at
+    return f"first stream still open after {_ms(age)} and {_n(s.updates, 'update')}"
+
+
+async def _survives_disconnect(s: _Subject) -> str:
+    s.need_list()
+    # Whether the first stream ended before is stream-stays-open's finding, not this one's.
+    was_open = s.primary_end is None
+    leaving = await PluginClient.connect(
+        s.path, timeout=s.limits.timeout, max_receive_bytes=_MEASURE_LIMIT
+    )
+    try:
+        stream = leaving.list_and_watch()
+        await stream.next(timeout=s.limits.timeout)
+    except TimeoutError:
+        raise CheckFailed(
+            f"a new ListAndWatch stream got no message within {s.limits.timeout:g} s"
+        ) from None
+    finally:
+        # Closing the channel mid-stream: the plugin sees the RPC cancelled.
+        await leaving.close()
+    try:
+        client = await s.connect()
+        await client.options()
+        again = client.list_and_watch()
+        s.keep_open(again)
+        await again.next(timeout=s.limits.timeout)
+    except (ProbeError, TimeoutError) as exc:
+        raise CheckFailed(
+            f"after a client disconnected mid-stream the plugin stopped serving: "
+            f"{exc or 'no ListAndWatch message'}"
+        ) from None
+    if was_open and s.primary_end is not None:
+        raise CheckFailed(
+            f"after another client disconnected, the first stream ended: {s.primary_end}"
+        )
+    return "still serving after a client disconnected mid-stream"
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("dial", "the socket accepts a gRPC connection within the kubelet's 10 s", _dial),
+    Check("options-fast", "GetDevicePluginOptions answers quickly", _options_fast),
+    Check(
+        "registration-valid",
+        "Register sends v1beta1, a valid resource name, a bare socket name and the same options "
+        "as GetDevicePluginOptions",
+        _registration_valid,
+        register_only=True,
+    ),
+    Check("list-prompt", "ListAndWatch sends the full list promptly", _list_prompt),
+    Check("list-size", "every ListAndWatch message fits the kubelet's 4 MiB limit", _list_size),
+    Check(
+        "ids-unique-valid", "device IDs are unique, printable, at most 63 chars", _ids_unique_valid
+    ),
+    Check("health-values", "health is exactly Healthy or Unhealthy", _health_values),
+    Check("topology-valid", "NUMA node IDs are >= 0 and not repeated", _topology_valid),
+    Check(
+        "allocate-each-device",
+        "Allocate of each healthy device gets one container response",
+        _allocate_each,
+    ),
+    Check(
+        "allocate-all-healthy",
+        "Allocate of all healthy devices (some allocated before) gets one container response",
+        _allocate_all,
+    ),
+    Check(
+        "allocate-multi-container",
+        "Allocate with several container requests gets one response per request",
+        _allocate_multi,
+    ),
+    Check("unknown-ids-rejected", "Allocate of unknown IDs fails with an error", _unknown_rejected),
+    Check(
+        "preferred-allocation",
+        "GetPreferredAllocation returns the size asked, every must-include ID, only available IDs",
+        _preferred,
+    ),
+    Check("prestart-answers", "PreStartContainer answers when required", _prestart),
+    Check("second-stream", "a second concurrent ListAndWatch stream is served", _second_stream),
+    Check("stream-stays-open", "the plugin never ends a ListAndWatch stream", _stream_stays_open),
+    Check(
+        "survives-disconnect",
+        "the plugin keeps serving after a client disconnects mid-stream",
+        _survives_disconnect,
+    ),
+)
+
+RESTART_CHECK = "reregisters-after-restart"
+
+
+# ------------------------------------------------------------------------------------------ running
+
+
+async def _run_check(check: Check, subject: _Subject, resource: str | None) -> CheckResult:
+    # Bounds a check that makes many calls; each call has its own deadline too.
+    bound = max(subject.limits.timeout, 1.0) * 3
+    scope = anyio.CancelScope(deadline=anyio.current_time() + bound)
+    try:
+        with scope:
+            detail = await check.run(subject)
+        if scope.cancelled_caught:
+            return CheckResult(check.name, "fail", f"did not finish within {bound:g} s", resource)
+    except CheckFailed as exc:
+        return CheckResult(check.name, "fail", str(exc), resource)
+    except Skip as exc:
+        return CheckResult(check.name, "skip", str(exc), resource)
+    except ProbeError as exc:
+        return CheckResult(check.name, "fail", str(exc), resource)
+    except TimeoutError:
+        detail = f"the plugin did not answer within {subject.limits.timeout:g} s"
+        return CheckResult(check.name, "fail", detail, resource)
+    except Exception as exc:
+        return CheckResult(
+            check.name, "fail", f"unexpected error: {type(exc).__name__}: {exc}", resource
+        )
+    return CheckResult(check.name, "pass", detail, resource)
+
+
+async def _run_suite(
+    subject: _Subject, emit: OnResult, *, resource: str | None = None, register: bool = False
+) -> None:
+    for check in CHECKS:
+        if check.register_only and not register:
+            continue
+        emit(await _run_check(check, subject, resource))
+
+
+def _emitter(report: ConformanceReport, on_result: OnResult | None) -> OnResult:
+    def emit(result: CheckResult) -> None:
+        report.results.append(result)
+        if on_result is not None:
+            on_result(result)
+
+    return emit
+
+
+async def check_socket(
+    path: str | os.PathLike[str],
+    limits: Limits | None = None,
+    on_result: OnResult | None = None,
+) -> ConformanceReport:
+    """Run the suite against a plugin serving on ``path`` (registered elsewhere or not).
+
+    Args:
+        path: The plugin's unix socket.
+        limits: Thresholds and timeouts.
+        on_result: Called with each result as soon as it is known (for streaming output).
+
+    Returns:
+        The report; ``report.ok`` is the verdict.
+    """
+    limits = limits or Limits()
+    report = ConformanceReport("socket", str(path))
+    async with _Subject(Path(path), limits) as subject:
+        await _run_suite(subject, _emitter(report, on_result))
+    return report
+
+
+async def check_register_dir(
+    directory: str | os.PathLike[str],
+    limits: Limits | None = None,
+    on_result: OnResult | None = None,
+    on_waiting: Callable[[Path], None] | None = None,
+) -> ConformanceReport:
+    """Act as the kubelet on ``directory``/kubelet.sock and test every plugin that registers.
+
+    Waits for ``limits.expect`` resources to register (then ``limits.settle`` seconds for
+    more), runs the suite against each plugin's socket, then restarts the kubelet (directory
+    wiped, kubelet.sock recreated) and checks that each plugin registers again.
+
+    Args:
+        directory: The device-plugin directory to serve (created if missing; its files are
+            deleted, as at kubelet start).
+        limits: Thresholds and timeouts.
+        on_result: Called with each result as soon as it is known.
+        on_waiting: Called once kubelet.sock is served, before waiting for registrations.
+
+    Raises:
+        ConformanceError: a live server (a real kubelet?) already answers on kubelet.sock.
+    """
+    limits = limits or Limits()
+    directory = Path(directory)
+    socket_path = directory / constants.KUBELET_SOCKET_NAME
+    if await anyio.to_thread.run_sync(is_live_socket, socket_path):
+        raise ConformanceError(
+            f"{socket_path} is served by a live process (a kubelet?); conformance "
+            "--register-dir would wipe its directory. Use --socket for a plugin registered there."
+        )
+    report = ConformanceReport("register-dir", str(directory))
+    emit = _emitter(report, on_result)
+
+    async with FakeKubelet(directory=directory) as kubelet:
+        if on_waiting is not None:
+            on_waiting(kubelet.socket_path)
+
+        def resources() -> list[str]:
+            return list(dict.fromkeys(r.resource_name for r in kubelet.registrations))
+
+        try:
+            await kubelet.wait_for(
+                lambda: len(resources()) >= limits.expect,
+                timeout=limits.register_wait,
+                what=f"{limits.expect} resource(s) to register",
+            )
+        except TimeoutError:
+            emit(
+                CheckResult(
+                    "registration-valid",
+                    "fail",
+                    f"nothing registered on {kubelet.socket_path} within {limits.register_wait:g} s"
+                    if not resources()
+                    else f"only {len(resources())} resource(s) registered within "
+                    f"{limits.register_wait:g} s: {', '.join(resources())}",
+                )
+            )
+            return report
+        if limits.settle > 0:
+            await anyio.sleep(limits.settle)  # other resources of one process register together
+        for resource in resources():
+            records = [r for r in kubelet.registrations if r.resource_name == resource]
+            # A transient failure (dial before serving) followed by success is judged by the
+            # success; a plugin that never succeeded by its last attempt.
+            record = next((r for r in reversed(records) if r.error is None), records[-1])
+            path = _endpoint_path(kubelet.directory, record.endpoint)
+            async with _Subject(path, limits) as subject:
+                subject.registration = record
+                await _run_suite(subject, emit, resource=resource, register=True)
+        emit(await _restart_check(kubelet, resources(), limits))
+    return report
+
+
+def _endpoint_path(directory: Path, endpoint: str) -> Path:
+    # The kubelet joins the endpoint onto its directory (filepath.Join) and checks nothing else.
+    return Path(os.path.normpath(os.path.join(directory, endpoint.lstrip("/"))))
+
+
+async def _restart_check(
+    kubelet: FakeKubelet, resources: Sequence[str], limits: Limits
+) -> CheckResult:
+    """Restart the kubelet and time each resource's registration and first list."""
+    before = {r: len(kubelet.successful_registrations(r)) for r in resources}
+    await kubelet.restart()
+    restarted = time.monotonic()
+    messages = {r: kubelet.messages(r) for r in resources}
+    registered: dict[str, float] = {}
+    listed: dict[str, float] = {}
+
+    def progress() -> bool:
+        now = time.monotonic()
+        for r in resources:
+            done = kubelet.successful_registrations(r)
+            if r not in registered and len(done) > before[r]:
+                registered[r] = done[before[r]].at - restarted
+            if r in registered and r not in listed and kubelet.messages(r) > messages[r]:
+                listed[r] = now - restarted
+        return len(listed) == len(resources)
+
+    try:
+        await kubelet.wait_for(progress, timeout=limits.restart_timeout, what="re-registration")
+    except TimeoutError:
+        late = [r for r in resources if r not in listed]
+        detail = "; ".join(
+            f"{r} did not register again" if r not in registered else f"{r} sent no list"
+            for r in late
+        )
+        return CheckResult(
+            RESTART_CHECK,
+            "fail",
+            f"{detail} within {limits.restart_timeout:g} s of a kubelet restart (directory "
+            "wiped, kubelet.sock recreated); plugins must watch for it and register again",
+        )
+    parts = [
+        f"{r}: registered {_ms(max(registered[r], 0.0))}, first list {_ms(listed[r])}"
+        for r in resources
+    ]
+    return CheckResult(RESTART_CHECK, "pass", "after the kubelet restart " + "; ".join(parts))
