@@ -1,0 +1,1223 @@
+"""NVIDIA GPUs through NVML: discovery, MIG, container setup, Xid health that recovers, placement.
+
+``NvmlPlugin`` serves one resource (``nvidia.com/gpu``, ``nvidia.com/mig-1g.10gb``, ...);
+``from_config`` builds the plugins a node needs from a YAML mapping. NVML comes from nvidia-ml-py
+(``pynvml``), imported lazily, or from any object with the same functions (the fake in
+``devplugin_sdk.testing.fake_nvml``). Facts were learned from nvml.h and nvidia-ml-py's
+``pynvml.py``; NVIDIA/k8s-device-plugin ``internal/rm/{nvml_devices.go,health.go}`` and
+``internal/plugin/server.go`` (device-list strategies, ignored Xids, MIG capability paths);
+NVIDIA/go-nvlib ``pkg/nvlib/device/mig_profile.go`` (MIG profile names); NVIDIA/go-gpuallocator
+``besteffort_policy.go`` (pair scores); the kernel's ``Documentation/ABI/testing/sysfs-bus-pci``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import itertools
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from devplugin_sdk.allocation import TopologyScorer
+from devplugin_sdk.backends import _sysfs
+from devplugin_sdk.errors import AllocationError, BackendError, ConfigError, MissingDependencyError
+from devplugin_sdk.plugin import DevicePlugin, PluginEvent
+from devplugin_sdk.types import (
+    Allocation,
+    Device,
+    DeviceNode,
+    Health,
+    HealthEvent,
+    Mount,
+    RescanEvent,
+    replicate,
+)
+
+__all__ = [
+    "DEFAULT_IGNORED_XIDS",
+    "GpuInfo",
+    "MigInfo",
+    "NvidiaConfig",
+    "NvmlPlugin",
+    "from_config",
+    "load_nvml",
+    "mig_profile_name",
+    "pci_address",
+]
+
+log = logging.getLogger(__name__)
+
+# Application-caused Xids that leave the GPU usable, as NVIDIA's plugin ignores them
+# (internal/rm/health.go): 13 graphics engine exception, 31 GPU memory page fault, 43 GPU
+# stopped processing, 45 preemptive cleanup, 68 video processor exception, 109 context
+# switch timeout.
+DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+# For log lines only (NVIDIA's Xid catalogue).
+_XID_NAMES = {
+    13: "graphics engine exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "preemptive cleanup",
+    48: "double-bit ECC error",
+    68: "video processor exception",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    109: "context switch timeout",
+}
+
+MIG_STRATEGIES = ("none", "single", "mixed")
+DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi")
+
+# NVIDIA's container runtime reads the GPUs to inject from this variable.
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+# volume-mounts strategy (k8s-device-plugin internal/plugin/server.go): one /dev/null bind
+# mount per device under this directory, and the variable points at the directory.
+VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
+# Driver control nodes a CUDA container needs besides /dev/nvidia<minor>, when present.
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+
+# nvml.h, nvmlEventData_t: gpuInstanceId/computeInstanceId are 0xFFFFFFFF when the event is
+# not attributable to one MIG instance (the whole GPU is affected).
+_NOT_ATTRIBUTED = 0xFFFFFFFF
+# One blocking nvmlEventSetWait_v2 call at most this long, so cancellation is never far off.
+_EVENT_WAIT_MS = 1000
+
+# go-gpuallocator best-effort pair scores by PCIe common ancestor, and 100 per NVLink.
+_NVLINK_SCORE = 100.0
+_PCIE_SCORES = {"INTERNAL": 60.0, "SINGLE": 50.0, "MULTIPLE": 40.0, "HOSTBRIDGE": 30.0}
+_PCIE_SCORES_NUMA = {"NODE": 20.0, "SYSTEM": 10.0}
+
+_CDI_KIND = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[a-zA-Z0-9]([a-zA-Z0-9_.-]*[a-zA-Z0-9])?$")
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class NvidiaConfig:
+    """Everything the NVML backend can be told. ``from_mapping`` reads the YAML form.
+
+    Args:
+        resource_name: Resource of full GPUs (and of MIG devices under ``single``).
+        mig_strategy: ``none`` (MIG ignored, full GPUs), ``single`` (every MIG device is a
+            ``resource_name`` device) or ``mixed`` (one ``nvidia.com/mig-<profile>`` resource
+            per MIG profile, full GPUs stay ``resource_name``).
+        device_list_strategy: How the container learns its GPUs: ``envvar``
+            (``NVIDIA_VISIBLE_DEVICES=<uuids>``), ``volume-mounts`` (``/dev/null`` mounted at
+            ``/var/run/nvidia-container-devices/<uuid>``) and/or ``cdi`` (CDI device names
+            ``<cdi_kind>=<uuid>``).
+        cdi_kind: CDI vendor/class of the device names, as in the node's CDI spec.
+        pass_device_specs: Also return the device nodes (``/dev/nvidia<N>``, control nodes,
+            MIG capability nodes), for runtimes that do not add them.
+        replicas: Time-slicing: each device is advertised this many times (``<id>::<n>``).
+        rename_by_default: With replicas, advertise ``<resource>.shared`` instead.
+        fail_requests_greater_than_one: With replicas, refuse containers asking for more
+            than one device (a shared GPU cannot give more).
+        health_disabled: No Xid events and no probe; devices stay Healthy.
+        ignored_xids: Xids that do not make a GPU unhealthy.
+        probe_interval: Seconds between NVML probes of every GPU (finds lost GPUs without
+            an event, and drives recovery).
+        recovery_period: Seconds a faulted GPU must probe clean before it is Healthy again;
+            ``None`` never recovers (NVIDIA's own plugin's behaviour).
+        sysfs_root: Where sysfs is mounted (NUMA nodes).
+        dev_root: Where the host's /dev is visible (control nodes present or not).
+        proc_root: Where the host's /proc is visible (MIG capability minors).
+    """
+
+    resource_name: str = "nvidia.com/gpu"
+    mig_strategy: str = "none"
+    device_list_strategy: tuple[str, ...] = ("envvar",)
+    cdi_kind: str = "nvidia.com/gpu"
+    pass_device_specs: bool = True
+    replicas: int = 1
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+    health_disabled: bool = False
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    probe_interval: float = 5.0
+    recovery_period: float | None = 60.0
+    sysfs_root: Path = Path("/sys")
+    dev_root: Path = Path("/dev")
+    proc_root: Path = Path("/proc")
+
+    def __post_init__(self) -> None:
+        if self.mig_strategy not in MIG_STRATEGIES:
+            raise ValueError(f"mig_strategy must be one of {MIG_STRATEGIES}")
+        strategies = tuple(self.device_list_strategy)
+        object.__setattr__(self, "device_list_strategy", strategies)
+        if not strategies or set(strategies) - set(DEVICE_LIST_STRATEGIES):
+            raise ValueError(f"device_list_strategy must be made of {DEVICE_LIST_STRATEGIES}")
+        if {"envvar", "volume-mounts"} <= set(strategies):
+            raise ValueError("envvar and volume-mounts both set NVIDIA_VISIBLE_DEVICES; pick one")
+        if not _CDI_KIND.match(self.cdi_kind):
+            raise ValueError(f"cdi_kind must look like vendor.com/class, got {self.cdi_kind!r}")
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if self.probe_interval <= 0:
+            raise ValueError(f"probe_interval must be > 0, got {self.probe_interval}")
+        if self.recovery_period is not None and self.recovery_period < 0:
+            raise ValueError(f"recovery_period must be >= 0, got {self.recovery_period}")
+        object.__setattr__(self, "ignored_xids", frozenset(self.ignored_xids))
+        for name in ("sysfs_root", "dev_root", "proc_root"):
+            object.__setattr__(self, name, Path(getattr(self, name)))
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> NvidiaConfig:
+        """Read the YAML form (NVIDIA-like camelCase keys)::
+
+            migStrategy: none            # none | single | mixed
+            deviceListStrategy: envvar   # or a list: [envvar, cdi]
+            cdiKind: nvidia.com/gpu
+            passDeviceSpecs: true
+            resourceName: nvidia.com/gpu
+            sharing:
+              timeSlicing: {replicas: 4, renameByDefault: false, failRequestsGreaterThanOne: false}
+            health:
+              disabled: false
+              ignoredXids: [13, 31, 43, 45, 68, 109]   # replaces the default list
+              probeInterval: 5
+              recoveryPeriod: 60         # null: never recover
+            sysfsRoot: /sys
+            devRoot: /dev
+            procRoot: /proc
+
+        Raises:
+            ConfigError: naming the dotted key and what is wrong with it.
+        """
+        r = _Reader(config, "")
+        r.known(
+            "version",
+            "resourceName",
+            "migStrategy",
+            "deviceListStrategy",
+            "cdiKind",
+            "passDeviceSpecs",
+            "sharing",
+            "health",
+            "sysfsRoot",
+            "devRoot",
+            "procRoot",
+        )
+        if "version" in r.data and r.data["version"] != "v1":
+            raise ConfigError("version", f"only v1 is supported, got {r.data['version']!r}")
+        kw: dict[str, Any] = {}
+        kw["resource_name"] = r.string("resourceName", cls.resource_name)
+        kw["mig_strategy"] = r.choice("migStrategy", MIG_STRATEGIES, cls.mig_strategy)
+        kw["device_list_strategy"] = r.choices(
+            "deviceListStrategy", DEVICE_LIST_STRATEGIES, ("envvar",)
+        )
+        if {"envvar", "volume-mounts"} <= set(kw["device_list_strategy"]):
+            raise ConfigError(
+                "deviceListStrategy",
+                "envvar and volume-mounts both set NVIDIA_VISIBLE_DEVICES; pick one",
+            )
+        kw["cdi_kind"] = r.string("cdiKind", cls.cdi_kind, pattern=_CDI_KIND)
+        kw["pass_device_specs"] = r.boolean("passDeviceSpecs", cls.pass_device_specs)
+        for key, name in (("sysfsRoot", "sysfs_root"), ("devRoot", "dev_root")):
+            kw[name] = Path(r.string(key, str(getattr(cls, name))))
+        kw["proc_root"] = Path(r.string("procRoot", str(cls.proc_root)))
+
+        sharing = r.section("sharing")
+        sharing.known("timeSlicing", hint={"mps": "MPS sharing is not supported"})
+        slicing = sharing.section("timeSlicing")
+        slicing.known(
+            "replicas",
+            "renameByDefault",
+            "failRequestsGreaterThanOne",
+            hint={"resources": "use sharing.timeSlicing.replicas (one count for every resource)"},
+        )
+        kw["replicas"] = slicing.integer("replicas", 1, minimum=1)
+        kw["rename_by_default"] = slicing.boolean("renameByDefault", cls.rename_by_default)
+        kw["fail_requests_greater_than_one"] = slicing.boolean(
+            "failRequestsGreaterThanOne", cls.fail_requests_greater_than_one
+        )
+
+        health = r.section("health")
+        health.known("disabled", "ignoredXids", "probeInterval", "recoveryPeriod")
+        kw["health_disabled"] = health.boolean("disabled", cls.health_disabled)
+        kw["ignored_xids"] = health.int_list("ignoredXids", DEFAULT_IGNORED_XIDS, minimum=1)
+        kw["probe_interval"] = health.number("probeInterval", cls.probe_interval, positive=True)
+        kw["recovery_period"] = health.number("recoveryPeriod", cls.recovery_period, nullable=True)
+        return cls(**kw)
+
+
+class _Reader:
+    """Typed reads from one level of a YAML mapping, errors named by dotted key."""
+
+    def __init__(self, data: object, prefix: str) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(prefix or "<root>", f"must be a mapping, got {type(data).__name__}")
+        self.data: Mapping[str, Any] = data
+        self.prefix = prefix
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def known(self, *names: str, hint: Mapping[str, str] | None = None) -> None:
+        for name in self.data:
+            if name in (hint or {}):
+                raise ConfigError(self.key(str(name)), (hint or {})[name])
+            if name not in names:
+                raise ConfigError(
+                    self.key(str(name)), f"unknown key; expected one of {', '.join(names)}"
+                )
+
+    def section(self, name: str) -> _Reader:
+        return _Reader(self.data.get(name), self.key(name))
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.data.get(name, default)
+        if not isinstance(value, bool):
+            raise ConfigError(self.key(name), f"must be true or false, got {value!r}")
+        return value
+
+    def integer(self, name: str, default: int, *, minimum: int) -> int:
+        value = self.data.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(self.key(name), f"must be an integer, got {value!r}")
+        if value < minimum:
+            raise ConfigError(self.key(name), f"must be >= {minimum}, got {value}")
+        return value
+
+    def number(
+        self, name: str, default: float | None, *, positive: bool = False, nullable: bool = False
+    ) -> float | None:
+        value = self.data.get(name, default)
+        if value is None and nullable:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(self.key(name), f"must be a number of seconds, got {value!r}")
+        if value < 0 or (positive and value == 0):
+            raise ConfigError(self.key(name), f"must be {'> 0' if positive else '>= 0'}")
+        return float(value)
+
+    def string(self, name: str, default: str, *, pattern: re.Pattern[str] | None = None) -> str:
+        value = self.data.get(name, default)
+        if not isinstance(value, str) or not value:
+            raise ConfigError(self.key(name), f"must be a non-empty string, got {value!r}")
+        if pattern is not None and not pattern.match(value):
+            raise ConfigError(self.key(name), f"must look like vendor.com/class, got {value!r}")
+        return value
+
+    def choice(self, name: str, allowed: Sequence[str], default: str) -> str:
+        value = self.data.get(name, default)
+        if value not in allowed:
+            raise ConfigError(self.key(name), f"must be one of {', '.join(allowed)}, got {value!r}")
+        return str(value)
+
+    def choices(
+        self, name: str, allowed: Sequence[str], default: tuple[str, ...]
+    ) -> tuple[str, ...]:
+        value = self.data.get(name, list(default))
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not items:
+            raise ConfigError(self.key(name), "must be a strategy or a non-empty list of them")
+        for i, item in enumerate(items):
+            if item not in allowed:
+                raise ConfigError(
+                    f"{self.key(name)}[{i}]", f"must be one of {', '.join(allowed)}, got {item!r}"
+                )
+        return tuple(dict.fromkeys(items))
+
+    def int_list(self, name: str, default: frozenset[int], *, minimum: int) -> frozenset[int]:
+        value = self.data.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, list):
+            raise ConfigError(self.key(name), f"must be a list of integers, got {value!r}")
+        for i, item in enumerate(value):
+            if isinstance(item, bool) or not isinstance(item, int) or item < minimum:
+                raise ConfigError(
+                    f"{self.key(name)}[{i}]", f"must be an integer >= {minimum}, got {item!r}"
+                )
+        return frozenset(value)
+
+
+# ----------------------------------------------------------------------------- NVML access
+
+
+def load_nvml() -> Any:
+    """Import ``pynvml`` (the ``nvidia-ml-py`` distribution).
+
+    Raises:
+        MissingDependencyError: naming the extra to install.
+    """
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "the NVIDIA backend needs NVML's Python bindings: pip install 'devplugin-sdk[nvidia]'"
+            " (nvidia-ml-py)"
+        ) from exc
+
+
+def _init_error(nvml: Any, exc: Exception) -> BackendError:
+    code = getattr(exc, "value", None)
+    hints = {
+        getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", -1): (
+            "libnvidia-ml.so.1 was not found: install the NVIDIA driver on the node and run the"
+            " plugin with the NVIDIA container runtime (or mount the driver's libraries)"
+        ),
+        getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", -1): (
+            "the NVIDIA kernel driver is not loaded on this node"
+        ),
+        getattr(nvml, "NVML_ERROR_NO_PERMISSION", -1): (
+            "no permission to open /dev/nvidiactl: run the plugin privileged or with the"
+            " device nodes mounted"
+        ),
+        getattr(nvml, "NVML_ERROR_LIB_RM_VERSION_MISMATCH", -1): (
+            "libnvidia-ml and the kernel driver have different versions: reload the driver or"
+            " reboot the node"
+        ),
+    }
+    hint = hints.get(code) if code is not None else None
+    return BackendError(f"NVML initialisation failed: {exc}" + (f" ({hint})" if hint else ""))
+
+
+def _text(value: object) -> str:
+    # nvidia-ml-py 12+ decodes char arrays to str; older releases return bytes.
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return str(value)
+
+
+def pci_address(bus_id: str) -> str:
+    """NVML's bus ID (``00000000:3B:00.0``) as sysfs names the device (``0000:3b:00.0``).
+
+    Raises:
+        ValueError: the bus ID is malformed.
+    """
+    domain, sep, rest = bus_id.strip().partition(":")
+    if not sep or not rest:
+        raise ValueError(f"malformed PCI bus ID {bus_id!r}")
+    # NVML pads the domain to 8 hex digits; sysfs uses 4 (more only for domains > 0xffff).
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def _handle_key(handle: object) -> object:
+    # pynvml handles are ctypes pointers that compare by address, not identity; NVML hands out
+    # the same address for a GPU every time. Other handles (the fake's) compare by identity.
+    try:
+        return ("ptr", ctypes.cast(handle, ctypes.c_void_p).value)  # type: ignore[arg-type]
+    except (ctypes.ArgumentError, TypeError):
+        return ("obj", id(handle))
+
+
+@dataclass(frozen=True)
+class MigInfo:
+    """One MIG device as discovered: UUID, parent GPU, GPU/compute instance, profile, nodes."""
+
+    uuid: str
+    parent_uuid: str
+    gi: int
+    ci: int
+    profile: str
+    memory_bytes: int
+    cap_nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as discovered through NVML (and sysfs for the NUMA node).
+
+    ``fault`` is set when NVML could not read the GPU this time; the data are then the last
+    ones read.
+    """
+
+    index: int
+    uuid: str
+    name: str
+    memory_bytes: int
+    pci_bus_id: str
+    minor: int
+    numa_node: int | None
+    mig_enabled: bool
+    migs: tuple[MigInfo, ...] = ()
+    fault: str | None = None
+
+
+def mig_profile_name(
+    gi_slices: int, ci_slices: int, mig_memory_mib: int, gpu_memory_bytes: int
+) -> str:
+    """The MIG profile name (``1g.10gb``, ``1c.2g.20gb``) NVIDIA's tools give an instance.
+
+    Memory is the instance's share of the GPU rounded up to eighths, times the GPU's memory in
+    whole GiB, rounded (go-nvlib ``getMigMemorySizeGB``). Media-extension suffixes (``+me``) are
+    not derived.
+    """
+    fraction = math.ceil(mig_memory_mib * 2**20 / gpu_memory_bytes * 8) / 8
+    gb = round(fraction * math.ceil(gpu_memory_bytes / 2**30))
+    if ci_slices == gi_slices:
+        return f"{gi_slices}g.{gb}gb"
+    return f"{ci_slices}c.{gi_slices}g.{gb}gb"
+
+
+def _read_mig_minors(proc_root: Path) -> dict[str, int]:
+    # /proc/driver/nvidia-caps/mig-minors: "gpu<minor>/gi<gi>/ci<ci>/access <cap minor>" per
+    # line; the node is /dev/nvidia-caps/nvidia-cap<cap minor> (nvidia-container-toolkit
+    # internal/nvcaps, Slurm gpu_nvml.c).
+    text = _sysfs.read_attr(proc_root / "driver" / "nvidia-caps" / "mig-minors")
+    out: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        name, _, minor = line.strip().partition(" ")
+        if minor.strip().isdigit():
+            out[name] = int(minor)
+    return out
+
+
+class _Scanner:
+    """The blocking NVML reads (run in a worker thread)."""
+
+    def __init__(self, nvml: Any, config: NvidiaConfig) -> None:
+        self.nvml = nvml
+        self.config = config
+
+    def gpus(self, known: Mapping[int, GpuInfo]) -> list[GpuInfo]:
+        nvml = self.nvml
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as exc:
+            raise BackendError(f"NVML could not count GPUs: {exc}") from exc
+        mig_minors = _read_mig_minors(self.config.proc_root)
+        out: list[GpuInfo] = []
+        for index in range(count):
+            try:
+                out.append(self.gpu(index, mig_minors))
+            except nvml.NVMLError as exc:
+                # One unreadable GPU never hides the others.
+                previous = known.get(index)
+                if previous is None:
+                    log.warning("GPU %d cannot be read (%s); it is not advertised", index, exc)
+                    continue
+                log.warning("GPU %d (%s) cannot be read: %s", index, previous.uuid, exc)
+                out.append(replace(previous, fault=f"NVML: {exc}"))
+        return out
+
+    def gpu(self, index: int, mig_minors: Mapping[str, int]) -> GpuInfo:
+        nvml = self.nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+        minor = int(nvml.nvmlDeviceGetMinorNumber(handle))
+        memory = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+        try:
+            # kernel sysfs-bus-pci: numa_node is -1 when the platform reports no affinity.
+            numa = _sysfs.numa_node(
+                _sysfs.pci_device_dir(self.config.sysfs_root, pci_address(bus_id))
+            )
+        except ValueError:
+            numa = None
+        try:
+            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+            mig_enabled = current == nvml.NVML_DEVICE_MIG_ENABLE
+        except nvml.NVMLError_NotSupported:
+            mig_enabled = False  # not MIG-capable (pre-Ampere, consumer boards)
+        migs: tuple[MigInfo, ...] = ()
+        if mig_enabled:
+            migs = tuple(self.migs(handle, uuid, minor, memory, mig_minors))
+        return GpuInfo(
+            index=index,
+            uuid=uuid,
+            name=_text(nvml.nvmlDeviceGetName(handle)),
+            memory_bytes=memory,
+            pci_bus_id=bus_id,
+            minor=minor,
+            numa_node=numa,
+            mig_enabled=mig_enabled,
+            migs=migs,
+        )
+
+    def migs(
+        self, handle: Any, parent_uuid: str, minor: int, memory: int, mig_minors: Mapping[str, int]
+    ) -> list[MigInfo]:
+        nvml = self.nvml
+        out: list[MigInfo] = []
+        for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except nvml.NVMLError_NotFound:
+                continue  # nvml.h: an empty slot answers Not Found
+            gi = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
+            ci = int(nvml.nvmlDeviceGetComputeInstanceId(mig))
+            attrs = nvml.nvmlDeviceGetAttributes(mig)
+            profile = mig_profile_name(
+                attrs.gpuInstanceSliceCount,
+                attrs.computeInstanceSliceCount,
+                attrs.memorySizeMB,
+                memory,
+            )
+            caps: list[str] = []
+            for cap in (f"gpu{minor}/gi{gi}/access", f"gpu{minor}/gi{gi}/ci{ci}/access"):
+                if cap in mig_minors:
+                    caps.append(f"/dev/nvidia-caps/nvidia-cap{mig_minors[cap]}")
+                else:
+                    log.warning("MIG capability %s not listed in mig-minors", cap)
+            out.append(
+                MigInfo(
+                    uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
+                    parent_uuid=parent_uuid,
+                    gi=gi,
+                    ci=ci,
+                    profile=profile,
+                    memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(mig).total),
+                    cap_nodes=tuple(caps),
+                )
+            )
+        return out
+
+
+# ----------------------------------------------------------------------------- health
+
+
+class _HealthTracker:
+    """Faults by unit (GPU or MIG UUID), and recovery after a clean period. Event-loop only."""
+
+    def __init__(self, recovery_period: float | None, clock: Callable[[], float]) -> None:
+        self.recovery_period = recovery_period
+        self.clock = clock
+        self.faults: dict[str, tuple[float, str]] = {}  # unit -> (last bad time, reason)
+
+    def fault(self, unit: str, reason: str) -> bool:
+        """Record a fault (restarts the clean period); True if the unit was healthy."""
+        fresh = unit not in self.faults
+        self.faults[unit] = (self.clock(), reason)
+        return fresh
+
+    def clean(self, unit: str) -> bool:
+        """Record a clean probe; True if the unit has just recovered."""
+        fault = self.faults.get(unit)
+        if fault is None or self.recovery_period is None:
+            return False
+        if self.clock() - fault[0] < self.recovery_period:
+            return False
+        del self.faults[unit]
+        return True
+
+    def health(self, unit: str) -> Health:
+        return Health.UNHEALTHY if unit in self.faults else Health.HEALTHY
+
+
+class _EventWaiter:
+    """An NVML event set whose blocking wait may be abandoned; freed by whoever finishes last."""
+
+    def __init__(self, nvml: Any, event_set: Any, keys: Mapping[object, str]) -> None:
+        self.nvml = nvml
+        self.event_set = event_set
+        self.uuid_by_handle = dict(keys)
+        self._lock = threading.Lock()
+        self._busy = False
+        self._closed = False
+
+    def wait(self, timeout_ms: int) -> Any:
+        """One blocking wait; returns the event or None on timeout (worker thread)."""
+        with self._lock:
+            if self._closed:
+                return None
+            self._busy = True
+        try:
+            return self.nvml.nvmlEventSetWait_v2(self.event_set, timeout_ms)
+        except self.nvml.NVMLError_Timeout:
+            return None  # pynvml raises Timeout when nothing arrived in time
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._busy = False
+            if self._closed:
+                self._free()
+
+    def close(self) -> None:
+        """Free now, or when the abandoned wait returns (never blocks the event loop)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if not self._busy:
+                self._free()
+
+    def _free(self) -> None:
+        try:
+            self.nvml.nvmlEventSetFree(self.event_set)
+        except self.nvml.NVMLError as exc:
+            log.warning("freeing the NVML event set failed: %s", exc)
+
+
+@dataclass
+class _Topology:
+    gpus: tuple[str, ...]
+    scores: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- the plugin
+
+
+class NvmlPlugin(DevicePlugin):
+    """NVIDIA GPUs (or MIG devices of one profile) as one extended resource.
+
+    Devices are GPU or MIG UUIDs (``<uuid>::<n>`` with time-slicing); each carries its device
+    nodes and NUMA node. Health is pushed from NVML Xid/ECC events as they happen and polled by
+    a probe of every GPU; a faulted GPU (and every replica and MIG device on it) comes back once
+    it has probed clean for ``recovery_period``. Preferred allocation picks the best-connected
+    GPUs (NVLink, PCIe, NUMA) and spreads replicas across physical GPUs.
+
+    Args:
+        config: Backend settings.
+        nvml: The NVML module (default: ``pynvml``, imported on first use) or a stand-in with the
+            same functions, such as ``devplugin_sdk.testing.fake_nvml.FakeNVML``.
+        mig_profile: Serve the MIG devices of this profile (``mixed`` strategy) instead of
+            ``config.resource_name``'s devices.
+        resource_name: Override the resource name derived from the config.
+        socket_name: Override the socket file name.
+        clock: Monotonic clock for recovery periods (tests pass their own).
+
+    Raises:
+        ValueError: bad names, or ``mig_profile`` without the mixed strategy.
+    """
+
+    def __init__(
+        self,
+        config: NvidiaConfig | None = None,
+        *,
+        nvml: Any = None,
+        mig_profile: str | None = None,
+        resource_name: str | None = None,
+        socket_name: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or NvidiaConfig()
+        if mig_profile is not None and self.config.mig_strategy != "mixed":
+            raise ValueError("mig_profile needs mig_strategy 'mixed'")
+        self.mig_profile = mig_profile
+        if resource_name is None:
+            base = (
+                self.config.resource_name
+                if mig_profile is None
+                else f"nvidia.com/mig-{mig_profile}"
+            )
+            shared = self.config.replicas > 1 and self.config.rename_by_default
+            resource_name = f"{base}.shared" if shared else base
+        super().__init__(resource_name=resource_name, socket_name=socket_name)
+        self._nvml = nvml
+        self._init_lock = threading.Lock()
+        self._initialized = False
+        self._known: dict[int, GpuInfo] = {}
+        self._devices: list[Device] = []
+        self._discovered_unhealthy: set[str] = set()
+        self._topology: _Topology | None = None
+        self._health = _HealthTracker(self.config.recovery_period, clock)
+
+    # ------------------------------------------------------------------ NVML
+
+    @property
+    def nvml(self) -> Any:
+        """The NVML module in use (imports ``pynvml`` on first use).
+
+        Raises:
+            MissingDependencyError: nvidia-ml-py is not installed.
+        """
+        if self._nvml is None:
+            self._nvml = load_nvml()
+        return self._nvml
+
+    def _ensure_init(self) -> Any:
+        nvml = self.nvml
+        with self._init_lock:
+            if not self._initialized:
+                try:
+                    nvml.nvmlInit()
+                except nvml.NVMLError as exc:
+                    raise _init_error(nvml, exc) from exc
+                self._initialized = True
+        return nvml
+
+    def scan(self) -> list[GpuInfo]:
+        """Read every GPU through NVML (blocking; ``discover`` runs it in a worker thread).
+
+        Raises:
+            BackendError: NVML cannot be initialised or cannot list the GPUs.
+            MissingDependencyError: nvidia-ml-py is not installed.
+        """
+        gpus = _Scanner(self._ensure_init(), self.config).gpus(self._known)
+        self._known = {g.index: g for g in gpus}
+        return gpus
+
+    # ------------------------------------------------------------------ discovery
+
+    async def discover(self) -> Sequence[Device]:
+        """Every GPU or MIG device this resource serves, with its nodes and NUMA node.
+
+        Raises:
+            BackendError: NVML is unusable, or ``single`` meets a mixed MIG layout.
+        """
+        gpus = await anyio.to_thread.run_sync(self.scan)
+        for gpu in gpus:
+            if gpu.fault is not None:
+                self._health.fault(gpu.uuid, gpu.fault)
+        devices = replicate(self._select(gpus), self.config.replicas)
+        self._devices = devices
+        self._topology = None
+        # Units whose fault made discovery itself report devices unhealthy: a rescan is due
+        # once they recover (discovered health can only be cleared by discovering again).
+        self._discovered_unhealthy = {
+            unit
+            for d in devices
+            for unit in (d.attributes["uuid"], d.attributes["gpu_uuid"])
+            if unit in self._health.faults
+        }
+        return devices
+
+    def _select(self, gpus: Sequence[GpuInfo]) -> list[Device]:
+        control = tuple(
+            DeviceNode(f"/dev/{name}")
+            for name in CONTROL_NODES
+            if (self.config.dev_root / name).exists()
+        )
+        by_uuid = {g.uuid: g for g in gpus}
+        strategy = self.config.mig_strategy
+        if self.mig_profile is not None:
+            migs = [m for g in gpus for m in g.migs if m.profile == self.mig_profile]
+            return [self._mig_device(m, by_uuid[m.parent_uuid], control) for m in migs]
+        enabled = [g for g in gpus if g.mig_enabled]
+        if strategy == "single" and enabled:
+            disabled = [g.index for g in gpus if not g.mig_enabled]
+            if disabled:
+                raise BackendError(
+                    f"migStrategy single: GPUs {disabled} have MIG disabled while others have it"
+                    " enabled; enable MIG everywhere or use migStrategy mixed"
+                )
+            profiles = sorted({m.profile for g in gpus for m in g.migs})
+            if len(profiles) > 1:
+                raise BackendError(
+                    f"migStrategy single needs one MIG profile on every GPU, found {profiles};"
+                    " use migStrategy mixed"
+                )
+            return [self._mig_device(m, g, control) for g in gpus for m in g.migs]
+        if strategy == "mixed":
+            gpus = [g for g in gpus if not g.mig_enabled]
+        return [self._gpu_device(g, control) for g in gpus]
+
+    def _gpu_device(self, gpu: GpuInfo, control: tuple[DeviceNode, ...]) -> Device:
+        return Device(
+            id=gpu.uuid,
+            health=self._health.health(gpu.uuid),
+            numa_nodes=() if gpu.numa_node is None else (gpu.numa_node,),
+            device_nodes=(DeviceNode(f"/dev/nvidia{gpu.minor}"), *control),
+            attributes={
+                "uuid": gpu.uuid,
+                "gpu_uuid": gpu.uuid,
+                "index": str(gpu.index),
+                "name": gpu.name,
+                "memory_mib": str(gpu.memory_bytes >> 20),
+                "pci_bus_id": gpu.pci_bus_id,
+                "minor": str(gpu.minor),
+            },
+        )
+
+    def _mig_device(self, mig: MigInfo, gpu: GpuInfo, control: tuple[DeviceNode, ...]) -> Device:
+        worst = (
+            Health.UNHEALTHY
+            if Health.UNHEALTHY in (self._health.health(mig.uuid), self._health.health(gpu.uuid))
+            else Health.HEALTHY
+        )
+        nodes = (DeviceNode(f"/dev/nvidia{gpu.minor}"), *(DeviceNode(c) for c in mig.cap_nodes))
+        return Device(
+            id=mig.uuid,
+            health=worst,
+            numa_nodes=() if gpu.numa_node is None else (gpu.numa_node,),
+            device_nodes=(*nodes, *control),
+            parent=gpu.uuid,
+            attributes={
+                "uuid": mig.uuid,
+                "gpu_uuid": gpu.uuid,
+                "index": f"{gpu.index}:{mig.gi}:{mig.ci}",
+                "name": f"{gpu.name} MIG {mig.profile}",
+                "memory_mib": str(mig.memory_bytes >> 20),
+                "pci_bus_id": gpu.pci_bus_id,
+                "minor": str(gpu.minor),
+                "mig_profile": mig.profile,
+                "gi": str(mig.gi),
+                "ci": str(mig.ci),
+            },
+        )
+
+    # ------------------------------------------------------------------ allocation
+
+    async def allocate(self, devices: Sequence[Device]) -> Allocation:
+        """Container setup for ``devices``: the GPU list in the configured form(s), the nodes.
+
+        Raises:
+            AllocationError: more than one shared device asked with failRequestsGreaterThanOne.
+        """
+        cfg = self.config
+        if cfg.replicas > 1 and cfg.fail_requests_greater_than_one and len(devices) > 1:
+            raise AllocationError(
+                f"{self.resource_name}: {len(devices)} devices requested, but the maximum request"
+                " size for shared resources is 1 (sharing.timeSlicing.failRequestsGreaterThanOne)"
+            )
+        # Replicas of one GPU are one GPU to the container.
+        uuids = list(dict.fromkeys(d.attributes["uuid"] for d in devices))
+        merged = Allocation.merge(devices) if cfg.pass_device_specs else Allocation()
+        env = dict(merged.env)
+        mounts = list(merged.mounts)
+        cdi = list(merged.cdi_devices)
+        if "envvar" in cfg.device_list_strategy:
+            env[VISIBLE_DEVICES_ENV] = ",".join(uuids)
+        if "volume-mounts" in cfg.device_list_strategy:
+            env[VISIBLE_DEVICES_ENV] = VOLUME_MOUNTS_ROOT
+            mounts += [Mount("/dev/null", f"{VOLUME_MOUNTS_ROOT}/{u}") for u in uuids]
+        if "cdi" in cfg.device_list_strategy:
+            cdi += [f"{cfg.cdi_kind}={u}" for u in uuids]
+        return Allocation(
+            device_nodes=merged.device_nodes,
+            mounts=tuple(mounts),
+            env=env,
+            annotations=merged.annotations,
+            cdi_devices=tuple(dict.fromkeys(cdi)),
+        )
+
+    async def preferred_allocation(
+        self, available: Sequence[Device], must_include: Sequence[Device], size: int
+    ) -> Sequence[str]:
+        """The best-connected set: NVLinks, then PCIe proximity, then NUMA; replicas spread.
+
+        A GPU whose topology cannot be read scores as unconnected; the others still place.
+        """
+        gpus = tuple(sorted({d.attributes["gpu_uuid"] for d in available}))
+        topology = self._topology
+        if topology is None or not set(gpus) <= set(topology.gpus):
+            every = tuple(sorted({d.attributes["gpu_uuid"] for d in self._devices} | set(gpus)))
+            topology = await anyio.to_thread.run_sync(self._read_topology, every)
+            self._topology = topology
+        scorer = TopologyScorer(
+            topology.scores,
+            numa_nodes={d.id: d.numa_nodes[0] for d in available if d.numa_nodes},
+            units={d.id: d.attributes["gpu_uuid"] for d in available},
+        )
+        return scorer.choose([d.id for d in available], size, [d.id for d in must_include])
+
+    def _read_topology(self, uuids: Sequence[str]) -> _Topology:
+        nvml = self._ensure_init()
+        handles: dict[str, Any] = {}
+        for uuid in uuids:
+            try:
+                handles[uuid] = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            except nvml.NVMLError as exc:
+                log.warning("GPU %s left out of placement scoring: %s", uuid, exc)
+        by_bus: dict[str, str] = {}
+        for uuid, handle in handles.items():
+            try:
+                by_bus[pci_address(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))] = uuid
+            except (nvml.NVMLError, ValueError):
+                continue
+        direct: dict[tuple[str, str], int] = {}
+        to_switch: dict[str, int] = {}
+        for uuid, handle in handles.items():
+            for remote in self._nvlink_peers(handle):
+                if remote in by_bus:
+                    pair = (uuid, by_bus[remote])
+                    direct[pair] = direct.get(pair, 0) + 1
+                elif remote == "switch":
+                    to_switch[uuid] = to_switch.get(uuid, 0) + 1
+        topology = _Topology(tuple(uuids))
+        for a, b in itertools.combinations(sorted(handles), 2):
+            # A link is seen from both ends; NVSwitch links connect every pair on the fabric.
+            links = max(direct.get((a, b), 0), direct.get((b, a), 0))
+            links += min(to_switch.get(a, 0), to_switch.get(b, 0))
+            topology.scores[(a, b)] = links * _NVLINK_SCORE + self._pcie_score(
+                handles[a], handles[b]
+            )
+        return topology
+
+    def _nvlink_peers(self, handle: Any) -> list[str]:
+        """Remote end of each active NVLink: a PCI address, or "switch" for an NVSwitch."""
+        nvml = self.nvml
+        peers: list[str] = []
+        for link in range(nvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                if nvml.nvmlDeviceGetNvLinkState(handle, link) != nvml.NVML_FEATURE_ENABLED:
+                    continue
+                remote = pci_address(
+                    _text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)
+                )
+            except nvml.NVMLError_NotSupported:
+                if link == 0:
+                    break  # no NVLink at all (PCIe-only boards)
+                continue
+            except (nvml.NVMLError, ValueError):
+                continue
+            try:
+                kind = nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)
+            except nvml.NVMLError:
+                kind = None
+            peers.append("switch" if kind == nvml.NVML_NVLINK_DEVICE_TYPE_SWITCH else remote)
+        return peers
+
+    def _pcie_score(self, a: Any, b: Any) -> float:
+        nvml = self.nvml
+        try:
+            level = nvml.nvmlDeviceGetTopologyCommonAncestor(a, b)
+        except nvml.NVMLError:
+            return 0.0
+        for name, score in (*_PCIE_SCORES.items(), *_PCIE_SCORES_NUMA.items()):
+            if level == getattr(nvml, f"NVML_TOPOLOGY_{name}", None):
+                return score
+        return 0.0
+
+    # ------------------------------------------------------------------ health
+
+    async def check_health(self, devices: Sequence[Device]) -> Mapping[str, Health]:
+        """Probe every GPU once through NVML; health of every GPU, MIG device and replica."""
+        if self.config.health_disabled:
+            return {}
+        health: dict[str, Health] = {}
+        for unit, value, _reason, _changed in await self._probe(devices):
+            for key in self._keys(unit, devices):
+                health[key] = value
+        return health
+
+    async def watch(self) -> AsyncIterator[PluginEvent]:
+        """Push Xid/ECC faults the moment NVML reports them, and probe results in between."""
+        if self.config.health_disabled:
+            return
+        now = anyio.current_time
+        events: _EventWaiter | None = None
+        watched: frozenset[str] | None = None  # GPUs the event set was opened for
+        unregistered: set[str] = set()  # GPUs that failed to register for events
+        next_probe = now() + self.config.probe_interval
+        reopen_at = now()
+        try:
+            while True:
+                gpus = frozenset(d.attributes["gpu_uuid"] for d in self._devices)
+                # First time, after a rescan changed the GPUs, or a period after a failed wait.
+                if gpus != watched and now() >= reopen_at:
+                    if events is not None:
+                        events.close()
+                    events, faults = await anyio.to_thread.run_sync(self._open_events, gpus)
+                    watched = gpus
+                    unregistered = {unit for unit, _ in faults}
+                    for unit, reason in faults:
+                        for health_event in self._fault_events(unit, reason):
+                            yield health_event
+                left = max(0.0, next_probe - now())
+                if events is None:
+                    await anyio.sleep(left)
+                else:
+                    try:
+                        event = await anyio.to_thread.run_sync(
+                            events.wait,
+                            max(1, min(_EVENT_WAIT_MS, int(left * 1000))),
+                            abandon_on_cancel=True,
+                        )
+                    except self.nvml.NVMLError as exc:
+                        # Not a timeout. Probe to learn which GPUs are really affected; probes
+                        # alone carry health until the event set is reopened.
+                        log.warning("waiting for NVML events failed: %s; probing every GPU", exc)
+                        events.close()
+                        events, watched, event = None, None, None
+                        next_probe, reopen_at = now(), now() + self.config.probe_interval
+                    if event is not None and events is not None:
+                        faults_now = self._on_event(event, events)
+                        if faults_now is None:
+                            next_probe = now()  # a GPU NVML cannot name: probe them all now
+                        for health_event in faults_now or ():
+                            yield health_event
+                if now() >= next_probe:
+                    next_probe = now() + self.config.probe_interval
+                    async for probe_event in self._probe_events():
+                        yield probe_event
+                    if unregistered - set(self._health.faults):
+                        watched = None  # a GPU that could not register has recovered
+        finally:
+            if events is not None:
+                events.close()
+
+    def _open_events(
+        self, gpus: frozenset[str]
+    ) -> tuple[_EventWaiter | None, list[tuple[str, str]]]:
+        nvml = self._ensure_init()
+        faults: list[tuple[str, str]] = []
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as exc:
+            log.warning("NVML events unavailable (%s); health comes from probes only", exc)
+            return None, faults
+        wanted = nvml.nvmlEventTypeXidCriticalError | nvml.nvmlEventTypeDoubleBitEccError
+        keys: dict[object, str] = {}
+        for uuid in sorted(gpus):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                # Register only what the GPU supports, or NVML refuses the whole mask.
+                mask = wanted & nvml.nvmlDeviceGetSupportedEventTypes(handle)
+                if mask:
+                    nvml.nvmlDeviceRegisterEvents(handle, mask, event_set)
+                keys[_handle_key(handle)] = uuid
+            except nvml.NVMLError_NotSupported:
+                log.warning("GPU %s does not support NVML events; probed only", uuid)
+            except nvml.NVMLError as exc:
+                faults.append((uuid, f"NVML: {exc}"))
+        return _EventWaiter(nvml, event_set, keys), faults
+
+    def _on_event(self, event: Any, events: _EventWaiter) -> list[HealthEvent] | None:
+        """Health events for one NVML event; None when the GPU cannot be identified."""
+        nvml = self.nvml
+        if event.eventType == nvml.nvmlEventTypeXidCriticalError:
+            xid = int(event.eventData)
+            name = _XID_NAMES.get(xid)
+            reason = f"Xid {xid}" + (f" ({name})" if name else "")
+            if xid in self.config.ignored_xids:
+                log.info("ignoring %s: an application error, the GPU stays healthy", reason)
+                return []
+        elif event.eventType == nvml.nvmlEventTypeDoubleBitEccError:
+            reason = "double-bit ECC error"
+        else:
+            return []
+        gpu = events.uuid_by_handle.get(_handle_key(event.device))
+        if gpu is None:
+            try:
+                gpu = _text(nvml.nvmlDeviceGetUUID(event.device))
+            except nvml.NVMLError:
+                # A GPU that fell off the bus may not even say who it is.
+                log.warning("%s on a GPU NVML cannot identify; probing every GPU", reason)
+                return None
+        unit = self._event_unit(gpu, int(event.gpuInstanceId), int(event.computeInstanceId))
+        return [] if unit is None else self._fault_events(unit, reason)
+
+    def _event_unit(self, gpu: str, gi: int, ci: int) -> str | None:
+        """The unit an event on ``gpu`` hits: one of our MIG devices, the GPU, or none."""
+        ours = [d for d in self._devices if d.attributes["gpu_uuid"] == gpu]
+        if not ours:
+            return None
+        if gi == _NOT_ATTRIBUTED:
+            return gpu
+        for d in ours:
+            if d.attributes.get("gi") == str(gi) and ci in (
+                _NOT_ATTRIBUTED,
+                int(d.attributes["ci"]),
+            ):
+                return d.attributes["uuid"]
+        if all("gi" in d.attributes for d in ours):
+            return None  # a MIG instance of this GPU that another resource serves
+        return gpu
+
+    def _fault_events(self, unit: str, reason: str) -> list[HealthEvent]:
+        if self._health.fault(unit, reason):
+            log.warning("%s: %s is unhealthy: %s", self.resource_name, unit, reason)
+        return [
+            HealthEvent(key, Health.UNHEALTHY, reason) for key in self._keys(unit, self._devices)
+        ]
+
+    async def _probe_events(self) -> AsyncIterator[PluginEvent]:
+        devices = self._devices
+        for unit, value, reason, changed in await self._probe(devices):
+            if changed:
+                for key in self._keys(unit, devices):
+                    yield HealthEvent(key, value, reason)
+        if self._discovered_unhealthy - set(self._health.faults):
+            # Discovery itself marked these unhealthy; only a new discovery clears that.
+            yield RescanEvent("a GPU marked unhealthy at discovery has recovered")
+
+    async def _probe(self, devices: Sequence[Device]) -> list[tuple[str, Health, str, bool]]:
+        """Probe every unit; (unit, health, reason, changed) for each."""
+        gpus = sorted({d.attributes["gpu_uuid"] for d in devices})
+        migs = sorted({d.attributes["uuid"] for d in devices} - set(gpus))
+        results = await anyio.to_thread.run_sync(self._probe_blocking, gpus, migs)
+        out: list[tuple[str, Health, str, bool]] = []
+        for unit in (*gpus, *migs):
+            problem = results.get(unit)
+            if problem is not None:
+                changed = self._health.fault(unit, problem)
+                if changed:
+                    log.warning("%s: %s is unhealthy: %s", self.resource_name, unit, problem)
+                out.append((unit, Health.UNHEALTHY, problem, changed))
+            elif self._health.clean(unit):
+                log.info("%s: %s is healthy again after a clean period", self.resource_name, unit)
+                out.append((unit, Health.HEALTHY, "probed clean for the recovery period", True))
+            elif unit in self._health.faults:
+                out.append((unit, Health.UNHEALTHY, self._health.faults[unit][1], False))
+            else:
+                out.append((unit, Health.HEALTHY, "", False))
+        return out
+
+    def _probe_blocking(self, gpus: Sequence[str], migs: Sequence[str]) -> dict[str, str | None]:
+        nvml = self._ensure_init()
+        # Answers that say nothing about the GPU's state are not faults.
+        inconclusive = (
+            nvml.NVMLError_NotSupported,
+            nvml.NVMLError_NoPermission,
+            nvml.NVMLError_FunctionNotFound,
+        )
+        out: dict[str, str | None] = {}
+        for uuid in (*gpus, *migs):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                # Any query that reaches the GPU: a lost GPU answers "GPU is lost".
+                nvml.nvmlDeviceGetMemoryInfo(handle)
+                out[uuid] = None
+            except inconclusive:
+                out[uuid] = None
+            except nvml.NVMLError as exc:
+                out[uuid] = f"NVML: {exc}"
+        return out
+
+    def _keys(self, unit: str, devices: Sequence[Device]) -> list[str]:
+        """IDs to report a unit's health under: the unit itself (its device, or the parent of
+        its replicas and MIG devices) plus replicas of a MIG device, whose parent is the GPU."""
+        keys = [unit]
+        for d in devices:
+            if d.attributes.get("uuid") == unit and unit not in (d.id, d.parent):
+                keys.append(d.id)
+        return keys
+
+
+# ----------------------------------------------------------------------------- from_config
+
+
+def from_config(config: Mapping[str, Any], **overrides: Any) -> list[DevicePlugin]:
+    """Build the plugins a node needs: one per resource.
+
+    ``nvidia.com/gpu`` always; with ``migStrategy: mixed`` also one ``nvidia.com/mig-<profile>``
+    per MIG profile present on the node (NVML is read once, here, to list them).
+
+    Args:
+        config: The YAML mapping (see ``NvidiaConfig.from_mapping``).
+        **overrides: ``nvml`` (module or stand-in), ``clock``, or ``sysfs_root``, ``dev_root``,
+            ``proc_root`` replacing the config's.
+
+    Raises:
+        ConfigError: invalid configuration (names the key).
+        BackendError: NVML unusable while listing MIG profiles.
+        TypeError: an unknown override.
+    """
+    unknown = set(overrides) - {"nvml", "clock", "sysfs_root", "dev_root", "proc_root"}
+    if unknown:
+        raise TypeError(f"unknown overrides: {', '.join(sorted(unknown))}")
+    cfg = NvidiaConfig.from_mapping(config)
+    cfg = replace(
+        cfg,
+        sysfs_root=Path(overrides.get("sysfs_root", cfg.sysfs_root)),
+        dev_root=Path(overrides.get("dev_root", cfg.dev_root)),
+        proc_root=Path(overrides.get("proc_root", cfg.proc_root)),
+    )
+    extra: dict[str, Any] = {k: overrides[k] for k in ("nvml", "clock") if k in overrides}
+    gpu_plugin = NvmlPlugin(cfg, **extra)
+    plugins: list[DevicePlugin] = [gpu_plugin]
+    if cfg.mig_strategy == "mixed":
+        profiles = sorted({m.profile for g in gpu_plugin.scan() for m in g.migs})
+        plugins += [NvmlPlugin(cfg, mig_profile=p, **extra) for p in profiles]
+    return plugins

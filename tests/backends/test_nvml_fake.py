@@ -1,0 +1,256 @@
+"""The public fake NVML against the real pynvml (nvidia-ml-py), and its machines and faults."""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from devplugin_sdk.testing import fake_nvml
+from devplugin_sdk.testing.fake_nvml import FakeNVML
+
+FUNCTIONS = sorted(
+    name for name in dir(FakeNVML) if name.startswith("nvml") and callable(getattr(FakeNVML, name))
+)
+CONSTANTS = sorted(name for name in vars(fake_nvml) if name.startswith(("NVML_", "nvmlEventType")))
+ERRORS = sorted(name for name in vars(fake_nvml) if name.startswith("NVMLError_"))
+
+
+def shape(function: Any) -> list[tuple[str, Any, Any]]:
+    return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_every_fake_function_has_the_signature_of_the_real_one(name: str) -> None:
+    assert hasattr(pynvml, name), f"pynvml has no {name}"
+
+    # Bound methods drop self, so the parameters line up with pynvml's functions.
+    assert shape(getattr(FakeNVML([]), name)) == shape(getattr(pynvml, name))
+
+
+@pytest.mark.parametrize("name", CONSTANTS)
+def test_every_fake_constant_has_the_real_value(name: str) -> None:
+    assert getattr(fake_nvml, name) == getattr(pynvml, name)
+    assert getattr(FakeNVML([]), name) == getattr(pynvml, name)
+
+
+def test_the_p2p_read_index_is_the_tuple_pynvml_really_defines() -> None:
+    assert pynvml.NVML_P2P_CAPS_INDEX_READ == (0,)
+    nvml = fake_nvml.dgx_a100()
+    nvml.nvmlInit()
+    a, b = (nvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1))
+
+    with pytest.raises(ctypes.ArgumentError):
+        nvml.nvmlDeviceGetP2PStatus(a, b, nvml.NVML_P2P_CAPS_INDEX_READ)
+    assert nvml.nvmlDeviceGetP2PStatus(a, b, nvml.NVML_P2P_CAPS_INDEX_NVLINK) == 0
+
+
+def test_the_fake_has_every_error_class_pynvml_has() -> None:
+    real = sorted(name for name in dir(pynvml) if name.startswith("NVMLError_"))
+
+    assert real == ERRORS
+
+
+@pytest.mark.parametrize("name", ERRORS)
+def test_error_classes_map_codes_and_messages_like_pynvml(name: str) -> None:
+    fake_class = getattr(fake_nvml, name)
+    real_class = getattr(pynvml, name)
+    fake, real = fake_class(), real_class()
+
+    assert fake.value == real.value
+    assert type(fake_nvml.NVMLError(real.value)) is fake_class
+    assert isinstance(fake_nvml.NVMLError(real.value), fake_nvml.NVMLError)
+    if real.value in pynvml.NVMLError._errcode_to_string:  # the others need the C library
+        assert str(fake) == str(real)
+
+
+def test_gpu_is_lost_and_timeout_are_the_codes_the_backend_relies_on() -> None:
+    assert pynvml.NVML_ERROR_GPU_IS_LOST == fake_nvml.NVML_ERROR_GPU_IS_LOST == 15
+    assert type(pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)) is pynvml.NVMLError_Timeout
+
+
+def test_real_event_wait_raises_timeout_when_nvml_answers_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Stand in for the C function only: pynvml's own wrapper turns the code into the error.
+    monkeypatch.setattr(
+        pynvml, "_nvmlGetFunctionPointer", lambda name: lambda *args: pynvml.NVML_ERROR_TIMEOUT
+    )
+
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(None, 1)
+
+
+def test_fake_event_wait_raises_timeout_when_nothing_arrives() -> None:
+    nvml = fake_nvml.t4_pcie()
+    nvml.nvmlInit()
+    event_set = nvml.nvmlEventSetCreate()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+
+    with pytest.raises(nvml.NVMLError_Timeout):
+        nvml.nvmlEventSetWait_v2(event_set, 1)
+
+    nvml.xid(0, 79)
+    event = nvml.nvmlEventSetWait_v2(event_set, 1)
+    assert (event.device, event.eventType, event.eventData) == (handle, 8, 79)
+    assert (event.gpuInstanceId, event.computeInstanceId) == (0xFFFFFFFF, 0xFFFFFFFF)
+
+
+def test_events_reach_only_sets_registered_for_that_gpu_and_type() -> None:
+    nvml = fake_nvml.t4_pcie()
+    nvml.nvmlInit()
+    event_set = nvml.nvmlEventSetCreate()
+    nvml.nvmlDeviceRegisterEvents(
+        nvml.nvmlDeviceGetHandleByIndex(1), nvml.nvmlEventTypeDoubleBitEccError, event_set
+    )
+
+    nvml.xid(1, 79)  # Xid events were not asked for
+    nvml.xid(0, 79)
+    nvml.ecc_double_bit(1)
+
+    assert nvml.nvmlEventSetWait(event_set, 1).eventType == nvml.nvmlEventTypeDoubleBitEccError
+    with pytest.raises(nvml.NVMLError_Timeout):
+        nvml.nvmlEventSetWait(event_set, 1)
+
+
+def test_registering_an_unsupported_event_type_is_refused() -> None:
+    nvml = fake_nvml.t4_pcie()
+    nvml.gpus[0].supported_events = nvml.nvmlEventTypeXidCriticalError
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+
+    with pytest.raises(nvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceRegisterEvents(
+            handle, nvml.nvmlEventTypeDoubleBitEccError, nvml.nvmlEventSetCreate()
+        )
+
+
+def test_calls_before_nvml_init_raise_uninitialized() -> None:
+    nvml = fake_nvml.t4_pcie()
+
+    with pytest.raises(nvml.NVMLError_Uninitialized):
+        nvml.nvmlDeviceGetCount()
+    nvml.nvmlInit()
+    assert nvml.nvmlDeviceGetCount() == 4
+    nvml.nvmlShutdown()
+    with pytest.raises(nvml.NVMLError_Uninitialized):
+        nvml.nvmlDeviceGetCount()
+
+
+def test_a_lost_gpu_answers_gpu_is_lost_until_recovered() -> None:
+    nvml = fake_nvml.dgx_a100()
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(3)
+    nvml.lose(3)
+
+    for call in (
+        lambda: nvml.nvmlDeviceGetUUID(handle),
+        lambda: nvml.nvmlDeviceGetMemoryInfo(handle),
+        lambda: nvml.nvmlDeviceGetHandleByIndex(3),
+        lambda: nvml.nvmlDeviceGetHandleByUUID(nvml.gpus[3].uuid),
+    ):
+        with pytest.raises(nvml.NVMLError_GpuIsLost, match="GPU is lost"):
+            call()
+    assert nvml.nvmlDeviceGetCount() == 8
+    nvml.recover(3)
+    assert nvml.nvmlDeviceGetUUID(handle) == nvml.gpus[3].uuid
+
+
+def test_fail_injects_an_error_for_the_next_calls_only() -> None:
+    nvml = fake_nvml.t4_pcie()
+    nvml.fail("nvmlInit", fake_nvml.NVML_ERROR_DRIVER_NOT_LOADED, times=2)
+
+    for _ in range(2):
+        with pytest.raises(nvml.NVMLError_DriverNotLoaded):
+            nvml.nvmlInit()
+    nvml.nvmlInit()
+    nvml.fail("nvmlDeviceGetCount", fake_nvml.NVML_ERROR_UNKNOWN, times=None)
+    for _ in range(3):
+        with pytest.raises(nvml.NVMLError_Unknown):
+            nvml.nvmlDeviceGetCount()
+    nvml.clear_failures()
+    assert nvml.nvmlDeviceGetCount() == 4
+    assert nvml.calls["nvmlDeviceGetCount"] == 4
+    with pytest.raises(AttributeError, match="no NVML function"):
+        nvml.fail("nvmlNoSuchThing", 1)
+
+
+def test_the_machines_look_like_the_real_ones() -> None:
+    models = {
+        "dgx_a100": (fake_nvml.dgx_a100(), 8, "NVIDIA A100-SXM4-80GB", 12),
+        "hgx_h100": (fake_nvml.hgx_h100(), 8, "NVIDIA H100 80GB HBM3", 18),
+        "t4_pcie": (fake_nvml.t4_pcie(), 4, "Tesla T4", 0),
+    }
+    for nvml, count, name, links in models.values():
+        nvml.nvmlInit()
+        assert nvml.nvmlDeviceGetCount() == count
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+        assert nvml.nvmlDeviceGetName(handle) == name
+        assert nvml.nvmlDeviceGetUUID(handle).startswith("GPU-")
+        assert len(nvml.gpus[0].nvlinks) == links
+        assert len({g.uuid for g in nvml.gpus}) == count
+
+
+def test_t4_has_no_nvlink_and_no_mig() -> None:
+    nvml = fake_nvml.t4_pcie()
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+
+    with pytest.raises(nvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetNvLinkState(handle, 0)
+    with pytest.raises(nvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetMigMode(handle)
+    other = nvml.nvmlDeviceGetHandleByIndex(1)
+    far = nvml.nvmlDeviceGetHandleByIndex(2)
+    assert nvml.nvmlDeviceGetTopologyCommonAncestor(handle, other) == nvml.NVML_TOPOLOGY_SINGLE
+    assert nvml.nvmlDeviceGetTopologyCommonAncestor(handle, far) == nvml.NVML_TOPOLOGY_SYSTEM
+
+
+def test_mig_devices_are_found_slot_by_slot_with_empty_slots_not_found() -> None:
+    nvml = fake_nvml.a100_mig([("3g.40gb", "1c.2g.20gb")])
+    nvml.nvmlInit()
+    gpu = nvml.nvmlDeviceGetHandleByIndex(0)
+
+    assert nvml.nvmlDeviceGetMigMode(gpu) == [1, 1]
+    assert nvml.nvmlDeviceGetMaxMigDeviceCount(gpu) == 7
+    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 1)
+    assert nvml.nvmlDeviceGetName(mig) == "NVIDIA A100-SXM4-80GB MIG 1c.2g.20gb"
+    assert nvml.nvmlDeviceGetUUID(mig).startswith("MIG-")
+    assert nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig) is gpu
+    attrs = nvml.nvmlDeviceGetAttributes(mig)
+    assert (attrs.gpuInstanceSliceCount, attrs.computeInstanceSliceCount) == (2, 1)
+    with pytest.raises(nvml.NVMLError_NotFound):
+        nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 2)
+
+
+def test_write_host_writes_numa_nodes_device_nodes_and_mig_minors(tmp_path: Path) -> None:
+    nvml = fake_nvml.a100_mig([("1g.10gb",), None])
+    nvml.gpus[1].numa_node = None
+
+    roots = nvml.write_host(tmp_path)
+
+    numa = roots.sysfs_root / "bus/pci/devices/0000:07:00.0/numa_node"
+    assert numa.read_text() == "0\n"
+    assert (roots.sysfs_root / "bus/pci/devices/0000:0f:00.0/numa_node").read_text() == "-1\n"
+    assert sorted(p.name for p in roots.dev_root.iterdir()) == [
+        "nvidia-caps",
+        "nvidia-modeset",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+        "nvidia0",
+        "nvidia1",
+        "nvidiactl",
+    ]
+    minors = (roots.proc_root / "driver/nvidia-caps/mig-minors").read_text().splitlines()
+    assert minors[:4] == ["config 1", "monitor 2", "gpu0/gi0/access 3", "gpu0/gi0/ci0/access 4"]
+    assert "gpu1/gi14/ci7/access 272" in minors
+    # Nodes exist for the one instance there is (gi 1, ci 0).
+    assert sorted(p.name for p in (roots.dev_root / "nvidia-caps").iterdir()) == [
+        "nvidia-cap12",
+        "nvidia-cap13",
+    ]

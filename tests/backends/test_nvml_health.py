@@ -1,0 +1,391 @@
+"""NVML health: Xid/ECC events pushed as they happen, probes, recovery, replicas and MIG siblings."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+from anyio.abc import ObjectReceiveStream
+
+from devplugin_sdk.backends.nvml import NvidiaConfig, NvmlPlugin
+from devplugin_sdk.plugin import PluginEvent
+from devplugin_sdk.testing import fake_nvml
+from devplugin_sdk.testing.fake_nvml import FakeNVML
+from devplugin_sdk.types import Health, HealthEvent, RescanEvent
+
+NEVER = 3600.0  # a probe interval that never comes round within a test
+XID_79 = "Xid 79 (GPU has fallen off the bus)"
+
+
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def plugin_for(
+    nvml: FakeNVML, tmp_path: Path, clock: Clock | None = None, **config: Any
+) -> NvmlPlugin:
+    roots = nvml.write_host(tmp_path)
+    config.setdefault("probe_interval", NEVER)
+    cfg = NvidiaConfig(
+        sysfs_root=roots.sysfs_root, dev_root=roots.dev_root, proc_root=roots.proc_root, **config
+    )
+    return NvmlPlugin(cfg, nvml=nvml, clock=clock or Clock())
+
+
+@asynccontextmanager
+async def watching(
+    plugin: NvmlPlugin, nvml: FakeNVML
+) -> AsyncIterator[ObjectReceiveStream[PluginEvent]]:
+    """Run ``plugin.watch()`` in the background until its event set is waiting for events."""
+    send, receive = anyio.create_memory_object_stream[PluginEvent](100)
+
+    async def pump() -> None:
+        async with send:
+            async for event in plugin.watch():
+                await send.send(event)
+
+    async with receive, anyio.create_task_group() as tg:
+        tg.start_soon(pump)
+        assert await anyio.to_thread.run_sync(nvml.wait_for_waiters, 1, 5.0)
+        yield receive
+        tg.cancel_scope.cancel()
+
+
+async def next_event(events: ObjectReceiveStream[PluginEvent]) -> PluginEvent:
+    with anyio.fail_after(5):
+        return await events.receive()
+
+
+async def until(
+    events: ObjectReceiveStream[PluginEvent], stop: Callable[[PluginEvent], bool]
+) -> list[PluginEvent]:
+    """Events received up to and including the first one ``stop`` accepts."""
+    got = [await next_event(events)]
+    while not stop(got[-1]):
+        got.append(await next_event(events))
+    return got
+
+
+# ----------------------------------------------------------------------------- pushed events
+
+
+async def test_xid_79_is_pushed_the_moment_nvml_reports_it(tmp_path: Path) -> None:
+    nvml = fake_nvml.dgx_a100()
+    plugin = plugin_for(nvml, tmp_path)
+    await plugin.discover()
+
+    async with watching(plugin, nvml) as events:
+        nvml.xid(3, 79)
+        event = await next_event(events)
+
+    assert event == HealthEvent(nvml.gpus[3].uuid, Health.UNHEALTHY, XID_79)
+
+
+async def test_application_xids_are_ignored_by_default(tmp_path: Path) -> None:
+    nvml = fake_nvml.t4_pcie()
+    plugin = plugin_for(nvml, tmp_path)
+    await plugin.discover()
+
+    async with watching(plugin, nvml) as events:
+        for xid in (13, 31, 43, 45, 68, 109):
+            nvml.xid(0, xid)
+        nvml.xid(1, 48)
+        event = await next_event(events)
+
+    # The first event is the double-bit ECC Xid on GPU 1: none of the six made one.
+    assert event == HealthEvent(
+        nvml.gpus[1].uuid, Health.UNHEALTHY, "Xid 48 (double-bit ECC error)"
+    )
+
+
+async def test_the_ignored_xid_list_is_configurable(tmp_path: Path) -> None:
+    nvml = fake_nvml.t4_pcie()
+    plugin = plugin_for(nvml, tmp_path, ignored_xids=frozenset({79}))
+    await plugin.discover()
+
+    async with watching(plugin, nvml) as events:
+        nvml.xid(0, 79)
+        nvml.xid(2, 13)
+        event = await next_event(events)
+
+    assert isinstance(event, HealthEvent)
+    assert (event.device_id, event.reason) == (
+        nvml.gpus[2].uuid,
+        "Xid 13 (graphics engine exception)",
+    )
+
+
+async def test_double_bit_ecc_event_marks_the_gpu_unhealthy(tmp_path: Path) -> None:
+    nvml = fake_nvml.hgx_h100()
+    plugin = plugin_for(nvml, tmp_path)
+    await plugin.discover()
+
+    async with watching(plugin, nvml) as events:
+        nvml.ecc_double_bit(6)
+        event = await next_event(events)
+
+    assert event == HealthEvent(nvml.gpus[6].uuid, Health.UNHEALTHY, "double-bit ECC error")
+
+
+async def test_an_xid_from_a_gpu_that_fell_off_the_bus_is_still_attributed(tmp_path: Path) -> None:
+    nvml = fake_nvml.dgx_a100()
+    plugin = plugin_for(nvml, tmp_path)
+    await plugin.discover()
+
+    async with watching(plugin, nvml) as events:
+        nvml.lose(5)  # nvmlDeviceGetUUID on its handle now fails: the handle itself identifies it
+        nvml.xid(5, 79)
+        event = await next_event(events)
+
+    assert isinstance(event, HealthEvent)
+    assert event.device_id == nvml.gpus[5].uuid
+
+
+async def test_a_failed_event_wait_probes_and_marks_only_the_lost_gpu(tmp_path: Path) -> None:
+    nvml = fake_nvml.dgx_a100()
+    plugin = plugin_for(nvml, tmp_path)
+    await plugin.discover()
+
+    async with watching(plugin, nvml) as events:
+        nvml.lose(2)
+        nvml.fail("nvmlEventSetWait_v2", fake_nvml.NVML_ERROR_UNKNOWN)
+        nvml.xid(0, 13)  # wakes the waiter; its next wait fails
+        event = await next_event(events)
+
+    assert event == HealthEvent(nvml.gpus[2].uuid, Health.UNHEALTHY, "NVML: GPU is lost")
+
+
+async def test_a_gpu_wide_xid_reaches_every_replica_through_their_parent(tmp_path: Path) -> None:
+    nvml = fake_nvml.t4_pcie()
+    plugin = plugin_for(nvml, tmp_path, replicas=4)
+    devices = await plugin.discover()
+
+    async with watching(plugin, nvml) as events:
+        nvml.xid(1, 79)
+        event = await next_event(events)
+
+    assert isinstance(event, HealthEvent)
+    hit = [d.id for d in devices if event.device_id in (d.id, d.parent)]
+    assert hit == [f"{nvml.gpus[1].uuid}::{n}" for n in range(4)]
+
+
+async def test_a_gpu_wide_xid_reaches_every_mig_device_of_that_gpu(tmp_path: Path) -> None:
+    nvml = fake_nvml.a100_mig([("1g.10gb",) * 3, ("1g.10gb",) * 3])
+    plugin = plugin_for(nvml, tmp_path, mig_strategy="single")
+    devices = await plugin.discover()
+
+    async with watching(plugin, nvml) as events:
+        nvml.xid(0, 79)
+        event = await next_event(events)
+
+    assert isinstance(event, HealthEvent)
+    hit = [d.id for d in devices if event.device_id in (d.id, d.parent)]
+    assert hit == [m.uuid for m in nvml.gpus[0].migs]
+
+
+async def test_an_xid_in_one_mig_instance_marks_only_that_mig_device(tmp_path: Path) -> None:
+    nvml = fake_nvml.a100_mig([("1g.10gb",) * 3])
+    plugin = plugin_for(nvml, tmp_path, mig_strategy="single", replicas=2)
+    await plugin.discover()
+    target = nvml.gpus[0].migs[1]
+
+    async with watching(plugin, nvml) as events:
+        nvml.xid(0, 94, gi=target.gi, ci=target.ci)
+        got = [await next_event(events) for _ in range(3)]
+
+    # The MIG device and both of its replicas (whose parent is the GPU, not the MIG device).
+    assert {e.device_id for e in got if isinstance(e, HealthEvent)} == {
+        target.uuid,
+        f"{target.uuid}::0",
+        f"{target.uuid}::1",
+    }
+
+
+async def test_an_xid_in_another_resources_mig_instance_is_not_ours(tmp_path: Path) -> None:
+    nvml = fake_nvml.a100_mig([("2g.20gb", "1g.10gb")])
+    plugin = NvmlPlugin(
+        NvidiaConfig(
+            mig_strategy="mixed",
+            probe_interval=NEVER,
+            proc_root=nvml.write_host(tmp_path).proc_root,
+            dev_root=tmp_path / "dev",
+            sysfs_root=tmp_path / "sys",
+        ),
+        nvml=nvml,
+        mig_profile="1g.10gb",
+    )
+    await plugin.discover()
+    other, mine = nvml.gpus[0].migs
+
+    async with watching(plugin, nvml) as events:
+        nvml.xid(0, 94, gi=other.gi, ci=other.ci)
+        nvml.xid(0, 94, gi=mine.gi, ci=mine.ci)
+        event = await next_event(events)
+
+    assert isinstance(event, HealthEvent)
+    assert event.device_id == mine.uuid
+
+
+# ----------------------------------------------------------------------------- probes and recovery
+
+
+async def test_a_lost_gpu_is_found_by_the_probe_without_any_event(tmp_path: Path) -> None:
+    nvml = fake_nvml.t4_pcie()
+    plugin = plugin_for(nvml, tmp_path)
+    devices = await plugin.discover()
+    nvml.lose(2)
+
+    health = await plugin.check_health(devices)
+
+    assert health == {
+        g.uuid: Health.UNHEALTHY if g.index == 2 else Health.HEALTHY for g in nvml.gpus
+    }
+
+
+async def test_a_gpu_recovers_after_probing_clean_for_the_recovery_period(tmp_path: Path) -> None:
+    nvml = fake_nvml.dgx_a100()
+    clock = Clock()
+    plugin = plugin_for(nvml, tmp_path, clock, recovery_period=60)
+    devices = await plugin.discover()
+    uuid = nvml.gpus[3].uuid
+    async with watching(plugin, nvml) as events:
+        nvml.xid(3, 79)
+        await next_event(events)
+
+    clock.now += 59
+    assert (await plugin.check_health(devices))[uuid] is Health.UNHEALTHY
+    clock.now += 1
+    assert (await plugin.check_health(devices))[uuid] is Health.HEALTHY
+
+
+async def test_a_failed_probe_restarts_the_recovery_period(tmp_path: Path) -> None:
+    nvml = fake_nvml.t4_pcie()
+    clock = Clock()
+    plugin = plugin_for(nvml, tmp_path, clock, recovery_period=60)
+    devices = await plugin.discover()
+    uuid = nvml.gpus[0].uuid
+
+    nvml.lose(0)
+    assert (await plugin.check_health(devices))[uuid] is Health.UNHEALTHY
+    clock.now += 30
+    assert (await plugin.check_health(devices))[uuid] is Health.UNHEALTHY  # still lost at 30 s
+    nvml.recover(0)
+    clock.now += 59
+    assert (await plugin.check_health(devices))[uuid] is Health.UNHEALTHY
+    clock.now += 1
+    assert (await plugin.check_health(devices))[uuid] is Health.HEALTHY
+
+
+async def test_a_null_recovery_period_never_recovers(tmp_path: Path) -> None:
+    nvml = fake_nvml.t4_pcie()
+    clock = Clock()
+    plugin = plugin_for(nvml, tmp_path, clock, recovery_period=None)
+    devices = await plugin.discover()
+    nvml.lose(0)
+    await plugin.check_health(devices)
+    nvml.recover(0)
+
+    clock.now += 1e9
+
+    assert (await plugin.check_health(devices))[nvml.gpus[0].uuid] is Health.UNHEALTHY
+
+
+async def test_watch_pushes_the_probe_that_finds_a_lost_gpu_and_its_recovery(
+    tmp_path: Path,
+) -> None:
+    nvml = fake_nvml.t4_pcie()
+    plugin = plugin_for(nvml, tmp_path, probe_interval=0.01, recovery_period=0)
+    await plugin.discover()
+    uuid = nvml.gpus[3].uuid
+
+    async with watching(plugin, nvml) as events:
+        nvml.lose(3)
+        lost = await next_event(events)
+        nvml.recover(3)
+        back = await next_event(events)
+
+    assert lost == HealthEvent(uuid, Health.UNHEALTHY, "NVML: GPU is lost")
+    assert back == HealthEvent(uuid, Health.HEALTHY, "probed clean for the recovery period")
+
+
+async def test_a_gpu_unhealthy_at_discovery_asks_for_a_rescan_once_it_recovers(
+    tmp_path: Path,
+) -> None:
+    nvml = fake_nvml.t4_pcie()
+    plugin = plugin_for(nvml, tmp_path, probe_interval=0.01, recovery_period=0)
+    await plugin.discover()
+    nvml.lose(1)
+    devices = await plugin.discover()
+    assert devices[1].health is Health.UNHEALTHY
+    uuid = nvml.gpus[1].uuid
+
+    async with watching(plugin, nvml) as events:
+        nvml.recover(1)
+        got = await until(events, lambda e: isinstance(e, RescanEvent))
+        # The SDK answers a RescanEvent by discovering again.
+        assert (await plugin.discover())[1].health is Health.HEALTHY
+        # GPU 1 could not register for events while lost; back, it does.
+        assert await anyio.to_thread.run_sync(nvml.wait_for_waiters, 1, 5.0, 1)
+        nvml.xid(1, 79)
+        await until(events, lambda e: e == HealthEvent(uuid, Health.UNHEALTHY, XID_79))
+
+    healthy = HealthEvent(uuid, Health.HEALTHY, "probed clean for the recovery period")
+    assert healthy in got
+
+
+async def test_gpus_without_event_support_are_still_probed(tmp_path: Path) -> None:
+    nvml = fake_nvml.t4_pcie()
+    nvml.gpus[0].supported_events = 0
+    plugin = plugin_for(nvml, tmp_path)
+    devices = await plugin.discover()
+
+    async with watching(plugin, nvml) as events:
+        nvml.xid(0, 79)  # not delivered: GPU 0 could not register
+        nvml.xid(1, 79)
+        event = await next_event(events)
+    nvml.lose(0)
+
+    assert isinstance(event, HealthEvent)
+    assert event.device_id == nvml.gpus[1].uuid
+    assert (await plugin.check_health(devices))[nvml.gpus[0].uuid] is Health.UNHEALTHY
+
+
+async def test_disabled_health_reports_nothing_and_watches_nothing(tmp_path: Path) -> None:
+    nvml = fake_nvml.t4_pcie()
+    plugin = plugin_for(nvml, tmp_path, health_disabled=True)
+    devices = await plugin.discover()
+    nvml.lose(0)
+
+    assert await plugin.check_health(devices) == {}
+    assert [e async for e in plugin.watch()] == []
+    assert nvml.calls["nvmlEventSetCreate"] == 0
+
+
+@pytest.mark.parametrize("xid", [79, 48])
+async def test_one_failed_gpu_leaves_allocation_of_the_others_untouched(
+    tmp_path: Path, xid: int
+) -> None:
+    nvml = fake_nvml.dgx_a100()
+    plugin = plugin_for(nvml, tmp_path)
+    devices = await plugin.discover()
+    async with watching(plugin, nvml) as events:
+        nvml.xid(4, xid)
+        nvml.lose(4)
+        await next_event(events)
+    others = [d for d in devices if d.attributes["index"] != "4"]
+
+    chosen = await plugin.preferred_allocation(others, [], 4)
+    allocation = await plugin.allocate([d for d in others if d.id in chosen])
+
+    assert len(allocation.env["NVIDIA_VISIBLE_DEVICES"].split(",")) == 4
