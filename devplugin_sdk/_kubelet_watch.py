@@ -36,17 +36,17 @@ def file_id(path: Path) -> FileId | None:
 
 
 class DirectoryWatcher:
-    """Broadcasts "something changed in the directory" to every plugin of the process."""
+    """Broadcasts "something changed in the directories" to every plugin of the process."""
 
-    def __init__(self, directory: Path, poll_interval: float) -> None:
-        self.directory = directory
+    def __init__(self, directories: list[Path], poll_interval: float) -> None:
+        self.directories = directories
         self.poll_interval = poll_interval
         self.generation = 0
         self._changed = anyio.Event()
 
     async def run(self) -> None:
         """Watch until cancelled."""
-        async for _changed in fswatch.watch([self.directory], poll_interval=self.poll_interval):
+        async for _changed in fswatch.watch(self.directories, poll_interval=self.poll_interval):
             self.notify()
 
     def notify(self) -> None:

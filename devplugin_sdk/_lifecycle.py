@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 import anyio
 import grpc
 
-from devplugin_sdk import _convert, _registration
+from devplugin_sdk import _convert, _registration, _watcher_registration
 from devplugin_sdk._kubelet_watch import DirectoryWatcher, FileId, file_id
 from devplugin_sdk._server import start_server
 from devplugin_sdk._servicer import DevicePluginServicer
@@ -56,7 +56,12 @@ class PluginRuntime:
         self.watcher = watcher
         self.resource = plugin.resource_name
         self.state = DeviceState(self.resource)
-        self.socket_path = settings.device_plugin_dir / plugin.effective_socket_name
+        self.watcher_mode = settings.uses_plugin_watcher()
+        directory = (
+            settings.plugins_registry_dir if self.watcher_mode else settings.device_plugin_dir
+        )
+        self.socket_path = directory / plugin.effective_socket_name
+        self._renew = False  # the plugin watcher reported a failed registration
         self.servicer = DevicePluginServicer(self)
         self.streams: set[int] = set()
         self._next_stream = 0
@@ -174,7 +179,10 @@ class PluginRuntime:
                 tg.start_soon(self._poll_health)
             if self.plugin.overrides("watch"):
                 tg.start_soon(self._consume_events)
-            await self._serve_registrations()
+            if self.watcher_mode:
+                await self._serve_for_plugin_watcher()
+            else:
+                await self._serve_registrations()
 
     async def rescan(self, reason: str = "") -> None:
         """Call ``discover()`` again; keep the previous list if it fails."""
@@ -328,6 +336,59 @@ class PluginRuntime:
                 with anyio.CancelScope(shield=True):
                     await self._stop(server)
 
+    def registration_status(self, registered: bool, error: str) -> None:
+        """NotifyRegistrationStatus from the kubelet's plugin watcher."""
+        if registered:
+            self.registered = True
+            self.registrations += 1
+            self._notify("registered", self.resource, 0.0)
+            log.info("%s: registered through the plugin watcher", self.resource, extra=self.extra)
+            return
+        self.registered = False
+        log.error(
+            "%s: the kubelet's plugin watcher failed to register us: %s; recreating the socket",
+            self.resource,
+            error,
+            extra=self.extra,
+        )
+        # The kubelet does not retry once it has recorded the plugin: a new socket starts over.
+        self._renew = True
+        self.watcher.notify()
+
+    async def _serve_for_plugin_watcher(self) -> None:
+        """Serve both APIs on one socket in plugins_registry; the kubelet finds it by itself.
+
+        The kubelet re-discovers the socket after its own restarts, so only a removed socket or
+        a failed registration makes us serve again on a fresh one.
+        """
+        handlers = [
+            self.servicer.handler(),
+            _watcher_registration.handler(self.resource, self.registration_status),
+        ]
+        server: grpc.aio.Server | None = None
+        try:
+            while True:
+                self._renew = False
+                self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+                server, own_id = await start_server(self.socket_path, handlers)
+                log.info(
+                    "%s: serving for the plugin watcher on %s",
+                    self.resource,
+                    self.socket_path,
+                    extra=self.extra,
+                )
+                while not self._renew and file_id(self.socket_path) == own_id:
+                    await self.watcher.wait(self.watcher.generation)
+                reason = "registration failed" if self._renew else "our socket was removed"
+                self._notify("reregistering", self.resource, reason)
+                await self._stop(server)
+                server = None
+        finally:
+            self.registered = False
+            if server is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._stop(server)
+
     async def _wait_for_loss(self, own_id: FileId | None, kubelet_id: FileId) -> str:
         """Wait until the registration is lost; return why."""
         grace = self.settings.stream_lost_grace
@@ -400,7 +461,10 @@ async def serve(
     for plugin in plugins:
         plugin.validate_names()
     _check_unique(plugins)
-    watcher = DirectoryWatcher(settings.device_plugin_dir, settings.restart_poll_interval)
+    watched = [settings.device_plugin_dir]
+    if settings.uses_plugin_watcher():
+        watched = [settings.plugins_registry_dir]
+    watcher = DirectoryWatcher(watched, settings.restart_poll_interval)
     runtimes = [PluginRuntime(p, settings, watcher, observer) for p in plugins]
     RUNTIMES.extend(runtimes)
     try:

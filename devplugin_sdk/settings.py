@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from devplugin_sdk.api import constants
 
@@ -37,6 +38,11 @@ class Settings:
         hook_timeout: Bound on ``allocate()`` and ``preferred_allocation()``; the kubelet sets
             none, and admission of every pod on the node waits behind a hanging call.
         stop_grace: Seconds the gRPC server gets to finish in-flight calls when stopping.
+        registration: ``"kubelet"`` registers through ``kubelet.sock``; ``"watcher"`` puts the
+            socket in ``plugins_registry_dir`` for the kubelet's plugin watcher; ``"auto"``
+            picks the watcher when that directory exists (as Mellanox's and the SR-IOV
+            plugins do).
+        plugins_registry_dir: The kubelet's plugin-watcher directory (follows --root-dir).
     """
 
     device_plugin_dir: Path = Path(constants.DEVICE_PLUGIN_PATH)
@@ -50,9 +56,16 @@ class Settings:
     prestart_timeout: float = 20.0
     hook_timeout: float = 8.0
     stop_grace: float = 1.0
+    registration: Literal["auto", "kubelet", "watcher"] = "auto"
+    plugins_registry_dir: Path = Path(constants.PLUGINS_REGISTRY_PATH)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device_plugin_dir", Path(self.device_plugin_dir))
+        object.__setattr__(self, "plugins_registry_dir", Path(self.plugins_registry_dir))
+        if self.registration not in ("auto", "kubelet", "watcher"):
+            raise ValueError(
+                f"Settings.registration must be auto, kubelet or watcher, got {self.registration!r}"
+            )
         for name in (
             "register_timeout",
             "register_backoff_initial",
@@ -69,6 +82,12 @@ class Settings:
                 raise ValueError(f"Settings.{name} must be >= 0, got {getattr(self, name)}")
         if self.prestart_timeout >= constants.PRE_START_CONTAINER_TIMEOUT_S:
             raise ValueError("Settings.prestart_timeout must be under the kubelet's 30 s deadline")
+
+    def uses_plugin_watcher(self) -> bool:
+        """Whether plugins register through the plugin watcher (resolves ``"auto"``)."""
+        if self.registration == "auto":
+            return self.plugins_registry_dir.is_dir()
+        return self.registration == "watcher"
 
     @property
     def kubelet_socket(self) -> Path:

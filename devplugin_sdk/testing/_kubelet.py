@@ -17,6 +17,7 @@ import os
 import random
 import shutil
 import socket
+import stat
 import tempfile
 import time
 import zlib
@@ -30,10 +31,12 @@ import anyio
 import anyio.to_thread
 import grpc
 
-from devplugin_sdk import _convert, _names
+from devplugin_sdk import _convert, _names, fswatch
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
+from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2 as preg
+from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2_grpc as preg_grpc
 from devplugin_sdk.settings import Settings
 from devplugin_sdk.types import Allocation
 
@@ -145,6 +148,10 @@ class FakeKubelet:
         per_socket_clients: Track clients per (resource, socket) as kubelet v1.37 does, instead
             of per resource (v1.32, with its duplicate-registration bug).
         seed: Seed of the random order in which the kubelet iterates its sets.
+        plugin_watcher: Also run the plugin watcher on ``registry_directory`` (plugins put a
+            socket there instead of calling Register).
+        registry_directory: The plugins_registry directory; by default ``plugins_registry``
+            beside ``directory``.
     """
 
     def __init__(
@@ -156,9 +163,16 @@ class FakeKubelet:
         register_delay: float = 0.0,
         per_socket_clients: bool = False,
         seed: int = 0,
+        plugin_watcher: bool = False,
+        registry_directory: str | os.PathLike[str] | None = None,
     ) -> None:
         self._own_directory = directory is None
         self.directory = Path(directory) if directory is not None else Path()
+        self._registry_arg = Path(registry_directory) if registry_directory is not None else None
+        self.registry_directory = self._registry_arg or self.directory.parent / "plugins_registry"
+        self.plugin_watcher = plugin_watcher
+        self._watched: dict[Path, _Client | None] = {}
+        self._watcher_scope: anyio.CancelScope | None = None
         self.grace_period = grace_period
         self.dial_timeout = dial_timeout
         self.register_delay = register_delay
@@ -182,7 +196,9 @@ class FakeKubelet:
 
     async def __aenter__(self) -> FakeKubelet:
         if self._own_directory:
-            self.directory = Path(tempfile.mkdtemp(prefix="dpk-", dir="/tmp"))
+            root = Path(tempfile.mkdtemp(prefix="dpk-", dir="/tmp"))
+            self.directory = root / "device-plugins"
+            self.registry_directory = self._registry_arg or root / "plugins_registry"
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._checkpoint_writer)
@@ -201,7 +217,7 @@ class FakeKubelet:
         self._tg.cancel_scope.cancel()
         result = await self._tg.__aexit__(exc_type, exc, tb)
         if self._own_directory:
-            shutil.rmtree(self.directory, ignore_errors=True)
+            shutil.rmtree(self.directory.parent, ignore_errors=True)
         return result
 
     @property
@@ -229,6 +245,8 @@ class FakeKubelet:
             "reregister_delay": 0.2,
             "health_interval": 0.5,
             "stop_grace": 0.5,
+            "plugins_registry_dir": self.registry_directory,
+            "registration": "watcher" if self.plugin_watcher else "kubelet",
         }
         values.update(overrides)
         return Settings(**values)
@@ -261,6 +279,13 @@ class FakeKubelet:
         server.add_insecure_port(f"unix:{self.socket_path}")
         await server.start()
         self._server = server
+        if self.plugin_watcher:
+            # Unlike device-plugins, plugins_registry is not cleaned at start: existing sockets
+            # are found by a scan and registered again.
+            self.registry_directory.mkdir(parents=True, exist_ok=True)
+            assert self._tg is not None
+            self._watcher_scope = anyio.CancelScope()
+            self._tg.start_soon(self._run_plugin_watcher, self._watcher_scope)
         self._notify()
 
     async def stop(self) -> None:
@@ -268,6 +293,10 @@ class FakeKubelet:
         server, self._server = self._server, None
         if server is None:
             return
+        if self._watcher_scope is not None:
+            self._watcher_scope.cancel()
+            self._watcher_scope = None
+        self._watched.clear()
         for client in list(self._clients.values()):
             await self._disconnect(client)
         await server.stop(0)
@@ -411,8 +440,12 @@ class FakeKubelet:
             return f'the ResourceName "{request.resource_name}" is invalid'
         if self.register_delay:
             await anyio.sleep(self.register_delay)
-        resource = request.resource_name
-        path = _join_endpoint(self.directory, request.endpoint)
+        return await self._connect_client(
+            request.resource_name, _join_endpoint(self.directory, request.endpoint)
+        )
+
+    async def _connect_client(self, resource: str, path: Path) -> str | None:
+        """Dial the plugin, get its options and start ListAndWatch (connectClient)."""
         channel = grpc.aio.insecure_channel(f"unix:{path}")
         client = _Client(resource, path, channel, pb_grpc.DevicePluginStub(channel))
         key = self._key(resource, path)
@@ -440,6 +473,112 @@ class FakeKubelet:
         assert self._tg is not None
         self._tg.start_soon(self._run_client, client)
         return None
+
+    # ------------------------------------------------------------------ plugin watcher
+
+    async def _run_plugin_watcher(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            self._scan_registry()
+            async for _changed in fswatch.watch([self.registry_directory], poll_interval=1.0):
+                self._scan_registry()
+
+    def _scan_registry(self) -> None:
+        present: set[Path] = set()
+        for entry in os.scandir(self.registry_directory):
+            # Only sockets whose name does not start with "." count.
+            if entry.name.startswith(".") or not stat.S_ISSOCK(
+                entry.stat(follow_symlinks=False).st_mode
+            ):
+                continue
+            path = Path(entry.path)
+            present.add(path)
+            if path not in self._watched:
+                self._watched[path] = None
+                assert self._tg is not None
+                self._tg.start_soon(self._register_watched, path)
+        for path in set(self._watched) - present:
+            # Deleting the socket deregisters the plugin.
+            client = self._watched.pop(path)
+            if client is not None and self._tg is not None:
+                self._tg.start_soon(self._disconnect, client)
+
+    async def _register_watched(self, path: Path) -> None:
+        """The reconciler's registration of one socket, retried with backoff until recorded."""
+        backoff = 0.05
+        while path in self._watched and self._server is not None:
+            error, info = await self._validate_watched(path)
+            if info is not None and error is None:
+                break
+            if info is not None:
+                await self._notify_status(path, False, f"RegisterPlugin error -- {error}")
+            await anyio.sleep(backoff)
+            # The kubelet retries from 0.5 s up to about 2 minutes; scaled down here.
+            backoff = min(backoff * 2, 2.0)
+        else:
+            return
+        record = Registration(
+            resource_name=info.name,
+            endpoint=str(path),
+            version=constants.VERSION,
+            pre_start_required=False,
+            preferred_allocation=False,
+            at=time.monotonic(),
+        )
+        endpoint = Path(info.endpoint) if info.endpoint else path
+        self.register_calls += 1
+        error = await self._connect_client(info.name, endpoint)
+        client = self._books[info.name].endpoint if error is None else None
+        if client is not None:
+            self._watched[path] = client
+            record = Registration(
+                resource_name=record.resource_name,
+                endpoint=record.endpoint,
+                version=record.version,
+                pre_start_required=client.options.pre_start_required,
+                preferred_allocation=client.options.get_preferred_allocation_available,
+                at=record.at,
+            )
+        self.registrations.append(record if error is None else _with_error(record, error))
+        self._notify()
+        # Failures after the plugin is recorded are not retried (v1.32): the plugin is told.
+        await self._notify_status(
+            path, error is None, "" if error is None else f"RegisterPlugin error -- {error}"
+        )
+
+    async def _validate_watched(self, path: Path) -> tuple[str | None, preg.PluginInfo | None]:
+        async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
+            try:
+                with anyio.fail_after(self.dial_timeout):
+                    await channel.channel_ready()
+                info = await preg_grpc.RegistrationStub(channel).GetInfo(
+                    preg.InfoRequest(), timeout=1.0
+                )
+            except (TimeoutError, grpc.aio.AioRpcError) as exc:
+                return f"failed to get plugin info: {exc}", None
+        if info.type != constants.PLUGIN_TYPE_DEVICE_PLUGIN:
+            return f"plugin type {info.type!r} is not handled here", info
+        if constants.VERSION not in info.supported_versions:
+            return (
+                "plugin validation failed with err: manager version, v1beta1, is not among plugin "
+                f"supported versions {list(info.supported_versions)}",
+                info,
+            )
+        if not _names.is_extended_resource_name(info.name):
+            return (
+                "plugin validation failed with err: invalid name of device plugin socket: "
+                f'the ResourceName "{info.name}" is invalid',
+                info,
+            )
+        return None, info
+
+    async def _notify_status(self, path: Path, registered: bool, error: str) -> None:
+        async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
+            try:
+                await preg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
+                    preg.RegistrationStatus(plugin_registered=registered, error=error), timeout=5.0
+                )
+            except grpc.aio.AioRpcError as exc:
+                log.info("NotifyRegistrationStatus to %s failed: %s", path, exc.code().name)
 
     def _key(self, resource: str, path: Path) -> tuple[str, str]:
         return (resource, str(path) if self.per_socket_clients else "")
