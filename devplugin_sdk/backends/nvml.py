@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -49,6 +49,7 @@ __all__ = [
     "MigInfo",
     "NvidiaConfig",
     "NvmlPlugin",
+    "build_plugins",
     "from_config",
     "load_nvml",
     "mig_profile_name",
@@ -1185,14 +1186,40 @@ class NvmlPlugin(DevicePlugin):
         return keys
 
 
+NvmlPluginT = TypeVar("NvmlPluginT", bound=NvmlPlugin)
+
+
 # ----------------------------------------------------------------------------- from_config
 
 
-def from_config(config: Mapping[str, Any], **overrides: Any) -> list[DevicePlugin]:
-    """Build the plugins a node needs: one per resource.
+def build_plugins(
+    config: NvidiaConfig,
+    *,
+    # mypy cannot check a TypeVar-typed default; NvmlPlugin is the bound, so it is sound.
+    plugin_class: type[NvmlPluginT] = NvmlPlugin,  # type: ignore[assignment]
+    **kwargs: Any,
+) -> list[NvmlPluginT]:
+    """One plugin per resource: ``config.resource_name`` always, and with the mixed strategy one
+    ``nvidia.com/mig-<profile>`` per MIG profile present (NVML is read once, here, to list them).
 
-    ``nvidia.com/gpu`` always; with ``migStrategy: mixed`` also one ``nvidia.com/mig-<profile>``
-    per MIG profile present on the node (NVML is read once, here, to list them).
+    Args:
+        config: Backend settings.
+        plugin_class: ``NvmlPlugin`` or a subclass (examples add their own container setup).
+        **kwargs: Passed to every plugin's constructor (``nvml``, ``clock``).
+
+    Raises:
+        BackendError: NVML unusable while listing MIG profiles.
+    """
+    gpu_plugin = plugin_class(config, **kwargs)
+    plugins = [gpu_plugin]
+    if config.mig_strategy == "mixed":
+        profiles = sorted({m.profile for g in gpu_plugin.scan() for m in g.migs})
+        plugins += [plugin_class(config, mig_profile=p, **kwargs) for p in profiles]
+    return plugins
+
+
+def from_config(config: Mapping[str, Any], **overrides: Any) -> list[DevicePlugin]:
+    """Build the plugins a node needs from the YAML mapping (``devplugin run nvidia``).
 
     Args:
         config: The YAML mapping (see ``NvidiaConfig.from_mapping``).
@@ -1214,10 +1241,5 @@ def from_config(config: Mapping[str, Any], **overrides: Any) -> list[DevicePlugi
         dev_root=Path(overrides.get("dev_root", cfg.dev_root)),
         proc_root=Path(overrides.get("proc_root", cfg.proc_root)),
     )
-    extra: dict[str, Any] = {k: overrides[k] for k in ("nvml", "clock") if k in overrides}
-    gpu_plugin = NvmlPlugin(cfg, **extra)
-    plugins: list[DevicePlugin] = [gpu_plugin]
-    if cfg.mig_strategy == "mixed":
-        profiles = sorted({m.profile for g in gpu_plugin.scan() for m in g.migs})
-        plugins += [NvmlPlugin(cfg, mig_profile=p, **extra) for p in profiles]
-    return plugins
+    kwargs = {k: overrides[k] for k in ("nvml", "clock") if k in overrides}
+    return list(build_plugins(cfg, **kwargs))
