@@ -1,0 +1,348 @@
+"""HTTP endpoints for probes and scrapers: ``/healthz``, ``/metrics`` and ``/status``.
+
+``serve_http`` runs beside ``devplugin_sdk.serve`` in one task group; ``serve_with_http`` and
+``run`` serve plugins and the endpoints together (what ``devplugin run --metrics-port`` uses).
+The server is a few lines of HTTP/1.1 on anyio TCP streams (GET/HEAD, one request per connection,
+``Connection: close``): enough for the kubelet's probes and Prometheus, no framework.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from functools import partial
+from typing import TYPE_CHECKING
+
+import anyio
+from anyio.abc import SocketAttribute, SocketStream, TaskStatus
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from devplugin_sdk import _lifecycle
+from devplugin_sdk.errors import MissingDependencyError
+from devplugin_sdk.observe import Observer, PluginStatus
+from devplugin_sdk.settings import Settings
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from devplugin_sdk.plugin import DevicePlugin
+
+log = logging.getLogger("devplugin_sdk.healthz")
+
+__all__ = ["DEFAULT_STUCK_AFTER", "problems", "run", "serve_http", "serve_with_http"]
+
+#: Seconds a newest device list may stay unsent on an open ListAndWatch stream before /healthz
+#: calls the loop stuck.
+DEFAULT_STUCK_AFTER = 30.0
+
+_MAX_HEAD = 8192  # bytes of request line + headers; probes and scrapers send a few hundred
+_READ_TIMEOUT = 5.0  # seconds a client gets to send its request; the kubelet's probe default is 1 s
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    503: "Service Unavailable",
+}
+_TEXT = "text/plain; charset=utf-8"
+_NO_METRICS = b"metrics need prometheus-client: pip install 'devplugin-sdk[metrics]'\n"
+
+StatusSource = Callable[[], Sequence[PluginStatus]]
+
+
+def _served_statuses() -> list[PluginStatus]:
+    return [runtime.status() for runtime in list(_lifecycle.RUNTIMES)]
+
+
+def problems(
+    statuses: Sequence[PluginStatus], stuck_after: float = DEFAULT_STUCK_AFTER
+) -> list[str]:
+    """Why the served plugins are not live, one line per failing resource (empty: live).
+
+    A plugin fails when it is not registered with the kubelet (including while it waits for an
+    absent kubelet) or when its newest device list has waited more than ``stuck_after`` seconds
+    to go out on an open ListAndWatch stream. Unhealthy devices never fail it: restarting the
+    plugin cannot repair hardware, and the kubelet already stops allocating them.
+
+    Args:
+        statuses: Every served plugin's status.
+        stuck_after: Seconds of pending device list that count as a stuck loop.
+
+    Returns:
+        ``"<resource>: <why>"`` lines, or ``["no plugin is being served"]`` for no statuses.
+    """
+    if not statuses:
+        return ["no plugin is being served"]
+    found: list[str] = []
+    for status in statuses:
+        if not status.registered:
+            why = (
+                "no ListAndWatch stream open"
+                if status.streams == 0
+                else f"{status.streams} ListAndWatch streams open"
+            )
+            found.append(f"{status.resource}: not registered with the kubelet ({why})")
+        elif status.pending_seconds > stuck_after:
+            found.append(
+                f"{status.resource}: ListAndWatch loop stuck: the newest device list has waited "
+                f"{status.pending_seconds:.1f}s to be sent (limit {stuck_after:g}s)"
+            )
+    return found
+
+
+class _Endpoints:
+    """Builds the response to one request."""
+
+    def __init__(
+        self, stuck_after: float, registry: CollectorRegistry | None, statuses: StatusSource
+    ) -> None:
+        self.stuck_after = stuck_after
+        self.registry = registry
+        self.statuses = statuses
+
+    def respond(self, head: bytes) -> bytes:
+        try:
+            method, target, version = head.split(b"\r\n", 1)[0].decode("ascii").split(" ")
+        except (UnicodeDecodeError, ValueError):
+            return _response(400, "malformed request line\n")
+        if not version.startswith("HTTP/1."):
+            return _response(400, "HTTP/1.x only\n")
+        if method not in ("GET", "HEAD"):
+            return _response(405, "GET or HEAD only\n", extra={"Allow": "GET, HEAD"})
+        path = target.split("?", 1)[0]
+        if path == "/healthz":
+            status, body, ctype = self._healthz()
+        elif path == "/status":
+            status, body, ctype = self._status()
+        elif path == "/metrics":
+            status, body, ctype = self._metrics()
+        else:
+            status, body, ctype = 404, b"try /healthz, /metrics or /status\n", _TEXT
+        return _response(status, body, content_type=ctype, head_only=method == "HEAD")
+
+    def _healthz(self) -> tuple[int, bytes, str]:
+        found = problems(self.statuses(), self.stuck_after)
+        if not found:
+            return 200, b"ok\n", _TEXT
+        return 503, "".join(f"{line}\n" for line in found).encode(), _TEXT
+
+    def _status(self) -> tuple[int, bytes, str]:
+        statuses = self.statuses()
+        found = problems(statuses, self.stuck_after)
+        document = {
+            "live": not found,
+            "problems": found,
+            "plugins": [asdict(s) for s in statuses],
+        }
+        return 200, (json.dumps(document, indent=2) + "\n").encode(), "application/json"
+
+    def _metrics(self) -> tuple[int, bytes, str]:
+        try:
+            from prometheus_client import (  # noqa: PLC0415 - the metrics extra is optional
+                CONTENT_TYPE_LATEST,
+                REGISTRY,
+                generate_latest,
+            )
+        except ImportError:
+            return 404, _NO_METRICS, _TEXT
+        registry = REGISTRY if self.registry is None else self.registry
+        return 200, generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def _response(
+    status: int,
+    body: bytes | str,
+    *,
+    content_type: str = _TEXT,
+    head_only: bool = False,
+    extra: dict[str, str] | None = None,
+) -> bytes:
+    payload = body.encode() if isinstance(body, str) else body
+    headers = {
+        "Content-Type": content_type,
+        "Content-Length": str(len(payload)),
+        "Cache-Control": "no-store",
+        "Connection": "close",
+        **(extra or {}),
+    }
+    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, '')}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+    return head if head_only else head + payload
+
+
+async def serve_http(
+    host: str | None,
+    port: int,
+    *,
+    stuck_after: float = DEFAULT_STUCK_AFTER,
+    registry: CollectorRegistry | None = None,
+    statuses: StatusSource | None = None,
+    task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``/healthz``, ``/metrics`` and ``/status`` over HTTP until cancelled.
+
+    - ``/healthz``: 200 ``ok`` when every served plugin is registered and none has a device
+      list pending longer than ``stuck_after``; else 503 with one line per failing resource
+      (see ``problems``). A plugin waiting for an absent kubelet is not registered: 503.
+    - ``/metrics``: the Prometheus text format of ``registry`` (404 without the metrics extra).
+    - ``/status``: JSON ``{"live", "problems", "plugins": [PluginStatus...]}``, always 200.
+
+    Start it with ``await task_group.start(serve_http, host, port)`` to get the bound port.
+
+    Args:
+        host: Address to bind; ``None`` or ``""`` for every interface.
+        port: TCP port; 0 picks a free one.
+        stuck_after: Seconds after which a pending device list fails ``/healthz``.
+        registry: The prometheus_client registry for ``/metrics`` (its default when None).
+        statuses: Where the plugin statuses come from; every plugin ``serve`` runs in this
+            process by default.
+        task_status: Reports the bound port to ``TaskGroup.start``.
+
+    Raises:
+        OSError: the address cannot be bound.
+        ValueError: ``stuck_after`` is not positive.
+    """
+    if stuck_after <= 0:
+        raise ValueError(f"stuck_after must be > 0, got {stuck_after}")
+    endpoints = _Endpoints(stuck_after, registry, statuses or _served_statuses)
+    listener = await anyio.create_tcp_listener(local_host=host or None, local_port=port)
+    async with listener:
+        bound: int = listener.extra(SocketAttribute.local_port)
+        log.info("serving /healthz, /metrics and /status on port %d", bound)
+        task_status.started(bound)
+        await listener.serve(lambda stream: _handle(stream, endpoints))
+
+
+async def _handle(stream: SocketStream, endpoints: _Endpoints) -> None:
+    # Runs in the listener's task group: an exception escaping here would stop the server and
+    # the plugins beside it, so everything is caught.
+    try:
+        async with stream:
+            try:
+                with anyio.fail_after(_READ_TIMEOUT):
+                    head = await BufferedByteReceiveStream(stream).receive_until(
+                        b"\r\n\r\n", _MAX_HEAD
+                    )
+            except anyio.DelimiterNotFound:
+                await stream.send(_response(400, "request head too large\n"))
+                return
+            except (TimeoutError, anyio.IncompleteRead, anyio.EndOfStream):
+                return
+            await stream.send(endpoints.respond(head))
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        pass  # the client went away
+    except Exception:
+        log.exception("HTTP request handling failed")
+
+
+def _default_observer(registry: CollectorRegistry | None) -> Observer | None:
+    from devplugin_sdk.metrics import PrometheusObserver  # noqa: PLC0415 - keeps import light
+
+    try:
+        return PrometheusObserver(registry)
+    except MissingDependencyError as exc:
+        log.warning("%s; /metrics is off, /healthz and /status still work", exc)
+        return None
+
+
+async def serve_with_http(
+    plugins: Sequence[DevicePlugin],
+    *,
+    port: int,
+    host: str | None = None,
+    settings: Settings | None = None,
+    stuck_after: float = DEFAULT_STUCK_AFTER,
+    observer: Observer | None = None,
+    registry: CollectorRegistry | None = None,
+    task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``plugins`` and the HTTP endpoints together until cancelled.
+
+    Args:
+        plugins: The plugins (as for ``devplugin_sdk.serve``).
+        port: TCP port of the endpoints; 0 picks a free one.
+        host: Address to bind; every interface when None.
+        settings: Lifecycle settings.
+        stuck_after: See ``serve_http``.
+        observer: Receives the lifecycle events; a ``PrometheusObserver`` on ``registry`` when
+            None and the metrics extra is installed (without it, a warning and no metrics).
+        registry: The prometheus_client registry (its default when None).
+        task_status: Reports the bound HTTP port to ``TaskGroup.start``.
+
+    Raises:
+        OSError: the HTTP address cannot be bound (raised before any plugin starts).
+        ValueError, DevicePluginError: as ``devplugin_sdk.serve``.
+    """
+    if not plugins:
+        raise ValueError("serve_with_http() needs at least one plugin")
+    if observer is None:
+        observer = _default_observer(registry)
+    try:
+        async with anyio.create_task_group() as tg:
+            http = partial(serve_http, host, port, stuck_after=stuck_after, registry=registry)
+            task_status.started(await tg.start(http))
+            await _lifecycle.serve(plugins, settings, observer)
+            tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        _lifecycle._reraise_single(group)
+
+
+def run(
+    plugins: Sequence[DevicePlugin],
+    *,
+    port: int,
+    host: str | None = None,
+    settings: Settings | None = None,
+    stuck_after: float = DEFAULT_STUCK_AFTER,
+    observer: Observer | None = None,
+) -> None:
+    """Serve ``plugins`` and the HTTP endpoints in a new event loop until SIGTERM/SIGINT.
+
+    The blocking twin of ``serve_with_http``, as ``devplugin_sdk.run`` is of ``serve``.
+
+    Args:
+        plugins: The plugins.
+        port: TCP port of ``/healthz``, ``/metrics`` and ``/status``.
+        host: Address to bind; every interface when None.
+        settings: Lifecycle settings.
+        stuck_after: See ``serve_http``.
+        observer: See ``serve_with_http``.
+
+    Raises:
+        OSError: the HTTP address cannot be bound.
+        ValueError, DevicePluginError: as ``devplugin_sdk.run``.
+    """
+
+    async def main() -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def stop_on_signal() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for signum in signals:
+                            log.info("received %s; shutting down", signal.Signals(signum).name)
+                            tg.cancel_scope.cancel()
+                            return
+
+                tg.start_soon(stop_on_signal)
+                await serve_with_http(
+                    plugins,
+                    port=port,
+                    host=host,
+                    settings=settings,
+                    stuck_after=stuck_after,
+                    observer=observer,
+                )
+                tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            _lifecycle._reraise_single(group)
+
+    anyio.run(main, backend="asyncio")

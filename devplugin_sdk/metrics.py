@@ -1,0 +1,273 @@
+"""Prometheus metrics for served plugins: ``PrometheusObserver`` turns lifecycle events into series.
+
+Pass it as ``observer=`` to ``serve``/``run``; ``devplugin_sdk.healthz`` exposes the registry on
+``/metrics``. Every series is named ``devplugin_*`` and labelled with the ``resource``; the list,
+with what each one answers, is docs/metrics.md. Needs the ``metrics`` extra (prometheus-client),
+imported when an observer is made, so ``import devplugin_sdk.metrics`` itself never fails.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from devplugin_sdk import _lifecycle
+from devplugin_sdk.errors import MissingDependencyError
+from devplugin_sdk.observe import PluginStatus
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+__all__ = ["ALLOCATION_BUCKETS", "REGISTRATION_BUCKETS", "PrometheusObserver", "reregister_reason"]
+
+#: Allocate latency buckets, seconds: a merge of declared nodes takes well under a millisecond;
+#: the SDK's hook timeout (Settings.hook_timeout) is 8 s, and the kubelet sets none.
+ALLOCATION_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+)
+
+#: Register latency buckets, seconds: the kubelet dials back inside Register (up to 10 s), and the
+#: SDK's Register deadline is 20 s by default.
+REGISTRATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20)
+
+# Label values of devplugin_reregistrations_total{reason}: a fixed set, never the free text
+# (which carries durations and would make a new series per message).
+_REASONS = ("kubelet_restart", "stream_lost", "other")
+_HEALTH_STATES = ("Healthy", "Unhealthy")
+
+
+def reregister_reason(reason: str) -> str:
+    """Map the lifecycle's free-text reason for a lost registration to a label value.
+
+    Args:
+        reason: The text ``Observer.reregistering`` received.
+
+    Returns:
+        ``kubelet_restart`` (our socket removed or ``kubelet.sock`` recreated), ``stream_lost``
+        (the kubelet closed ListAndWatch and stayed up) or ``other``.
+    """
+    if "kubelet restart" in reason:
+        return "kubelet_restart"
+    if "ListAndWatch" in reason:
+        return "stream_lost"
+    return "other"
+
+
+def _prometheus() -> ModuleType:
+    try:
+        return importlib.import_module("prometheus_client")
+    except ImportError:
+        raise MissingDependencyError(
+            "metrics need prometheus-client: pip install 'devplugin-sdk[metrics]'"
+        ) from None
+
+
+def _served_statuses() -> list[PluginStatus]:
+    return [runtime.status() for runtime in list(_lifecycle.RUNTIMES)]
+
+
+class _StatusCollector:
+    """Series read from the plugins' status at scrape time (state, not events)."""
+
+    def __init__(self, prom: ModuleType, statuses: Callable[[], Sequence[PluginStatus]]) -> None:
+        self._family = prom.core.GaugeMetricFamily
+        self._statuses = statuses
+
+    def _families(self, statuses: Sequence[PluginStatus]) -> list[Any]:
+        registered = self._family(
+            "devplugin_registered",
+            "1 while the plugin is registered with the kubelet with a ListAndWatch stream open.",
+            labels=["resource"],
+        )
+        streams = self._family(
+            "devplugin_list_and_watch_streams",
+            "Open ListAndWatch streams (1 when all is well).",
+            labels=["resource"],
+        )
+        pending = self._family(
+            "devplugin_list_pending_seconds",
+            "How long the newest device list has waited to be sent on an open stream.",
+            labels=["resource"],
+        )
+        for status in statuses:
+            registered.add_metric([status.resource], 1.0 if status.registered else 0.0)
+            streams.add_metric([status.resource], float(status.streams))
+            pending.add_metric([status.resource], status.pending_seconds)
+        return [registered, streams, pending]
+
+    def describe(self) -> Iterator[Any]:
+        # Names only, so that the registry can refuse duplicates without a scrape.
+        yield from self._families(())
+
+    def collect(self) -> Iterator[Any]:
+        yield from self._families(self._statuses())
+
+
+class PrometheusObserver:
+    """An ``Observer`` that counts registrations, restarts, ListAndWatch sends and allocations.
+
+    Event series (all labelled ``resource``): ``devplugin_registrations_total``,
+    ``devplugin_registration_seconds``, ``devplugin_reregistrations_total{reason}``,
+    ``devplugin_kubelet_restarts_total``, ``devplugin_list_and_watch_sends_total``,
+    ``devplugin_devices{health}``, ``devplugin_allocations_total``,
+    ``devplugin_allocation_seconds``, ``devplugin_allocation_errors_total{code}`` and
+    ``devplugin_rpc_errors_total{rpc,code}``. A resource's series appear, at zero, on its first
+    event, so ``rate()`` works from the start. State series, read from each plugin's status when
+    scraped: ``devplugin_registered``, ``devplugin_list_and_watch_streams`` and
+    ``devplugin_list_pending_seconds``.
+
+    Args:
+        registry: Where the metrics are registered; prometheus_client's default ``REGISTRY``
+            (which ``healthz`` serves by default) when None. One observer per registry: a second
+            one on the same registry fails on the duplicate names.
+        statuses: Where the state series come from; every plugin ``serve`` runs in this process
+            by default.
+
+    Raises:
+        MissingDependencyError: prometheus-client is not installed (the ``metrics`` extra).
+        ValueError: ``registry`` already holds these metric names.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        statuses: Callable[[], Sequence[PluginStatus]] | None = None,
+    ) -> None:
+        prom = _prometheus()
+        importlib.import_module("prometheus_client.core")
+        self.registry: CollectorRegistry = prom.REGISTRY if registry is None else registry
+        reg = self.registry
+        # Registered first: a duplicate observer fails before it leaves half its metrics behind.
+        reg.register(_StatusCollector(prom, statuses or _served_statuses))
+        self._registrations = prom.Counter(
+            "devplugin_registrations",
+            "Successful Register calls with the kubelet, first ones and re-registrations.",
+            ["resource"],
+            registry=reg,
+        )
+        self._registration_seconds = prom.Histogram(
+            "devplugin_registration_seconds",
+            "Duration of successful Register calls (the kubelet dials back inside them).",
+            ["resource"],
+            buckets=REGISTRATION_BUCKETS,
+            registry=reg,
+        )
+        self._reregistrations = prom.Counter(
+            "devplugin_reregistrations",
+            "Registrations lost and being redone, by reason (kubelet_restart, stream_lost, other).",
+            ["resource", "reason"],
+            registry=reg,
+        )
+        self._kubelet_restarts = prom.Counter(
+            "devplugin_kubelet_restarts",
+            "Kubelet restarts seen (our socket removed or kubelet.sock recreated).",
+            ["resource"],
+            registry=reg,
+        )
+        self._sends = prom.Counter(
+            "devplugin_list_and_watch_sends",
+            "Device lists sent on ListAndWatch streams.",
+            ["resource"],
+            registry=reg,
+        )
+        self._devices = prom.Gauge(
+            "devplugin_devices",
+            "Devices in the last list sent to the kubelet, by health.",
+            ["resource", "health"],
+            registry=reg,
+        )
+        self._allocations = prom.Counter(
+            "devplugin_allocations",
+            "Allocate calls answered, successful or not.",
+            ["resource"],
+            registry=reg,
+        )
+        self._allocation_seconds = prom.Histogram(
+            "devplugin_allocation_seconds",
+            "Duration of Allocate calls, successful or not.",
+            ["resource"],
+            buckets=ALLOCATION_BUCKETS,
+            registry=reg,
+        )
+        self._allocation_errors = prom.Counter(
+            "devplugin_allocation_errors",
+            "Allocate calls that failed, by gRPC status code.",
+            ["resource", "code"],
+            registry=reg,
+        )
+        self._rpc_errors = prom.Counter(
+            "devplugin_rpc_errors",
+            "Failed RPCs other than Allocate, by RPC and gRPC status code.",
+            ["resource", "rpc", "code"],
+            registry=reg,
+        )
+        self._seen: set[str] = set()
+
+    def _touch(self, resource: str) -> None:
+        """Create a resource's label-complete series at zero on its first event."""
+        if resource in self._seen:
+            return
+        self._seen.add(resource)
+        for metric in (
+            self._registrations,
+            self._registration_seconds,
+            self._kubelet_restarts,
+            self._sends,
+            self._allocations,
+            self._allocation_seconds,
+        ):
+            metric.labels(resource)
+        for reason in _REASONS:
+            self._reregistrations.labels(resource, reason)
+        for health in _HEALTH_STATES:
+            self._devices.labels(resource, health)
+
+    def registered(self, resource: str, seconds: float) -> None:
+        """Count a successful Register call and its duration."""
+        self._touch(resource)
+        self._registrations.labels(resource).inc()
+        self._registration_seconds.labels(resource).observe(seconds)
+
+    def reregistering(self, resource: str, reason: str) -> None:
+        """Count a lost registration; one caused by a kubelet restart also counts as a restart."""
+        self._touch(resource)
+        label = reregister_reason(reason)
+        self._reregistrations.labels(resource, label).inc()
+        if label == "kubelet_restart":
+            self._kubelet_restarts.labels(resource).inc()
+
+    def list_sent(self, resource: str, healthy: int, unhealthy: int) -> None:
+        """Count a ListAndWatch send and refresh the devices-by-health gauge from it."""
+        self._touch(resource)
+        self._sends.labels(resource).inc()
+        self._devices.labels(resource, "Healthy").set(healthy)
+        self._devices.labels(resource, "Unhealthy").set(unhealthy)
+
+    def allocation(self, resource: str, seconds: float, error: str | None) -> None:
+        """Count an Allocate call, its duration and, when ``error`` is a code name, the error."""
+        self._touch(resource)
+        self._allocations.labels(resource).inc()
+        self._allocation_seconds.labels(resource).observe(seconds)
+        if error is not None:
+            self._allocation_errors.labels(resource, error).inc()
+
+    def rpc_error(self, resource: str, rpc: str, code: str) -> None:
+        """Count a failed RPC other than Allocate."""
+        self._touch(resource)
+        self._rpc_errors.labels(resource, rpc, code).inc()
