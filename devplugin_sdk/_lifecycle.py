@@ -218,18 +218,26 @@ class PluginRuntime:
         delay = 0.5
         while True:
             try:
-                async for event in self.plugin.watch():
-                    if isinstance(event, HealthEvent):
-                        self.state.report_health({event.device_id: event.health}, event.reason)
-                    elif isinstance(event, RescanEvent):
-                        await self.rescan(event.reason)
-                    else:  # authors may yield anything at run time
-                        log.error(  # type: ignore[unreachable]
-                            "%s: watch() yielded %r; expected HealthEvent or RescanEvent",
-                            self.resource,
-                            event,
-                            extra=self.extra,
-                        )
+                events = self.plugin.watch()
+                try:
+                    async for event in events:
+                        if isinstance(event, HealthEvent):
+                            self.state.report_health({event.device_id: event.health}, event.reason)
+                        elif isinstance(event, RescanEvent):
+                            await self.rescan(event.reason)
+                        else:  # authors may yield anything at run time
+                            log.error(  # type: ignore[unreachable]
+                                "%s: watch() yielded %r; expected HealthEvent or RescanEvent",
+                                self.resource,
+                                event,
+                                extra=self.extra,
+                            )
+                finally:
+                    # Finalise the generator here, in this task, not later from the GC.
+                    aclose = getattr(events, "aclose", None)
+                    if aclose is not None:
+                        with anyio.CancelScope(shield=True):
+                            await aclose()
             except Exception:
                 log.exception(
                     "%s: watch() failed; restarting it in %gs",

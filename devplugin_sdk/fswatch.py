@@ -15,7 +15,7 @@ import logging
 import os
 import struct
 import sys
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from pathlib import Path
 
 import anyio
@@ -215,7 +215,7 @@ class _Watcher:
 
 async def watch(
     directories: Iterable[Path | str], *, poll_interval: float = 2.0, use_inotify: bool = True
-) -> AsyncIterator[set[Path]]:
+) -> AsyncGenerator[set[Path], None]:
     """Yield sets of changed paths in ``directories`` until the caller stops iterating.
 
     A path is reported when an entry is created, deleted, moved or has its attributes changed

@@ -122,7 +122,8 @@ class DevicePlugin(abc.ABC):
                 async for xid in self.xid_events():
                     yield HealthEvent(xid.uuid, Health.UNHEALTHY, reason=f"Xid {xid.code}")
 
-        If it raises, the error is logged and it is started again after a short delay.
+        If it raises, the error is logged and it is started again after a short delay. The SDK
+        closes the generator (``aclosing``) in the task that iterates it, on shutdown too.
         """
         raise NotImplementedError
 

@@ -18,10 +18,10 @@ import glob
 import logging
 import os
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast, overload
+from typing import Any, Literal, TypeVar, overload
 
 import anyio
 
@@ -420,13 +420,26 @@ def _dfl_interface_id(region_dir: Path, fmes: Sequence[str], pci_dir: Path | Non
     # The FME's PR sub-feature creates one FPGA region per port under the FME
     # (dfl-fme-pr.c: dfl-fme-region.<n>/fpga_region/region<m>); its compat_id is the interface
     # ID a PR bitstream must match (Documentation/fpga/dfl.rst "Partial Reconfiguration").
-    patterns = [str(region_dir / fme / "dfl-fme-region.*" / "fpga_region" / "region*" / "compat_id")
-                for fme in fmes]
+    patterns = [
+        str(region_dir / fme / "dfl-fme-region.*" / "fpga_region" / "region*" / "compat_id")
+        for fme in fmes
+    ]
     if not fmes and pci_dir is not None:
         # A port on an SR-IOV VF has no FME; the PF's FME holds the interface ID
         # (Documentation/fpga/dfl.rst "FPGA virtualization - PCIe SRIOV").
-        patterns.append(str(pci_dir / "physfn" / "fpga_region" / "region*" / "dfl-fme.*"
-                            / "dfl-fme-region.*" / "fpga_region" / "region*" / "compat_id"))
+        patterns.append(
+            str(
+                pci_dir
+                / "physfn"
+                / "fpga_region"
+                / "region*"
+                / "dfl-fme.*"
+                / "dfl-fme-region.*"
+                / "fpga_region"
+                / "region*"
+                / "compat_id"
+            )
+        )
     for pattern in patterns:
         for path in sorted(glob.glob(pattern)):
             value = _sysfs.read_attr(Path(path))
@@ -479,13 +492,15 @@ def scan_dfl(
         for name in port_names:
             port_dir = region_dir / name
             afu = _sysfs.read_attr(port_dir / "afu_id")
-            ports.append(_DflPort(
-                name=name,
-                # id: "returns id of this port" within its FPGA device (sysfs-platform-dfl-port).
-                port_id=_sysfs.read_int(port_dir / "id", 10) or 0,
-                afu_id=_canonical_id(afu) if afu else None,
-                bound=_sysfs.read_link_name(port_dir / "driver") is not None,
-            ))
+            ports.append(
+                _DflPort(
+                    name=name,
+                    # id: "returns id of this port" within its FPGA device (sysfs-platform-dfl-port).
+                    port_id=_sysfs.read_int(port_dir / "id", 10) or 0,
+                    afu_id=_canonical_id(afu) if afu else None,
+                    bound=_sysfs.read_link_name(port_dir / "driver") is not None,
+                )
+            )
         base_id = pci or region
         common = {"family": "dfl", "region": region}
         if pci:
@@ -494,15 +509,29 @@ def scan_dfl(
             common["interface_id"] = interface_id
         if mode == "af":
             for port in sorted(ports, key=lambda p: p.port_id):
-                boards.append(_dfl_af_board(
-                    base_id=base_id, port=port, interface_id=interface_id, numa=numa,
-                    dev_root=dev_root, common=common,
-                ))
+                boards.append(
+                    _dfl_af_board(
+                        base_id=base_id,
+                        port=port,
+                        interface_id=interface_id,
+                        numa=numa,
+                        dev_root=dev_root,
+                        common=common,
+                    )
+                )
         else:
-            boards.append(_dfl_region_board(
-                base_id=base_id, ports=ports, fmes=fmes, interface_id=interface_id, numa=numa,
-                dev_root=dev_root, include_fme=include_fme, common=common,
-            ))
+            boards.append(
+                _dfl_region_board(
+                    base_id=base_id,
+                    ports=ports,
+                    fmes=fmes,
+                    interface_id=interface_id,
+                    numa=numa,
+                    dev_root=dev_root,
+                    include_fme=include_fme,
+                    common=common,
+                )
+            )
     return sorted(boards, key=lambda b: b.id)
 
 
@@ -586,8 +615,10 @@ def scan(config: FpgaConfig) -> list[Board]:
     """Scan the host for the configured family (blocking)."""
     if config.family == "xrt":
         return scan_xrt(
-            config.sysfs_root, config.dev_root,
-            vendors=config.vendors, include_mgmt=config.include_mgmt,
+            config.sysfs_root,
+            config.dev_root,
+            vendors=config.vendors,
+            include_mgmt=config.include_mgmt,
         )
     return scan_dfl(
         config.sysfs_root, config.dev_root, mode=config.mode, include_fme=config.include_fme
@@ -668,10 +699,7 @@ class FpgaPlugin(DevicePlugin):
             # One fswatch per round: a timeout ends it (the next round starts a fresh one);
             # what changed in /dev between rounds is caught by the sysfs re-read below.
             with anyio.move_on_after(interval):
-                stream = cast(
-                    "AsyncGenerator[set[Path], None]",
-                    fswatch.watch(directories, poll_interval=interval),
-                )
+                stream = fswatch.watch(directories, poll_interval=interval)
                 async with contextlib.aclosing(stream) as batches:
                     async for batch in batches:
                         changed = {p for p in batch if self._relevant(p, directories)}
@@ -690,7 +718,8 @@ class FpgaPlugin(DevicePlugin):
         """This resource's boards: those with one of its keys, plus boards it served whose key
         is no longer readable (they stay, unhealthy, instead of vanishing)."""
         return [
-            b for b in boards
+            b
+            for b in boards
             if (b.key is not None and b.key in self.keys)
             or (not b.key_valid and b.id in self._served)
         ]
@@ -740,7 +769,8 @@ class FpgaPlugin(DevicePlugin):
         if path in directories:
             return True
         prefixes = (
-            ("renderD", "xclmgmt", "dma.qdma.") if self.config.family == "xrt"
+            ("renderD", "xclmgmt", "dma.qdma.")
+            if self.config.family == "xrt"
             else ("dfl-port.", "dfl-fme.")
         )
         return path.name.startswith(prefixes)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast, overload
+from typing import Any, Literal, TypeVar, overload
 
 import anyio
 
@@ -623,11 +623,8 @@ class RdmaPlugin(DevicePlugin):
             if _sysfs.list_dir(directory) != listing:
                 continue
             with anyio.move_on_after(self._interval):
-                # fswatch.watch is an async generator (annotated as an iterator): close it here.
-                changes = cast(
-                    "AsyncGenerator[set[Path], None]",
-                    fswatch.watch([directory], poll_interval=self._interval),
-                )
+                # fswatch.watch is an async generator: close it here.
+                changes = fswatch.watch([directory], poll_interval=self._interval)
                 async with contextlib.aclosing(changes):
                     async for _changed in changes:
                         break
@@ -720,7 +717,6 @@ def _layout(devices: Sequence[Device]) -> tuple[Device, ...]:
 # ====================================================================== configuration
 
 _P = TypeVar("_P", bound=RdmaPlugin)
-
 
 
 @dataclass(frozen=True, slots=True)

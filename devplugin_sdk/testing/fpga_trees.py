@@ -330,8 +330,11 @@ class FpgaHost:
         port = port_dir.name
         minor = int(port.rsplit(".", 1)[1])
         self._platform_device(created, port_dir, "dfl-port")
-        _write(port_dir / "uevent", f"MAJOR={_DFL_PORT_MAJOR}\nMINOR={minor}\n"
-                                    f"DEVNAME={port}\nDRIVER=dfl-port\nMODALIAS=platform:dfl-port")
+        _write(
+            port_dir / "uevent",
+            f"MAJOR={_DFL_PORT_MAJOR}\nMINOR={minor}\n"
+            f"DEVNAME={port}\nDRIVER=dfl-port\nMODALIAS=platform:dfl-port",
+        )
         # sysfs-platform-dfl-port: id "%d", afu_id "%016llx%016llx", power_state, ap1_event,
         # ap2_event, ltr; errors/ "0x%llx".
         _write(port_dir / "id", str(port_id))
@@ -377,8 +380,13 @@ class FpgaHost:
         self._next_region += 1
         root_port = card.pci_dir.parent.name
         vf_dir = self._pci_function(
-            created, vf_address, root_port=root_port, vendor="0x8086", device=device,
-            subsystem_device="0x0000", driver="dfl-pci",
+            created,
+            vf_address,
+            root_port=root_port,
+            vendor="0x8086",
+            device=device,
+            subsystem_device="0x0000",
+            driver="dfl-pci",
             numa_node=int(_read(card.pci_dir / "numa_node")),
         )
         # SR-IOV links: <vf>/physfn -> ../<pf>, <pf>/virtfnN -> ../<vf> (drivers/pci/iov.c).
@@ -459,8 +467,14 @@ class FpgaHost:
         def build() -> None:
             mgmt_dir, user_dir = (
                 self._pci_function(
-                    created, address, root_port=port, vendor="0x10ee", device=device_id,
-                    subsystem_device="0x000e", driver=driver, numa_node=numa_node,
+                    created,
+                    address,
+                    root_port=port,
+                    vendor="0x10ee",
+                    device=device_id,
+                    subsystem_device="0x000e",
+                    driver=driver,
+                    numa_node=numa_node,
                 )
                 for address, device_id, driver in (
                     (mgmt_address, mgmt_device, "xclmgmt"),
@@ -492,8 +506,10 @@ class FpgaHost:
             # xocl registers a DRM device: drm/card<N> and drm/renderD<M> under the function.
             for name, minor in ((f"card{card}", card), (board.render_node, render)):
                 drm_dir = user_dir / "drm" / name
-                _write(drm_dir / "uevent", f"MAJOR={_DRM_MAJOR}\nMINOR={minor}\n"
-                                           f"DEVNAME=dri/{name}\nDEVTYPE=drm_minor")
+                _write(
+                    drm_dir / "uevent",
+                    f"MAJOR={_DRM_MAJOR}\nMINOR={minor}\nDEVNAME=dri/{name}\nDEVTYPE=drm_minor",
+                )
                 _link(drm_dir / "device", user_dir)
                 _link(drm_dir / "subsystem", self.sysfs_root / "class/drm")
                 class_link = self.sysfs_root / "class/drm" / name
@@ -573,26 +589,44 @@ class FpgaHost:
             dev_root=self.dev_root,
             _created=created,
         )
+
         def build() -> None:
             pci_dir = self._pci_function(
-                created, pci_address, root_port=port_addr, vendor="0x8086", device=device,
-                subsystem_device="0x0000", driver="dfl-pci", numa_node=numa_node,
+                created,
+                pci_address,
+                root_port=port_addr,
+                vendor="0x8086",
+                device=device,
+                subsystem_device="0x0000",
+                driver="dfl-pci",
+                numa_node=numa_node,
             )
             _write(pci_dir / "sriov_totalvfs", str(len(afu_ids)))
             _write(pci_dir / "sriov_numvfs", "0")
             region_dir = self._base_region(created, pci_dir, base)
             fme_dir = region_dir / fme
             self._platform_device(created, fme_dir, "dfl-fme")
-            _write(fme_dir / "uevent", f"MAJOR={_DFL_FME_MAJOR}\nMINOR={fme_minor}\n"
-                                       f"DEVNAME={fme}\nDRIVER=dfl-fme\nMODALIAS=platform:dfl-fme")
+            _write(
+                fme_dir / "uevent",
+                f"MAJOR={_DFL_FME_MAJOR}\nMINOR={fme_minor}\n"
+                f"DEVNAME={fme}\nDRIVER=dfl-fme\nMODALIAS=platform:dfl-fme",
+            )
             # sysfs-platform-dfl-fme: ports_num "%d", bitstream_id/metadata "0x%llx".
             _write(fme_dir / "ports_num", str(len(ports)))
             _write(fme_dir / "bitstream_id", "0x23000410010309")
             _write(fme_dir / "bitstream_metadata", "0x1180701")
             _write(fme_dir / "cache_size", "0")
             _write(fme_dir / "fabric_version", "0")
-            for name in ("pcie0_errors", "pcie1_errors", "nonfatal_errors", "catfatal_errors",
-                         "inject_errors", "fme_errors", "first_error", "next_error"):
+            for name in (
+                "pcie0_errors",
+                "pcie1_errors",
+                "nonfatal_errors",
+                "catfatal_errors",
+                "inject_errors",
+                "fme_errors",
+                "first_error",
+                "next_error",
+            ):
                 _write(fme_dir / "errors" / name, "0x0")
             self._char_node(created, fme_dir, _DFL_FME_MAJOR, fme_minor, fme)
             # dfl-fme-pr.c: one manager per FME (id of the FME), then per port a bridge

@@ -444,12 +444,22 @@ def connectx_ib_host(root: Path) -> RdmaHost:
     """
     host = RdmaHost(root)
     host.add_function(
-        "0000:17:00.0", ibdev="mlx5_0", netdev="ib0", link_layer="InfiniBand", device="0x101b",
-        numa_node=0, node_guid="0c42:a103:0065:9d50",
+        "0000:17:00.0",
+        ibdev="mlx5_0",
+        netdev="ib0",
+        link_layer="InfiniBand",
+        device="0x101b",
+        numa_node=0,
+        node_guid="0c42:a103:0065:9d50",
     )
     host.add_function(
-        "0000:ca:00.0", ibdev="mlx5_1", netdev="ib1", link_layer="InfiniBand", device="0x101b",
-        numa_node=1, node_guid="0c42:a103:0065:9d60",
+        "0000:ca:00.0",
+        ibdev="mlx5_1",
+        netdev="ib1",
+        link_layer="InfiniBand",
+        device="0x101b",
+        numa_node=1,
+        node_guid="0c42:a103:0065:9d60",
     )
     return host
 

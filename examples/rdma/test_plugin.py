@@ -133,9 +133,7 @@ async def test_vfs_created_and_destroyed_change_capacity(tmp_path: Path) -> None
 
 def test_main_refuses_a_bad_config(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
-    config.write_text(
-        "resources:\n  - resourceName: rdma/ib\n    mode: shared\n", encoding="utf-8"
-    )
+    config.write_text("resources:\n  - resourceName: rdma/ib\n    mode: shared\n", encoding="utf-8")
 
     with pytest.raises(SystemExit) as exited:
         example.main(["--config", str(config)])

@@ -244,7 +244,9 @@ async def test_port_on_an_sriov_vf_takes_the_interface_id_of_its_pf(tmp_path: Pa
 
     [vf_port] = await af[f"fpga.intel.com/af-{NLB3_AFU_ID}"].discover()
     assert (vf_port.id, vf_port.numa_nodes, vf_port.health) == (
-        "0000:5e:00.1-port1", (1,), Health.HEALTHY,
+        "0000:5e:00.1-port1",
+        (1,),
+        Health.HEALTHY,
     )
     assert vf_port.attributes["interface_id"] == DFL_INTERFACE_ID
     devices = {d.id: [n.host_path for n in d.device_nodes] for d in await region.discover()}

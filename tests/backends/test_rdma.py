@@ -89,7 +89,11 @@ def test_fake_tree_links_class_bus_and_sriov_entries_like_a_real_host(mixed: Rdm
     sys_ = host.sysfs_root
     pf = sys_ / "devices/pci0000:b0/0000:b0:02.0/0000:b1:00.0"
 
-    for entry in ("class/infiniband/mlx5_2", "class/infiniband_verbs/uverbs2", "class/net/ens3f0np0"):
+    for entry in (
+        "class/infiniband/mlx5_2",
+        "class/infiniband_verbs/uverbs2",
+        "class/net/ens3f0np0",
+    ):
         assert (sys_ / entry).is_symlink(), entry
     assert (sys_ / "class/infiniband/mlx5_2").resolve() == pf / "infiniband/mlx5_2"
     assert (sys_ / "class/infiniband_mad/issm2").resolve() == pf / "infiniband_mad/issm2"
@@ -116,19 +120,31 @@ def test_scan_reads_identity_numa_ports_and_char_devices(mixed: RdmaHost) -> Non
     assert list(found) == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4"]
     ib = found["mlx5_1"]
     assert (ib.pci_address, ib.vendor, ib.device_id, ib.driver) == (
-        "0000:ca:00.0", "15b3", "101b", "mlx5_core",
+        "0000:ca:00.0",
+        "15b3",
+        "101b",
+        "mlx5_core",
     )
     assert (ib.numa_node, ib.node_guid, ib.uverbs, ib.physfn) == (
-        1, "0c42:a103:0065:9d60", "uverbs1", None,
+        1,
+        "0c42:a103:0065:9d60",
+        "uverbs1",
+        None,
     )
     (port,) = ib.ports
     assert (port.number, port.state_name, port.phys_state_name, port.link_layer) == (
-        1, "ACTIVE", "LinkUp", "InfiniBand",
+        1,
+        "ACTIVE",
+        "LinkUp",
+        "InfiniBand",
     )
     assert (port.netdevs, port.umad, port.issm, port.active) == (("ib1",), "umad1", "issm1", True)
     vf = found["mlx5_4"]
     assert (vf.pci_address, vf.device_id, vf.physfn, vf.is_vf) == (
-        "0000:b1:00.3", "101e", "0000:b1:00.0", True,
+        "0000:b1:00.3",
+        "101e",
+        "0000:b1:00.0",
+        True,
     )
     assert (vf.netdevs, vf.link_layers) == (("ens3f0v1",), ("Ethernet",))
 
@@ -161,8 +177,6 @@ def test_host_without_rdma_stack_has_no_devices(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- selectors
 
 
-
-
 @pytest.mark.parametrize(
     ("selector", "expected"),
     [
@@ -171,7 +185,10 @@ def test_host_without_rdma_stack_has_no_devices(tmp_path: Path) -> None:
         (rdma.Selector(device_ids=("101b", "101d")), ["mlx5_0", "mlx5_1", "mlx5_2"]),
         (rdma.Selector(device_ids=("101e",), if_names=("ens3f0v1", "ib0")), ["mlx5_4"]),
         (rdma.Selector(link_types=("ib",)), ["mlx5_0", "mlx5_1"]),
-        (rdma.Selector(link_types=("ether",), drivers=("mlx5_core",)), ["mlx5_2", "mlx5_3", "mlx5_4"]),
+        (
+            rdma.Selector(link_types=("ether",), drivers=("mlx5_core",)),
+            ["mlx5_2", "mlx5_3", "mlx5_4"],
+        ),
         (rdma.Selector(rdma_devices=("mlx5_3",), pci_addresses=("0000:B1:00.2",)), ["mlx5_3"]),
         (rdma.Selector(drivers=("irdma",)), []),
     ],
@@ -207,13 +224,15 @@ def test_only_active_linkup_ports_are_healthy(
 ) -> None:
     host = connectx_ib_host(tmp_path)
     assert rdma.evaluate_health(info(host, "mlx5_0"), dev_root=host.dev_root) == (
-        Health.HEALTHY, "",
+        Health.HEALTHY,
+        "",
     )
 
     host.set_port_state("mlx5_0", state=state, phys_state=phys_state)
 
     assert rdma.evaluate_health(info(host, "mlx5_0"), dev_root=host.dev_root) == (
-        Health.UNHEALTHY, f"mlx5_0: {reason}",
+        Health.UNHEALTHY,
+        f"mlx5_0: {reason}",
     )
 
 
@@ -281,7 +300,9 @@ async def test_exclusive_mode_gives_each_rdma_device_its_nodes_env_and_numa_node
         "/dev/infiniband/issm1",
         "/dev/infiniband/rdma_cm",
     ]
-    assert all(n.container_path == n.host_path and n.permissions == "rw" for n in devices[1].device_nodes)
+    assert all(
+        n.container_path == n.host_path and n.permissions == "rw" for n in devices[1].device_nodes
+    )
     assert devices[1].env == {"RDMA_DEVICES": "mlx5_1", "RDMA_NETDEVS": "ib1"}
     assert devices[1].attributes["pci_address"] == "0000:ca:00.0"
 
@@ -315,7 +336,12 @@ async def test_a_device_belongs_to_the_first_resource_that_selects_it(mixed: Rdm
     vfs, roce, rest = plugins(
         host,
         {"resourceName": "rdma/vf", "selectors": {"deviceIDs": ["101e"]}},
-        {"resourceName": "rdma/roce", "mode": "shared", "shares": 2, "selectors": {"linkTypes": ["roce"]}},
+        {
+            "resourceName": "rdma/roce",
+            "mode": "shared",
+            "shares": 2,
+            "selectors": {"linkTypes": ["roce"]},
+        },
         {"resourceName": "rdma/rest"},
     )
 
@@ -356,7 +382,9 @@ async def test_allocation_names_each_rdma_device_and_netdev_once(tmp_path: Path)
     plugin = only(host, mode="shared", shares=4, envPrefix="NIC")
     devices = {d.id: d for d in await plugin.discover()}
 
-    allocation = await plugin.allocate([devices["mlx5_1::0"], devices["mlx5_0::2"], devices["mlx5_1::3"]])
+    allocation = await plugin.allocate(
+        [devices["mlx5_1::0"], devices["mlx5_0::2"], devices["mlx5_1::3"]]
+    )
 
     assert allocation.env == {"NIC_DEVICES": "mlx5_1,mlx5_0", "NIC_NETDEVS": "ens1f1np1,ens1f0np0"}
     assert [n.host_path for n in allocation.device_nodes] == [
@@ -409,7 +437,9 @@ async def test_port_flap_pushes_unhealthy_then_healthy_for_the_hca(tmp_path: Pat
         up = await next_of(events, HealthEvent)
 
     assert (down.device_id, down.health, down.reason) == (
-        "mlx5_1", Health.UNHEALTHY, "mlx5_1: port 1 is DOWN/Disabled",
+        "mlx5_1",
+        Health.UNHEALTHY,
+        "mlx5_1: port 1 is DOWN/Disabled",
     )
     assert (up.device_id, up.health) == ("mlx5_1", Health.HEALTHY)
 
@@ -437,7 +467,11 @@ async def test_vfs_appearing_and_disappearing_ask_for_a_rescan(tmp_path: Path) -
 
     async with watching(plugin) as events:
         host.add_function(
-            "0000:3b:00.3", ibdev="mlx5_3", netdev="ens1f0v1", device="0x101e", physfn="0000:3b:00.0"
+            "0000:3b:00.3",
+            ibdev="mlx5_3",
+            netdev="ens1f0v1",
+            device="0x101e",
+            physfn="0000:3b:00.0",
         )
         await next_of(events, RescanEvent)
         assert [d.id for d in await plugin.discover()][-1] == "mlx5_3"
@@ -536,13 +570,41 @@ def test_from_config_makes_one_plugin_per_resource(mixed: RdmaHost) -> None:
         ({}, "resources", "non-empty list"),
         ({"resources": [{"resourceName": "rdma/a"}], "sysfs": "/sys"}, "sysfs", "unknown key"),
         ({"resources": [{"resourceName": "a"}]}, "resources[0].resourceName", "fully qualified"),
-        ({"resources": [{"resourceName": "rdma/a", "mode": "spread"}]}, "resources[0].mode", "'shared'"),
-        ({"resources": [{"resourceName": "rdma/a", "mode": "shared"}]}, "resources[0].shares", ">= 1"),
-        ({"resources": [{"resourceName": "rdma/a", "shares": 4}]}, "resources[0].shares", "only applies"),
-        ({"resources": [{"resourceName": "rdma/a", "ports": [0]}]}, "resources[0].ports", "port numbers"),
-        ({"resources": [{"resourceName": "rdma/a", "issm": "yes"}]}, "resources[0].issm", "true or false"),
-        ({"resources": [{"resourceName": "rdma/a", "cdiKind": "rdma"}]}, "resources[0].cdiKind", "vendor.com"),
-        ({"resources": [{"resourceName": "rdma/a", "envPrefix": "1X"}]}, "resources[0].envPrefix", "variable"),
+        (
+            {"resources": [{"resourceName": "rdma/a", "mode": "spread"}]},
+            "resources[0].mode",
+            "'shared'",
+        ),
+        (
+            {"resources": [{"resourceName": "rdma/a", "mode": "shared"}]},
+            "resources[0].shares",
+            ">= 1",
+        ),
+        (
+            {"resources": [{"resourceName": "rdma/a", "shares": 4}]},
+            "resources[0].shares",
+            "only applies",
+        ),
+        (
+            {"resources": [{"resourceName": "rdma/a", "ports": [0]}]},
+            "resources[0].ports",
+            "port numbers",
+        ),
+        (
+            {"resources": [{"resourceName": "rdma/a", "issm": "yes"}]},
+            "resources[0].issm",
+            "true or false",
+        ),
+        (
+            {"resources": [{"resourceName": "rdma/a", "cdiKind": "rdma"}]},
+            "resources[0].cdiKind",
+            "vendor.com",
+        ),
+        (
+            {"resources": [{"resourceName": "rdma/a", "envPrefix": "1X"}]},
+            "resources[0].envPrefix",
+            "variable",
+        ),
         (
             {"resources": [{"resourceName": "rdma/a", "selectors": {"vendor": ["15b3"]}}]},
             "resources[0].selectors.vendor",
