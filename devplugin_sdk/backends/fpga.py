@@ -495,7 +495,7 @@ def scan_dfl(
             ports.append(
                 _DflPort(
                     name=name,
-                    # id: "returns id of this port" within its FPGA device (sysfs-platform-dfl-port).
+                    # id: "returns id of this port" in its FPGA device (sysfs-platform-dfl-port).
                     port_id=_sysfs.read_int(port_dir / "id", 10) or 0,
                     afu_id=_canonical_id(afu) if afu else None,
                     bound=_sysfs.read_link_name(port_dir / "driver") is not None,
