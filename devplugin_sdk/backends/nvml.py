@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
+from devplugin_sdk import _names
 from devplugin_sdk.allocation import TopologyScorer
 from devplugin_sdk.backends import _sysfs
 from devplugin_sdk.errors import AllocationError, BackendError, ConfigError, MissingDependencyError
@@ -96,10 +97,19 @@ _NOT_ATTRIBUTED = 0xFFFFFFFF
 # One blocking nvmlEventSetWait_v2 call at most this long, so cancellation is never far off.
 _EVENT_WAIT_MS = 1000
 
-# go-gpuallocator best-effort pair scores by PCIe common ancestor, and 100 per NVLink.
+# go-gpuallocator best-effort pair scores: 100 per NVLink, and by the NVML_TOPOLOGY_* level of
+# the pair's PCIe common ancestor: same board 60, one switch 50, several switches 40, host
+# bridge 30, same CPU 20, across CPUs 10.
 _NVLINK_SCORE = 100.0
-_PCIE_SCORES = {"INTERNAL": 60.0, "SINGLE": 50.0, "MULTIPLE": 40.0, "HOSTBRIDGE": 30.0}
-_PCIE_SCORES_NUMA = {"NODE": 20.0, "SYSTEM": 10.0}
+_PCIE_SCORES = {
+    "INTERNAL": 60.0,
+    "SINGLE": 50.0,
+    "MULTIPLE": 40.0,
+    "HOSTBRIDGE": 30.0,
+    "NODE": 20.0,
+    "SYSTEM": 10.0,
+}
+_STRATEGY_CONFLICT = "envvar and volume-mounts both set NVIDIA_VISIBLE_DEVICES; pick one"
 
 _CDI_KIND = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[a-zA-Z0-9]([a-zA-Z0-9_.-]*[a-zA-Z0-9])?$")
 
@@ -162,7 +172,7 @@ class NvidiaConfig:
         if not strategies or set(strategies) - set(DEVICE_LIST_STRATEGIES):
             raise ValueError(f"device_list_strategy must be made of {DEVICE_LIST_STRATEGIES}")
         if {"envvar", "volume-mounts"} <= set(strategies):
-            raise ValueError("envvar and volume-mounts both set NVIDIA_VISIBLE_DEVICES; pick one")
+            raise ValueError(_STRATEGY_CONFLICT)
         if not _CDI_KIND.match(self.cdi_kind):
             raise ValueError(f"cdi_kind must look like vendor.com/class, got {self.cdi_kind!r}")
         if self.replicas < 1:
@@ -216,20 +226,26 @@ class NvidiaConfig:
             raise ConfigError("version", f"only v1 is supported, got {r.data['version']!r}")
         kw: dict[str, Any] = {}
         kw["resource_name"] = r.string("resourceName", cls.resource_name)
+        try:
+            _names.validate_resource_name(kw["resource_name"])
+        except ValueError as exc:
+            raise ConfigError("resourceName", str(exc)) from None
         kw["mig_strategy"] = r.choice("migStrategy", MIG_STRATEGIES, cls.mig_strategy)
         kw["device_list_strategy"] = r.choices(
             "deviceListStrategy", DEVICE_LIST_STRATEGIES, ("envvar",)
         )
         if {"envvar", "volume-mounts"} <= set(kw["device_list_strategy"]):
-            raise ConfigError(
-                "deviceListStrategy",
-                "envvar and volume-mounts both set NVIDIA_VISIBLE_DEVICES; pick one",
-            )
-        kw["cdi_kind"] = r.string("cdiKind", cls.cdi_kind, pattern=_CDI_KIND)
+            raise ConfigError("deviceListStrategy", _STRATEGY_CONFLICT)
+        kw["cdi_kind"] = r.string("cdiKind", cls.cdi_kind)
+        if not _CDI_KIND.match(kw["cdi_kind"]):
+            raise ConfigError("cdiKind", f"must look like vendor.com/class, got {kw['cdi_kind']!r}")
         kw["pass_device_specs"] = r.boolean("passDeviceSpecs", cls.pass_device_specs)
-        for key, name in (("sysfsRoot", "sysfs_root"), ("devRoot", "dev_root")):
+        for key, name in (
+            ("sysfsRoot", "sysfs_root"),
+            ("devRoot", "dev_root"),
+            ("procRoot", "proc_root"),
+        ):
             kw[name] = Path(r.string(key, str(getattr(cls, name))))
-        kw["proc_root"] = Path(r.string("procRoot", str(cls.proc_root)))
 
         sharing = r.section("sharing")
         sharing.known("timeSlicing", hint={"mps": "MPS sharing is not supported"})
@@ -270,9 +286,10 @@ class _Reader:
         return f"{self.prefix}.{name}" if self.prefix else name
 
     def known(self, *names: str, hint: Mapping[str, str] | None = None) -> None:
+        hints = hint or {}
         for name in self.data:
-            if name in (hint or {}):
-                raise ConfigError(self.key(str(name)), (hint or {})[name])
+            if name in hints:
+                raise ConfigError(self.key(str(name)), hints[name])
             if name not in names:
                 raise ConfigError(
                     self.key(str(name)), f"unknown key; expected one of {', '.join(names)}"
@@ -307,12 +324,10 @@ class _Reader:
             raise ConfigError(self.key(name), f"must be {'> 0' if positive else '>= 0'}")
         return float(value)
 
-    def string(self, name: str, default: str, *, pattern: re.Pattern[str] | None = None) -> str:
+    def string(self, name: str, default: str) -> str:
         value = self.data.get(name, default)
         if not isinstance(value, str) or not value:
             raise ConfigError(self.key(name), f"must be a non-empty string, got {value!r}")
-        if pattern is not None and not pattern.match(value):
-            raise ConfigError(self.key(name), f"must look like vendor.com/class, got {value!r}")
         return value
 
     def choice(self, name: str, allowed: Sequence[str], default: str) -> str:
@@ -935,7 +950,8 @@ class NvmlPlugin(DevicePlugin):
                     direct[pair] = direct.get(pair, 0) + 1
                 elif remote == "switch":
                     to_switch[uuid] = to_switch.get(uuid, 0) + 1
-        topology = _Topology(tuple(uuids))
+        # Only GPUs that answered count as known: a lost one is read again on a later call.
+        topology = _Topology(tuple(sorted(handles)))
         for a, b in itertools.combinations(sorted(handles), 2):
             # A link is seen from both ends; NVSwitch links connect every pair on the fabric.
             links = max(direct.get((a, b), 0), direct.get((b, a), 0))
@@ -975,7 +991,7 @@ class NvmlPlugin(DevicePlugin):
             level = nvml.nvmlDeviceGetTopologyCommonAncestor(a, b)
         except nvml.NVMLError:
             return 0.0
-        for name, score in (*_PCIE_SCORES.items(), *_PCIE_SCORES_NUMA.items()):
+        for name, score in _PCIE_SCORES.items():
             if level == getattr(nvml, f"NVML_TOPOLOGY_{name}", None):
                 return score
         return 0.0

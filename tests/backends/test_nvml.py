@@ -548,3 +548,18 @@ async def test_topology_is_read_once_and_reused(tmp_path: Path) -> None:
 
     assert calls == 28
     assert nvml.calls["nvmlDeviceGetTopologyCommonAncestor"] == 28
+
+
+async def test_a_gpu_missing_from_the_topology_is_read_again_once_it_answers(
+    tmp_path: Path,
+) -> None:
+    nvml = fake_nvml.dgx_a100()
+    plugin = plugin_for(nvml, tmp_path)
+    devices = await plugin.discover()
+    nvml.lose(1)
+    await plugin.preferred_allocation([d for d in devices if d.id != nvml.gpus[1].uuid], [], 2)
+    nvml.recover(1)
+
+    chosen = await plugin.preferred_allocation(devices, [devices[0]], 2)
+
+    assert chosen == [nvml.gpus[0].uuid, nvml.gpus[1].uuid]  # its PCIe switch partner

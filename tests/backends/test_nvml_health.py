@@ -148,8 +148,8 @@ async def test_an_xid_from_a_gpu_that_fell_off_the_bus_is_still_attributed(tmp_p
         nvml.xid(5, 79)
         event = await next_event(events)
 
-    assert isinstance(event, HealthEvent)
-    assert event.device_id == nvml.gpus[5].uuid
+    # Attributed to the Xid itself, not found later by a probe.
+    assert event == HealthEvent(nvml.gpus[5].uuid, Health.UNHEALTHY, XID_79)
 
 
 async def test_a_failed_event_wait_probes_and_marks_only_the_lost_gpu(tmp_path: Path) -> None:
@@ -235,6 +235,21 @@ async def test_an_xid_in_another_resources_mig_instance_is_not_ours(tmp_path: Pa
 
     assert isinstance(event, HealthEvent)
     assert event.device_id == mine.uuid
+
+
+def test_real_pynvml_handles_of_one_gpu_are_recognised_by_address() -> None:
+    # Each nvmlEventSetWait_v2 result carries a new ctypes pointer object for the same GPU.
+    import ctypes
+
+    import pynvml
+
+    from devplugin_sdk.backends.nvml import _handle_key
+
+    def handle(address: int) -> object:
+        return ctypes.cast(ctypes.c_void_p(address), pynvml.c_nvmlDevice_t)
+
+    assert _handle_key(handle(0x7F00)) == _handle_key(handle(0x7F00))
+    assert _handle_key(handle(0x7F00)) != _handle_key(handle(0x7F08))
 
 
 # ----------------------------------------------------------------------------- probes and recovery
