@@ -19,7 +19,16 @@ from typing import Any
 
 import yaml
 
-from devplugin_sdk import Allocation, AllocationError, ConfigError, Device, Health, Settings, run
+from devplugin_sdk import (
+    Allocation,
+    AllocationError,
+    ConfigError,
+    Device,
+    Health,
+    Settings,
+    healthz,
+    run,
+)
 from devplugin_sdk.backends.nvml import NvidiaConfig, NvmlPlugin, build_plugins
 
 log = logging.getLogger("nvidia-plugin")
@@ -105,11 +114,22 @@ def load_plugins(path: Path, **overrides: Any) -> list[SiteGpuPlugin]:
     return build_plugins(config, plugin_class=SiteGpuPlugin, container_env=env, **overrides)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Serve the GPU resources until SIGTERM."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: ``--config``, ``--metrics-port``, ``--log-level``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path(__file__).with_name("config.yaml"))
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve /healthz, /metrics and /status on this TCP port (devplugin_sdk.healthz)",
+    )
     parser.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the GPU resources until SIGTERM."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -119,7 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for plugin in plugins:
         log.info("serving %s", plugin.resource_name)
     # check_health is polled on this period; watch() probes on its own probeInterval too.
-    run(*plugins, settings=Settings(health_interval=plugins[0].config.probe_interval))
+    settings = Settings(health_interval=plugins[0].config.probe_interval)
+    if args.metrics_port is None:
+        run(*plugins, settings=settings)
+    else:
+        healthz.run(plugins, port=args.metrics_port, settings=settings)
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -13,6 +14,7 @@ import anyio.to_thread
 import pytest
 import yaml
 
+from devplugin_sdk import healthz
 from devplugin_sdk.testing import (
     AdmissionError,
     ContainerStartError,
@@ -80,22 +82,21 @@ def test_the_shipped_config_is_valid_and_means_nvidias_defaults(tmp_path: Path) 
     assert plugin.container_env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
-def test_the_daemonset_config_is_valid_and_its_probes_ask_the_served_socket(
-    tmp_path: Path,
-) -> None:
-    manifest = list(yaml.safe_load_all((HERE / "daemonset.yaml").read_text()))
-    config_map, daemonset = manifest
+def test_the_daemonset_config_and_arguments_are_what_the_plugin_takes(tmp_path: Path) -> None:
+    config_map, daemonset = yaml.safe_load_all((HERE / "daemonset.yaml").read_text())
     path = tmp_path / "config.yaml"
     path.write_text(config_map["data"]["config.yaml"])
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
 
     [plugin] = example.load_plugins(path, nvml=fake_nvml.t4_pcie())
+    args = example.build_parser().parse_args(container["args"])
 
-    container = daemonset["spec"]["template"]["spec"]["containers"][0]
-    for probe in ("startupProbe", "livenessProbe"):
-        command = container[probe]["exec"]["command"]
-        socket = Path(command[command.index("--socket") + 1])
-        assert socket == Path("/var/lib/kubelet/device-plugins") / plugin.effective_socket_name
     assert plugin.config.sysfs_root == Path("/host/sys")
+    assert args.config == Path("/etc/nvidia-device-plugin/config.yaml")
+    [port] = container["ports"]
+    assert args.metrics_port == port["containerPort"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
 
 
 async def test_a_dgx_a100_is_served_and_a_pair_comes_from_one_pcie_switch(tmp_path: Path) -> None:
@@ -203,3 +204,23 @@ async def test_no_container_starts_on_a_gpu_lost_since_it_was_advertised(tmp_pat
 
         with pytest.raises(ContainerStartError, match=nvml.gpus[2].uuid):
             await kubelet.allocate("nvidia.com/gpu", 4)
+
+
+async def test_healthz_answers_once_the_gpus_are_registered(tmp_path: Path) -> None:
+    # What the DaemonSet's probes ask: the plugin run as with --metrics-port.
+    plugins = load(tmp_path, fake_nvml.t4_pcie())
+
+    async with FakeKubelet() as kubelet, anyio.create_task_group() as tg:
+        port = await tg.start(
+            partial(healthz.serve_with_http, plugins, port=0, settings=kubelet.settings())
+        )
+        await kubelet.wait_for_allocatable("nvidia.com/gpu", 4)
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            await stream.send(b"GET /healthz HTTP/1.1\r\nHost: probe\r\n\r\n")
+            reply = b""
+            with anyio.fail_after(5):
+                async for chunk in stream:
+                    reply += chunk
+        tg.cancel_scope.cancel()
+
+    assert reply.startswith(b"HTTP/1.1 200")
