@@ -597,6 +597,12 @@ class FakeNVML:
     def _full_gpu(self, handle: object) -> FakeGPU:
         return self._gpu_of(handle, allow_mig=False).gpu
 
+    def _mig_of(self, handle: object) -> tuple[FakeGPU, FakeMIG]:
+        h = self._gpu_of(handle)
+        if h.mig is None:
+            raise NVMLError_InvalidArgument()  # a MIG-only query on a full GPU
+        return h.gpu, h.mig
+
     # ------------------------------------------------------------------ init and system
 
     def nvmlInit(self) -> None:
@@ -721,24 +727,15 @@ class FakeNVML:
 
     def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: _Handle) -> _Handle:
         self._enter("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
-        h = self._gpu_of(migDevice)
-        if h.mig is None:
-            raise NVMLError_InvalidArgument()
-        return self._handles[h.gpu.index]
+        return self._handles[self._mig_of(migDevice)[0].index]
 
     def nvmlDeviceGetGpuInstanceId(self, device: _Handle) -> int:
         self._enter("nvmlDeviceGetGpuInstanceId")
-        h = self._gpu_of(device)
-        if h.mig is None:
-            raise NVMLError_InvalidArgument()
-        return h.mig.gi
+        return self._mig_of(device)[1].gi
 
     def nvmlDeviceGetComputeInstanceId(self, device: _Handle) -> int:
         self._enter("nvmlDeviceGetComputeInstanceId")
-        h = self._gpu_of(device)
-        if h.mig is None:
-            raise NVMLError_InvalidArgument()
-        return h.mig.ci
+        return self._mig_of(device)[1].ci
 
     def nvmlDeviceGetAttributes(self, device: _Handle) -> DeviceAttributes:
         self._enter("nvmlDeviceGetAttributes")
