@@ -72,8 +72,8 @@ class PluginRuntime:
         self.allocations = 0
         self.rpc_errors = 0
         self.observer = observer
-        self._sent_version = -1
-        self._version_seen_at = (self.state.version, time.monotonic())
+        self._stream_versions: dict[int, int] = {}
+        self._unsent_since: float | None = None
         self._options = _convert.options(
             pre_start_required=plugin.overrides("pre_start_container"),
             preferred_allocation=plugin.overrides("preferred_allocation"),
@@ -91,6 +91,7 @@ class PluginRuntime:
     def stream_started(self) -> int:
         self._next_stream += 1
         self.streams.add(self._next_stream)
+        self._stream_versions[self._next_stream] = -1
         self.no_stream_since = None
         log.info(
             "%s: ListAndWatch stream opened (%d open)",
@@ -103,6 +104,7 @@ class PluginRuntime:
 
     def stream_ended(self, stream_id: int) -> None:
         self.streams.discard(stream_id)
+        self._stream_versions.pop(stream_id, None)
         if not self.streams:
             self.no_stream_since = time.monotonic()
         log.info(
@@ -113,9 +115,9 @@ class PluginRuntime:
         )
         self.watcher.notify()
 
-    def list_sent(self, snapshot: Snapshot) -> None:
+    def list_sent(self, snapshot: Snapshot, stream_id: int) -> None:
         self.lists_sent += 1
-        self._sent_version = max(self._sent_version, snapshot.version)
+        self._stream_versions[stream_id] = snapshot.version
         healthy = snapshot.healthy_count
         self._notify("list_sent", self.resource, healthy, len(snapshot.devices) - healthy)
         log.debug(
@@ -137,13 +139,17 @@ class PluginRuntime:
 
     def status(self) -> PluginStatus:
         """This plugin's state for liveness checks (see ``observe.PluginStatus``)."""
-        version = self.state.version
         now = time.monotonic()
-        if version != self._version_seen_at[0]:
-            self._version_seen_at = (version, now)
-        pending = 0.0
-        if self.streams and self._sent_version < version:
-            pending = now - self._version_seen_at[1]
+        # A list is pending while some open stream has not sent the newest version; measured
+        # from when that first became true, so a loop that keeps changing still looks stuck.
+        unsent = bool(self.streams) and min(self._stream_versions.values(), default=-1) < (
+            self.state.version
+        )
+        if not unsent:
+            self._unsent_since = None
+        elif self._unsent_since is None:
+            self._unsent_since = now
+        pending = 0.0 if self._unsent_since is None else now - self._unsent_since
         counts: dict[str, int] = {}
         for health in self.state.snapshot().health.values():
             counts[health.value] = counts.get(health.value, 0) + 1

@@ -119,7 +119,7 @@ class DevicePluginServicer:
                         )
                     else:
                         yield snapshot.payload
-                        self.runtime.list_sent(snapshot)
+                        self.runtime.list_sent(snapshot, stream_id)
                         continue
                 await self.state.wait_changed(seen)
         finally:

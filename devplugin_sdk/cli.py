@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from devplugin_sdk import _cli_probe, backends
+from devplugin_sdk import _cli_probe, backends, healthz
 from devplugin_sdk._logging import configure_logging
 from devplugin_sdk.api import constants
 from devplugin_sdk.errors import ConfigError, DevicePluginError
@@ -106,7 +106,21 @@ def _checked(target: str, made: object) -> list[DevicePlugin]:
 def _cmd_run(args: argparse.Namespace) -> int:
     config = load_yaml(Path(args.config)) if args.config else None
     plugins = resolve_plugins(args.target, config)
-    run(*plugins, settings=Settings(device_plugin_dir=Path(args.device_plugin_dir)))
+    settings = Settings(
+        device_plugin_dir=Path(args.device_plugin_dir),
+        registration=args.registration,
+        plugins_registry_dir=Path(args.plugins_registry_dir),
+    )
+    if args.metrics_port is None:
+        run(*plugins, settings=settings)
+    else:
+        healthz.run(
+            plugins,
+            port=args.metrics_port,
+            host=args.metrics_host,
+            settings=settings,
+            stuck_after=args.stuck_after,
+        )
     return 0
 
 
@@ -140,6 +154,36 @@ def build_parser() -> argparse.ArgumentParser:
         default=constants.DEVICE_PLUGIN_PATH,
         help="the kubelet's device-plugin directory",
     )
+    run_p.add_argument(
+        "--registration",
+        choices=["auto", "kubelet", "watcher"],
+        default="auto",
+        help="register through kubelet.sock or the plugin watcher (auto: watcher if "
+        "--plugins-registry-dir exists)",
+    )
+    run_p.add_argument(
+        "--plugins-registry-dir",
+        default=constants.PLUGINS_REGISTRY_PATH,
+        help="the kubelet's plugin-watcher directory",
+    )
+    run_p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve /healthz, /metrics and /status on this TCP port "
+        "(metrics need devplugin-sdk[metrics])",
+    )
+    run_p.add_argument(
+        "--metrics-host", default=None, metavar="ADDR", help="address for --metrics-port"
+    )
+    run_p.add_argument(
+        "--stuck-after",
+        type=float,
+        default=healthz.DEFAULT_STUCK_AFTER,
+        metavar="SECONDS",
+        help="/healthz fails when a device list stays unsent this long",
+    )
     run_p.set_defaults(func=_cmd_run)
 
     demo_p = sub.add_parser("demo", help="run the generic backend against an embedded FakeKubelet")
@@ -161,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     try:
         code: int = args.func(args)
-    except (DevicePluginError, ValueError) as exc:
+    except (DevicePluginError, ValueError, OSError) as exc:
         print(f"devplugin: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # pragma: no cover

@@ -183,3 +183,42 @@ def test_second_instance_for_the_same_socket_exits_nonzero(tmp_path: Path) -> No
         for entry in directory.iterdir():
             entry.unlink()
         directory.rmdir()
+
+
+async def test_run_with_metrics_port_serves_healthz(kubelet: FakeKubelet) -> None:
+    """`devplugin run --metrics-port` answers /healthz with 200 once registered."""
+    import socket as socket_module
+
+    with socket_module.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = _spawn(
+        "run",
+        "cli_target:TwoWidgets",
+        "--device-plugin-dir",
+        str(kubelet.directory),
+        "--registration",
+        "kubelet",
+        "--metrics-port",
+        str(port),
+        "--metrics-host",
+        "127.0.0.1",
+    )
+    try:
+        await kubelet.wait_for_allocatable("acme.com/widget", 2, timeout=15)
+        stream = await anyio.connect_tcp("127.0.0.1", port)
+        async with stream:
+            await stream.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            reply = b""
+            with anyio.fail_after(5):
+                try:
+                    while True:
+                        reply += await stream.receive()
+                except anyio.EndOfStream:
+                    pass
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+        proc.send_signal(signal.SIGTERM)
+        await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=15))
+    finally:
+        proc.kill()
+    assert proc.returncode == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from sdk_helpers import RESOURCE, widgets
@@ -74,3 +75,25 @@ async def test_status_reports_registration_and_device_counts(kubelet: FakeKubele
         assert status.devices == {"Healthy": 2, "Unhealthy": 1}
         await kubelet.stop()
         await kubelet.wait_for(lambda: not runtime.status().registered, what="unregistered status")
+
+
+def test_pending_time_keeps_growing_while_a_stream_lags_behind_changes(tmp_path: Path) -> None:
+    """A stream that never sends looks stuck even if the devices keep changing."""
+    from devplugin_sdk import Settings
+    from devplugin_sdk._kubelet_watch import DirectoryWatcher
+
+    runtime = _lifecycle.PluginRuntime(
+        StaticPlugin(RESOURCE, widgets(2)),
+        Settings(device_plugin_dir=tmp_path),
+        DirectoryWatcher([tmp_path], 1.0),
+    )
+    runtime.state.set_devices(widgets(2))
+    fast, slow = runtime.stream_started(), runtime.stream_started()
+    runtime.list_sent(runtime.state.snapshot(), fast)
+    first = runtime.status().pending_seconds  # the slow stream has sent nothing yet
+    runtime.state.set_devices(widgets(3))
+    runtime.list_sent(runtime.state.snapshot(), fast)
+    second = runtime.status().pending_seconds
+    assert second > first >= 0
+    runtime.list_sent(runtime.state.snapshot(), slow)
+    assert runtime.status().pending_seconds == 0
