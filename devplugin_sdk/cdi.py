@@ -489,8 +489,16 @@ class CdiPlugin(DevicePlugin):
         """Relay the wrapped plugin's events; remove the spec when serving stops."""
         try:
             if self.plugin.overrides("watch"):
-                async for event in self.plugin.watch():
-                    yield event
+                events = self.plugin.watch()
+                try:
+                    async for event in events:
+                        yield event
+                finally:
+                    # Close the wrapped generator here and now, not later from the GC.
+                    aclose = getattr(events, "aclose", None)
+                    if aclose is not None:
+                        with anyio.CancelScope(shield=True):
+                            await aclose()
             await anyio.sleep_forever()
         except BaseException as exc:
             # An Exception is the wrapped watch() failing: the SDK restarts it and the spec

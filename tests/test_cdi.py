@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from devplugin_sdk import (
     DeviceNode,
     Health,
     Mount,
+    PluginEvent,
     replicate,
 )
 from devplugin_sdk.cdi import (
@@ -478,3 +479,33 @@ def test_wrapping_twice_is_refused(tmp_path: Path) -> None:
     plugin = use_cdi(StaticPlugin(KIND, widgets(1)), directory=tmp_path)
     with pytest.raises(TypeError, match="already uses CDI"):
         use_cdi(plugin)
+
+
+class FlakyWatchPlugin(StaticPlugin):
+    """Its event source fails once, then works."""
+
+    def __init__(self, devices: Sequence[Device]) -> None:
+        super().__init__(KIND, devices)
+        self.watch_calls = 0
+
+    async def watch(self) -> AsyncIterator[PluginEvent]:
+        self.watch_calls += 1
+        if self.watch_calls == 1:
+            raise RuntimeError("event source lost")
+        async for event in super().watch():
+            yield event
+
+
+async def test_failing_wrapped_watch_keeps_the_spec_and_is_restarted(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    inner = FlakyWatchPlugin(widgets(2))
+    plugin = use_cdi(inner, directory=tmp_path)
+    async with serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(KIND, 2)
+        await kubelet.wait_for(lambda: inner.watch_calls >= 2, what="watch() restarted")
+        assert set(spec_devices(plugin.spec_path)) == {f"{KIND}=w0", f"{KIND}=w1"}
+        inner.set_devices(widgets(3))  # the restarted watch() still reaches the SDK
+        await kubelet.wait_for_allocatable(KIND, 3)
+        assert f"{KIND}=w2" in spec_devices(plugin.spec_path)
+    assert not plugin.spec_path.exists()
