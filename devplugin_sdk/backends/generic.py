@@ -1,0 +1,493 @@
+"""Generic backend: every file matching a path glob is one device, handed to the container as-is.
+
+Owns the YAML schema (``load_config``/``from_config``), glob discovery, device IDs derived from
+paths, and path-following health (a match that disappears turns Unhealthy within milliseconds
+through ``fswatch``, and Healthy when it returns). Useful alone for USB serial, FUSE, TUN or video
+nodes, and the SDK's default. Learned from: squat/generic-device-plugin ``deviceplugin/path.go``
+(globs, ``count`` sharing); containerd ``internal/cri/opts/spec_linux.go`` and CRI-O
+``server/container_create_linux.go`` (device host paths are symlink-resolved by the runtime).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import glob
+import hashlib
+import logging
+import os
+import posixpath
+import re
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import yaml
+
+from devplugin_sdk import _names, fswatch
+from devplugin_sdk.errors import ConfigError
+from devplugin_sdk.plugin import DevicePlugin, PluginEvent
+from devplugin_sdk.types import Device, DeviceNode, Health, HealthEvent, RescanEvent, replicate
+
+__all__ = ["GenericPlugin", "from_config", "load_config"]
+
+log = logging.getLogger(__name__)
+
+# Device IDs stay within 63 characters, the convention the SDK documents for Device.id.
+MAX_ID_LENGTH = 63
+_RESOURCE_KEYS = ("name", "paths", "share")
+_TOP_KEYS = ("resources",)
+_NOT_ID_CHAR = re.compile(r"[^A-Za-z0-9._:-]+")
+_NATURAL = re.compile(r"(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Pattern:
+    """A configured glob, re-rooted.
+
+    Attributes:
+        configured: The pattern as configured (normalised).
+        glob: The re-rooted pattern for ``glob.glob`` (root escaped).
+        parts: Components of ``glob``, for ``fnmatch`` one level at a time.
+        first_wild: Index in ``parts`` of the first wildcard component (the last component
+            for a literal path).
+        anchor: The real directory before that component: the one to watch.
+    """
+
+    configured: str
+    glob: str
+    parts: tuple[str, ...]
+    first_wild: int
+    anchor: Path
+
+    @classmethod
+    def make(cls, configured: str, root: Path | None) -> _Pattern:
+        own = Path(configured).parts
+        first = _first_wild(own)
+        if root is None:
+            return cls(configured, configured, own, first, Path(*own[:first]))
+        # Escape the root so that glob characters in a temporary directory's name stay literal.
+        base = Path(glob.escape(str(root))).parts
+        offset = len(base) - 1
+        rooted = (*base, *own[1:])
+        return cls(
+            configured, str(Path(*rooted)), rooted, first + offset, root.joinpath(*own[1:first])
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Match:
+    """A path we have seen match: its device ID and where the container gets it."""
+
+    id: str
+    host_path: str
+    container_path: str
+
+
+class GenericPlugin(DevicePlugin):
+    """One extended resource whose devices are the files matching some path globs.
+
+    Each existing match of ``paths`` is one device: allocation gives the container that path as
+    a device node, at the same path, with ``rw`` access. A match that disappears stays listed,
+    Unhealthy, until it returns; a new match is a new device. ``watch()`` follows the globs'
+    directories with ``fswatch`` (inotify, or listing comparisons every ``poll_interval``).
+
+    Directories never count as matches (a runtime cannot give a directory as a device node),
+    and ``*`` does not match names starting with ``.``, as in the shell.
+
+    Args:
+        resource_name: Extended resource name, e.g. ``"example.com/widget"``.
+        paths: Absolute glob patterns (``*``, ``?``, ``[...]``), e.g. ``["/dev/ttyUSB*"]``.
+        share: How many containers may use one match at once; above 1 each match becomes
+            ``share`` devices ``<id>::<n>`` (see ``devplugin_sdk.types.replicate``).
+        root: Re-roots the patterns onto a directory tree (tests, demos): ``/dev/widget*`` is
+            looked up as ``<root>/dev/widget*``. Device nodes then carry the real file under
+            ``root`` as ``host_path`` and the configured path (without ``root``) as
+            ``container_path``. None means the host's ``/``.
+        poll_interval: Seconds between directory listing comparisons in ``watch()`` (the
+            safety net under inotify, and the only mechanism without it).
+
+    Raises:
+        ValueError: on a bad resource name, an empty or relative pattern, ``share`` < 1 or
+            ``poll_interval`` <= 0.
+
+    Device IDs are the matched path relative to the patterns' common directory, with ``/``
+    replaced by ``_`` (``/dev/ttyUSB0`` -> ``ttyUSB0``; ``/dev/serial/by-id/x`` with a second
+    pattern in ``/dev`` -> ``serial_by-id_x``). An ID that would be longer than 63 characters,
+    hold characters other than ``[A-Za-z0-9._:-]``, or repeat another match's ID is shortened
+    and suffixed with a hash of the path. IDs are kept for the plugin's lifetime.
+    """
+
+    def __init__(
+        self,
+        resource_name: str,
+        paths: Sequence[str],
+        share: int = 1,
+        *,
+        root: Path | str | None = None,
+        poll_interval: float = 2.0,
+    ) -> None:
+        super().__init__(resource_name=resource_name)
+        if isinstance(paths, str) or not paths:
+            raise ValueError(f"{resource_name}: paths must be a non-empty list of glob patterns")
+        patterns: list[str] = []
+        for pattern in paths:
+            problem = _pattern_problem(pattern)
+            if problem is not None:
+                raise ValueError(f"{resource_name}: path {pattern!r}: {problem}")
+            patterns.append(_normalise(pattern))
+        if isinstance(share, bool) or not isinstance(share, int) or share < 1:
+            raise ValueError(f"{resource_name}: share must be an integer >= 1, got {share!r}")
+        if poll_interval <= 0:
+            raise ValueError(f"{resource_name}: poll_interval must be > 0, got {poll_interval}")
+        self.patterns: tuple[str, ...] = tuple(patterns)
+        self.share = share
+        self.root = Path(root).resolve() if root is not None else None
+        self.poll_interval = poll_interval
+        # IDs are relative to the common directory of every pattern's fixed part.
+        self._id_base = posixpath.commonpath([_anchor(p) for p in self.patterns])
+        self._patterns = tuple(_Pattern.make(p, self.root) for p in self.patterns)
+        self._seen: dict[str, _Match] = {}  # by host path; never shrinks
+        self._ids: set[str] = set()
+        self._listed: dict[str, Health] = {}  # health discover() last gave, by base ID
+        max_id = MAX_ID_LENGTH - (len(f"::{share - 1}") if share > 1 else 0)
+        self._max_id = max_id
+
+    def __repr__(self) -> str:
+        return f"GenericPlugin({self.resource_name!r}, {list(self.patterns)!r}, share={self.share})"
+
+    # ------------------------------------------------------------------ hooks
+
+    async def discover(self) -> Sequence[Device]:
+        """Glob the patterns; every match seen so far is a device, Unhealthy while it is gone.
+
+        Returns:
+            The devices, ordered by ID (numbers in natural order), with ``::N`` shares when
+            ``share`` > 1.
+        """
+        found = await anyio.to_thread.run_sync(self._scan)
+        self._learn(found)
+        devices: list[Device] = []
+        for match in sorted(self._seen.values(), key=lambda m: _natural_key(m.id)):
+            present = found.get(match.host_path, False)
+            health = Health.HEALTHY if present else Health.UNHEALTHY
+            self._listed[match.id] = health
+            devices.append(
+                Device(
+                    id=match.id,
+                    health=health,
+                    device_nodes=(DeviceNode(match.host_path, match.container_path, "rw"),),
+                    attributes={"path": match.container_path},
+                )
+            )
+        return replicate(devices, self.share)
+
+    async def watch(self) -> AsyncIterator[PluginEvent]:
+        """Follow the patterns' directories; push health at once and ask for rescans.
+
+        A known match that disappears or returns yields a ``HealthEvent`` for its ID (the
+        shares' parent) straight from the file-system notification; a new match, or one that
+        returns while the listing still says Unhealthy, yields a ``RescanEvent``. On start
+        (and restart) it re-states every known device's health, so nothing pushed earlier
+        lingers. Every ``poll_interval`` without a relevant change it re-globs everything and
+        re-arms the watch, which bounds what a missed notification can cost.
+        """
+        pushed: dict[str, Health] = {}
+        while True:
+            directories = await anyio.to_thread.run_sync(self._watch_dirs)
+            # A full pass per round; it also covers whatever changed while no watch was armed
+            # (fswatch arms itself on the first __anext__, after this scan).
+            for event in self._reconcile(await anyio.to_thread.run_sync(self._scan), pushed):
+                yield event
+            stream = fswatch.watch(directories, poll_interval=self.poll_interval)
+            async with contextlib.aclosing(stream) as batches:
+                while True:
+                    batch: set[Path] | None = None
+                    # Cancelling __anext__ ends the fswatch generator: the round is over.
+                    with anyio.move_on_after(self.poll_interval):
+                        batch = await batches.__anext__()
+                    if batch is None:
+                        break
+                    known, other = self._classify(batch)
+                    if known:
+                        # Fast path: stat the known paths right here, without a thread hop; a
+                        # stat of a /dev node (devtmpfs, in memory) does not block.
+                        present = {path: os.path.exists(path) for path in known}  # noqa: ASYNC240
+                        for event in self._health_events(present, pushed):
+                            yield event
+                    if other:
+                        found = await anyio.to_thread.run_sync(self._scan)
+                        for event in self._reconcile(found, pushed):
+                            yield event
+                        if await anyio.to_thread.run_sync(self._watch_dirs) != directories:
+                            break  # a new intermediate directory: watch it too
+
+    # ------------------------------------------------------------------ matching
+
+    def _container_path(self, host_path: str) -> str:
+        if self.root is None:
+            return host_path
+        return "/" + Path(host_path).relative_to(self.root).as_posix()
+
+    def _scan(self) -> dict[str, bool]:
+        """Every current match and every known path, with whether it exists; blocking."""
+        found: dict[str, bool] = {}
+        for pattern in self._patterns:
+            # glob lists dangling symlinks too; exists() follows them, so those count as gone.
+            for match in glob.glob(pattern.glob):
+                path = str(Path(match))
+                if os.path.isdir(path):
+                    continue
+                found[path] = os.path.exists(path)
+        for path in self._seen:
+            if path not in found:
+                found[path] = os.path.exists(path) and not os.path.isdir(path)
+        return found
+
+    def _watch_dirs(self) -> list[Path]:
+        """The fixed directory of each pattern, plus existing directories at wildcard levels."""
+        directories: dict[Path, None] = {}
+        for pattern in self._patterns:
+            directories[pattern.anchor] = None
+            # /dev/bus/usb/*/* needs /dev/bus/usb/001 and friends watched as well.
+            for level in range(pattern.first_wild + 1, len(pattern.parts)):
+                for match in sorted(glob.glob(str(Path(*pattern.parts[:level])))):
+                    if os.path.isdir(match):
+                        directories[Path(match)] = None
+        return list(directories)
+
+    def _classify(self, batch: Iterable[Path]) -> tuple[set[str], bool]:
+        """Split changed paths into known matches and whether anything else could matter."""
+        known: set[str] = set()
+        other = False
+        for changed in batch:
+            path = str(changed)
+            if path in self._seen:
+                known.add(path)
+            elif not other and self._could_match(changed.parts):
+                other = True
+        return known, other
+
+    def _could_match(self, parts: tuple[str, ...]) -> bool:
+        """Whether a path matches a pattern or one of its leading directories."""
+        for pattern in self._patterns:
+            if len(parts) <= len(pattern.parts) and all(
+                fnmatch.fnmatchcase(part, pattern_part)
+                for part, pattern_part in zip(parts, pattern.parts, strict=False)
+            ):
+                return True
+        return False
+
+    # ------------------------------------------------------------------ state
+
+    def _learn(self, found: Mapping[str, bool]) -> list[str]:
+        """Give every new path an ID; return the new paths."""
+        new = sorted((p for p in found if p not in self._seen), key=_natural_key)
+        for path in new:
+            container = self._container_path(path)
+            device_id = self._make_id(container)
+            self._seen[path] = _Match(device_id, path, container)
+            self._ids.add(device_id)
+        return new
+
+    def _make_id(self, container_path: str) -> str:
+        relative = posixpath.relpath(container_path, self._id_base)
+        natural = relative.replace("/", "_")
+        if (
+            len(natural) <= self._max_id
+            and not _NOT_ID_CHAR.search(natural)
+            and natural not in self._ids
+        ):
+            return natural
+        digest = hashlib.sha256(os.fsencode(container_path)).hexdigest()[:12]
+        readable = _NOT_ID_CHAR.sub("_", natural)[: self._max_id - len(digest) - 1]
+        device_id = f"{readable}-{digest}"
+        if device_id in self._ids:  # pragma: no cover - needs a SHA-256 prefix collision
+            raise ValueError(f"{self.resource_name}: cannot make a unique ID for {container_path}")
+        return device_id
+
+    def _health_events(
+        self, present: Mapping[str, bool], pushed: dict[str, Health]
+    ) -> list[PluginEvent]:
+        events: list[PluginEvent] = []
+        rescan = False
+        for path, exists in present.items():
+            match = self._seen.get(path)
+            if match is None:
+                continue
+            health = Health.HEALTHY if exists else Health.UNHEALTHY
+            before = pushed.get(match.id)
+            if before is not health:
+                pushed[match.id] = health
+                if before is None:  # the first statement of this watch() call
+                    reason = f"{path} is present" if exists else f"{path} is missing"
+                else:
+                    reason = f"{path} is back" if exists else f"{path} disappeared"
+                events.append(HealthEvent(match.id, health, reason))
+            # The listing's own health is the floor: lift it with a rescan.
+            if exists and self._listed.get(match.id) is Health.UNHEALTHY:
+                rescan = True
+        if rescan:
+            events.append(RescanEvent(f"{self.resource_name}: listed-unhealthy paths returned"))
+        return events
+
+    def _reconcile(self, found: Mapping[str, bool], pushed: dict[str, Health]) -> list[PluginEvent]:
+        events = self._health_events(found, pushed)
+        new = [p for p in found if p not in self._seen]
+        if new and not any(isinstance(e, RescanEvent) for e in events):
+            shown = ", ".join(sorted(new, key=_natural_key)[:5])
+            events.append(RescanEvent(f"{self.resource_name}: new matches {shown}"))
+        return events
+
+
+# ====================================================================== configuration
+
+
+def load_config(path: str | os.PathLike[str]) -> Mapping[str, Any]:
+    """Read a YAML configuration file with ``yaml.safe_load``.
+
+    Args:
+        path: The file.
+
+    Returns:
+        The top-level mapping (empty for an empty file).
+
+    Raises:
+        ConfigError: keyed by the file name, when it cannot be read, is not valid YAML (with
+            the line and column) or its top level is not a mapping.
+    """
+    name = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as stream:
+            data = yaml.safe_load(stream)
+    except OSError as exc:
+        raise ConfigError(name, f"cannot read: {exc.strerror or exc}") from exc
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = exc.problem or exc.context or "syntax error"
+        if exc.problem and exc.context and exc.context_mark:
+            # "while parsing a flow sequence", from where it started: often the real mistake.
+            problem += f" ({exc.context} from line {exc.context_mark.line + 1})"
+        raise ConfigError(name, f"invalid YAML{where}: {problem}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(name, f"invalid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(name, f"the top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def from_config(
+    config: Mapping[str, Any], *, root: Path | str | None = None, poll_interval: float = 2.0
+) -> list[DevicePlugin]:
+    """One ``GenericPlugin`` per entry of ``resources`` (the backend contract of ``devplugin run``).
+
+    The schema::
+
+        resources:
+          - name: example.com/widget        # extended resource name
+            paths: ["/dev/widget*"]         # absolute globs; each existing match is one device
+            share: 1                        # optional: containers per match (IDs get ::N)
+
+    Args:
+        config: The YAML-loaded mapping (see ``load_config``).
+        root: Re-roots every pattern (see ``GenericPlugin``).
+        poll_interval: Passed to every plugin.
+
+    Returns:
+        The plugins, in configuration order.
+
+    Raises:
+        ConfigError: naming the dotted key (``resources[1].share``) and what is wrong with it.
+    """
+    if not isinstance(config, Mapping):
+        raise ConfigError("<root>", f"must be a mapping, got {type(config).__name__}")
+    _check_keys(config, _TOP_KEYS, "")
+    resources = config.get("resources")
+    if not isinstance(resources, list) or not resources:
+        raise ConfigError("resources", f"must be a non-empty list, got {resources!r}")
+    plugins: list[DevicePlugin] = []
+    first_seen: dict[str, int] = {}
+    for index, entry in enumerate(resources):
+        key = f"resources[{index}]"
+        if not isinstance(entry, Mapping):
+            raise ConfigError(key, f"must be a mapping, got {type(entry).__name__}")
+        _check_keys(entry, _RESOURCE_KEYS, key)
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{key}.name", f"must be an extended resource name, got {name!r}")
+        problem = _names.resource_name_problem(name)
+        if problem is not None:
+            raise ConfigError(f"{key}.name", f"invalid resource name {name!r}: {problem}")
+        if name in first_seen:
+            raise ConfigError(
+                f"{key}.name", f"duplicate of resources[{first_seen[name]}].name ({name!r})"
+            )
+        first_seen[name] = index
+        paths = entry.get("paths")
+        if not isinstance(paths, list) or not paths:
+            raise ConfigError(f"{key}.paths", f"must be a non-empty list of globs, got {paths!r}")
+        for number, pattern in enumerate(paths):
+            problem = _pattern_problem(pattern)
+            if problem is not None:
+                raise ConfigError(f"{key}.paths[{number}]", f"{problem}, got {pattern!r}")
+        share = entry.get("share", 1)
+        if isinstance(share, bool) or not isinstance(share, int) or share < 1:
+            raise ConfigError(f"{key}.share", f"must be an integer >= 1, got {share!r}")
+        plugins.append(
+            GenericPlugin(name, list(paths), share, root=root, poll_interval=poll_interval)
+        )
+    return plugins
+
+
+def _check_keys(mapping: Mapping[Any, Any], allowed: Sequence[str], prefix: str) -> None:
+    for key in mapping:
+        if key not in allowed:
+            where = f"{prefix}.{key}" if prefix else str(key)
+            raise ConfigError(where, f"unknown key; expected one of: {', '.join(allowed)}")
+
+
+# ====================================================================== helpers
+
+
+def _pattern_problem(pattern: Any) -> str | None:
+    if not isinstance(pattern, str) or not pattern:
+        return "must be a non-empty string"
+    if not pattern.startswith("/"):
+        return "must be an absolute path"
+    if "\0" in pattern:
+        return "must not contain NUL"
+    if _normalise(pattern) == "/":
+        return "must name files, not /"
+    return None
+
+
+def _normalise(pattern: str) -> str:
+    # normpath keeps a leading "//" (POSIX leaves it implementation-defined); we do not.
+    return "/" + posixpath.normpath(pattern).lstrip("/")
+
+
+def _is_wild(part: str) -> bool:
+    return any(char in part for char in "*?[")
+
+
+def _first_wild(parts: Sequence[str]) -> int:
+    """Index of the first wildcard component; a literal path counts from its last one."""
+    for index, part in enumerate(parts):
+        if _is_wild(part):
+            return index
+    return len(parts) - 1
+
+
+def _anchor(pattern: str) -> str:
+    """The directory before a pattern's first wildcard component (its parent if none)."""
+    parts = Path(pattern).parts
+    return str(Path(*parts[: _first_wild(parts)]))
+
+
+def _natural_key(text: str) -> list[Any]:
+    return [int(piece) if piece.isdigit() else piece for piece in _NATURAL.split(text)]

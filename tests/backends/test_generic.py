@@ -1,0 +1,425 @@
+"""The generic backend on real temporary files: discovery, IDs, allocation, path-following health,
+hot-plug, sharing and the YAML schema, through watch() and end to end against a FakeKubelet."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import ObjectReceiveStream
+
+from devplugin_sdk.backends import generic
+from devplugin_sdk.backends.generic import GenericPlugin
+from devplugin_sdk.errors import ConfigError
+from devplugin_sdk.plugin import PluginEvent
+from devplugin_sdk.testing import FakeKubelet, serving
+from devplugin_sdk.types import DeviceNode, Health, HealthEvent, RescanEvent
+
+WIDGET = "example.com/widget"
+
+
+def make_dev(root: Path, *names: str) -> Path:
+    """Create ``<root>/dev`` holding empty files ``names`` (paths relative to /dev)."""
+    dev = root / "dev"
+    dev.mkdir(exist_ok=True)
+    for name in names:
+        (dev / name).parent.mkdir(parents=True, exist_ok=True)
+        (dev / name).touch()
+    return dev
+
+
+def widgets(root: Path, share: int = 1, **kwargs: Any) -> GenericPlugin:
+    # A short poll interval bounds what a change made while no watch is armed can cost.
+    return GenericPlugin(
+        WIDGET, ["/dev/widget*"], share, root=root, poll_interval=kwargs.pop("poll", 0.5), **kwargs
+    )
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    plugin: GenericPlugin, initial: int
+) -> AsyncIterator[ObjectReceiveStream[PluginEvent]]:
+    """Run ``plugin.watch()`` in a task; take its ``initial`` health re-statements, then yield
+    the stream of further events once the watch is armed."""
+    send, receive = anyio.create_memory_object_stream[PluginEvent](100)
+
+    async def pump() -> None:
+        with send:
+            async with contextlib.aclosing(plugin.watch()) as events:  # type: ignore[type-var]
+                async for event in events:
+                    if isinstance(event, RescanEvent):
+                        await plugin.discover()  # as the SDK does before asking for more
+                    await send.send(event)
+
+    with receive:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pump)
+            with anyio.fail_after(5):
+                for _ in range(initial):
+                    event = await receive.receive()
+                    assert isinstance(event, HealthEvent), event
+            await anyio.wait_all_tasks_blocked()
+            yield receive
+            tg.cancel_scope.cancel()
+
+
+async def next_event(events: ObjectReceiveStream[PluginEvent], timeout: float = 5) -> PluginEvent:
+    with anyio.fail_after(timeout):
+        return await events.receive()
+
+
+# ----------------------------------------------------------------------------- discovery
+
+
+async def test_each_existing_match_is_one_healthy_device_named_after_its_file(
+    tmp_path: Path,
+) -> None:
+    make_dev(tmp_path, "widget0", "widget1", "widget10", "widget2", "gadget0", "widgetdir/x")
+    devices = await widgets(tmp_path).discover()
+    # Directories never count; IDs come in natural order.
+    assert [d.id for d in devices] == ["widget0", "widget1", "widget2", "widget10"]
+    assert all(d.health is Health.HEALTHY for d in devices)
+
+
+async def test_device_node_is_the_real_file_under_root_at_the_configured_path(
+    tmp_path: Path,
+) -> None:
+    dev = make_dev(tmp_path, "widget0")
+    (device,) = await widgets(tmp_path).discover()
+    assert device.device_nodes == (DeviceNode(str(dev / "widget0"), "/dev/widget0", "rw"),)
+
+
+async def test_without_root_host_and_container_paths_are_the_match(tmp_path: Path) -> None:
+    make_dev(tmp_path, "widget0")
+    plugin = GenericPlugin(WIDGET, [f"{tmp_path}/dev/widget*"])
+    (device,) = await plugin.discover()
+    path = str(tmp_path / "dev" / "widget0")
+    assert device.device_nodes == (DeviceNode(path, path, "rw"),)
+    assert device.id == "widget0"
+
+
+async def test_ids_are_relative_to_the_patterns_common_directory(tmp_path: Path) -> None:
+    make_dev(tmp_path, "ttyUSB0", "serial/by-id/usb-FTDI-if00", "net/tun", "fuse")
+    plugin = GenericPlugin(
+        "example.com/io",
+        ["/dev/ttyUSB*", "/dev/serial/by-id/*", "/dev/net/tun", "/dev/fuse"],
+        root=tmp_path,
+    )
+    ids = sorted(d.id for d in await plugin.discover())
+    assert ids == ["fuse", "net_tun", "serial_by-id_usb-FTDI-if00", "ttyUSB0"]
+
+
+async def test_a_literal_path_is_named_after_its_file(tmp_path: Path) -> None:
+    make_dev(tmp_path, "net/tun")
+    plugin = GenericPlugin("example.com/tun", ["/dev/net/tun"], root=tmp_path)
+    (device,) = await plugin.discover()
+    assert device.id == "tun"
+    assert device.device_nodes[0].container_path == "/dev/net/tun"
+
+
+async def test_deep_glob_ids_join_the_wildcard_levels(tmp_path: Path) -> None:
+    make_dev(tmp_path, "bus/usb/001/002", "bus/usb/003/001")
+    plugin = GenericPlugin("example.com/usb", ["/dev/bus/usb/*/*"], root=tmp_path)
+    assert [d.id for d in await plugin.discover()] == ["001_002", "003_001"]
+
+
+async def test_long_or_odd_names_get_short_unique_printable_ids(tmp_path: Path) -> None:
+    long_a = "pci-0000:00:14.0-usb-0:1.4.3:1.0-" + "a" * 40
+    long_b = "pci-0000:00:14.0-usb-0:1.4.3:1.0-" + "a" * 39 + "b"
+    make_dev(tmp_path, long_a, long_b, "wid get", "a_b", "a/b")
+    plugin = GenericPlugin("example.com/x", ["/dev/*", "/dev/a/*"], share=12, root=tmp_path)
+    devices = await plugin.discover()
+    ids = [d.id for d in devices]
+    assert len(ids) == len(set(ids)) == 5 * 12
+    assert all(len(i) <= 63 and i.isprintable() and " " not in i for i in ids)
+    parents = {d.parent for d in devices}
+    assert "a_b" in parents  # the first of the two that map to "a_b" keeps the plain name
+
+
+async def test_a_root_with_glob_characters_in_its_name_is_taken_literally(tmp_path: Path) -> None:
+    root = tmp_path / "odd[1]*?"
+    root.mkdir()
+    dev = make_dev(root, "widget0")
+    plugin = widgets(root)
+    (device,) = await plugin.discover()
+    assert device.device_nodes[0].host_path == str(dev / "widget0")
+    async with watching(plugin, initial=1) as events:
+        (dev / "widget0").unlink()
+        assert await next_event(events) == HealthEvent(
+            "widget0", Health.UNHEALTHY, f"{dev / 'widget0'} disappeared"
+        )
+
+
+async def test_a_vanished_match_stays_listed_unhealthy_and_a_dangling_link_counts_as_gone(
+    tmp_path: Path,
+) -> None:
+    dev = make_dev(tmp_path, "widget0", "widget1", "target")
+    (dev / "widget2").symlink_to(dev / "target")
+    plugin = widgets(tmp_path)
+    assert len(await plugin.discover()) == 3
+    (dev / "widget0").unlink()
+    (dev / "target").unlink()
+    health = {d.id: d.health for d in await plugin.discover()}
+    assert health == {
+        "widget0": Health.UNHEALTHY,
+        "widget1": Health.HEALTHY,
+        "widget2": Health.UNHEALTHY,
+    }
+
+
+def test_constructor_rejects_misuse() -> None:
+    with pytest.raises(ValueError, match="absolute"):
+        GenericPlugin(WIDGET, ["dev/widget*"])
+    with pytest.raises(ValueError, match="non-empty"):
+        GenericPlugin(WIDGET, [])
+    with pytest.raises(ValueError, match="share"):
+        GenericPlugin(WIDGET, ["/dev/widget*"], share=0)
+    with pytest.raises(ValueError, match="invalid resource name"):
+        GenericPlugin("widget", ["/dev/widget*"])
+
+
+# ----------------------------------------------------------------------------- watch()
+
+
+async def test_watch_pushes_unhealthy_on_unlink_and_healthy_on_return(tmp_path: Path) -> None:
+    dev = make_dev(tmp_path, "widget0", "widget1")
+    plugin = widgets(tmp_path, poll=30)  # inotify only: no polling round can help
+    await plugin.discover()
+    async with watching(plugin, initial=2) as events:
+        (dev / "widget1").unlink()
+        event = await next_event(events)
+        assert event == HealthEvent("widget1", Health.UNHEALTHY, f"{dev / 'widget1'} disappeared")
+        (dev / "widget1").touch()
+        event = await next_event(events)
+        assert event == HealthEvent("widget1", Health.HEALTHY, f"{dev / 'widget1'} is back")
+
+
+async def test_watch_reports_a_match_that_vanished_before_it_started(tmp_path: Path) -> None:
+    dev = make_dev(tmp_path, "widget0", "widget1")
+    plugin = widgets(tmp_path)
+    await plugin.discover()
+    (dev / "widget0").unlink()
+    async with watching(plugin, initial=0) as events:
+        got = {await next_event(events), await next_event(events)}
+    assert got == {
+        HealthEvent("widget0", Health.UNHEALTHY, f"{dev / 'widget0'} is missing"),
+        HealthEvent("widget1", Health.HEALTHY, f"{dev / 'widget1'} is present"),
+    }
+
+
+async def test_watch_asks_for_a_rescan_when_a_new_match_appears(tmp_path: Path) -> None:
+    dev = make_dev(tmp_path, "widget0")
+    plugin = widgets(tmp_path, poll=30)
+    await plugin.discover()
+    async with watching(plugin, initial=1) as events:
+        (dev / "gadget0").touch()  # not a match: nothing
+        (dev / "widget1").touch()
+        event = await next_event(events)
+        assert isinstance(event, RescanEvent)
+        assert "widget1" in event.reason
+    assert [d.id for d in await plugin.discover()] == ["widget0", "widget1"]
+
+
+async def test_watch_follows_new_directories_of_a_deep_glob(tmp_path: Path) -> None:
+    dev = make_dev(tmp_path, "bus/usb/001/001")
+    plugin = GenericPlugin("example.com/usb", ["/dev/bus/usb/*/*"], root=tmp_path, poll_interval=30)
+    await plugin.discover()
+    async with watching(plugin, initial=1) as events:
+        (dev / "bus/usb/002").mkdir()
+        (dev / "bus/usb/002/005").touch()
+        assert isinstance(await next_event(events), RescanEvent)
+        assert [d.id for d in await plugin.discover()] == ["001_001", "002_005"]
+        # The new directory is watched now: a removal there is pushed at once.
+        while True:
+            event = await next_event(events)
+            if isinstance(event, HealthEvent) and event.device_id == "002_005":
+                assert event.health is Health.HEALTHY  # the next round's re-statement
+                break
+        await anyio.wait_all_tasks_blocked()
+        (dev / "bus/usb/002/005").unlink()
+        event = await next_event(events)
+        assert event == HealthEvent(
+            "002_005", Health.UNHEALTHY, f"{dev / 'bus/usb/002/005'} disappeared"
+        )
+
+
+async def test_watch_asks_for_a_rescan_when_a_listed_unhealthy_match_returns(
+    tmp_path: Path,
+) -> None:
+    dev = make_dev(tmp_path, "widget0")
+    plugin = widgets(tmp_path, poll=30)
+    await plugin.discover()
+    (dev / "widget0").unlink()
+    await plugin.discover()  # now listed Unhealthy: a pushed Healthy alone cannot lift that
+    async with watching(plugin, initial=1) as events:
+        (dev / "widget0").touch()
+        assert await next_event(events) == HealthEvent(
+            "widget0", Health.HEALTHY, f"{dev / 'widget0'} is back"
+        )
+        assert isinstance(await next_event(events), RescanEvent)
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+async def test_kubelet_lists_every_match_and_allocates_it_as_a_rw_device_node(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    dev = make_dev(tmp_path, "widget0", "widget1", "widget2", "gadget0")
+    async with serving(widgets(tmp_path), settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(WIDGET, 3)
+        assert sorted(kubelet.devices(WIDGET)) == ["widget0", "widget1", "widget2"]
+        got = await kubelet.allocate(WIDGET, 1)
+        (device_id,) = got.device_ids
+        assert got.allocation.device_nodes == (
+            DeviceNode(str(dev / device_id), f"/dev/{device_id}", "rw"),
+        )
+
+
+async def test_kubelet_sees_an_unlinked_match_unhealthy_and_healthy_when_recreated(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    dev = make_dev(tmp_path, "widget0", "widget1", "widget2")
+    async with serving(widgets(tmp_path), settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(WIDGET, 3)
+        (dev / "widget1").unlink()
+        await kubelet.wait_for_health(WIDGET, "widget1", "Unhealthy")
+        assert (kubelet.capacity(WIDGET), kubelet.allocatable(WIDGET)) == (3, 2)
+        (dev / "widget1").touch()
+        await kubelet.wait_for_health(WIDGET, "widget1", "Healthy")
+        assert kubelet.allocatable(WIDGET) == 3
+
+
+async def test_kubelet_sees_a_new_match_as_a_new_device_and_vanished_ones_stay_listed(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    dev = make_dev(tmp_path, "widget0", "widget1")
+    async with serving(widgets(tmp_path), settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(WIDGET, 2)
+        (dev / "widget1").unlink()
+        await kubelet.wait_for_health(WIDGET, "widget1", "Unhealthy")
+        (dev / "widget2").touch()
+        await kubelet.wait_for(lambda: kubelet.capacity(WIDGET) == 3, what="widget2 listed")
+        assert kubelet.devices(WIDGET)["widget1"].health == "Unhealthy"
+        assert kubelet.allocatable(WIDGET) == 2
+        # widget1 is listed Unhealthy after that rescan; its return must still lift it.
+        (dev / "widget1").touch()
+        await kubelet.wait_for_allocatable(WIDGET, 3)
+
+
+async def test_share_three_gives_three_ids_per_match_that_fail_together(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    dev = make_dev(tmp_path, "widget0", "widget1")
+    async with serving(widgets(tmp_path, share=3), settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(WIDGET, 6)
+        assert sorted(kubelet.devices(WIDGET)) == [
+            f"widget{i}::{n}" for i in range(2) for n in range(3)
+        ]
+        (dev / "widget0").unlink()
+        await kubelet.wait_for_allocatable(WIDGET, 3)
+        unhealthy = {i for i, d in kubelet.devices(WIDGET).items() if not d.healthy}
+        assert unhealthy == {"widget0::0", "widget0::1", "widget0::2"}
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+def test_from_config_builds_one_plugin_per_resource(tmp_path: Path) -> None:
+    plugins = generic.from_config(
+        {
+            "resources": [
+                {"name": "example.com/serial", "paths": ["/dev/ttyUSB*", "/dev/ttyACM*"]},
+                {"name": "example.com/fuse", "paths": ["/dev/fuse"], "share": 32},
+            ]
+        },
+        root=tmp_path,
+    )
+    assert [(p.resource_name, type(p)) for p in plugins] == [
+        ("example.com/serial", GenericPlugin),
+        ("example.com/fuse", GenericPlugin),
+    ]
+    assert isinstance(plugins[1], GenericPlugin)
+    assert plugins[1].share == 32
+
+
+def entry(**fields: Any) -> dict[str, Any]:
+    return {"name": "example.com/widget", "paths": ["/dev/widget*"], **fields}
+
+
+@pytest.mark.parametrize(
+    ("config", "key", "reason"),
+    [
+        ([], "<root>", "mapping"),
+        ({}, "resources", "non-empty list"),
+        ({"resources": []}, "resources", "non-empty list"),
+        ({"resources": [entry()], "extra": 1}, "extra", "unknown key"),
+        ({"resources": ["x"]}, "resources[0]", "mapping"),
+        ({"resources": [entry(), entry(color="red")]}, "resources[1].color", "unknown key"),
+        ({"resources": [entry(name=None)]}, "resources[0].name", "extended resource name"),
+        ({"resources": [entry(name="widget")]}, "resources[0].name", "no '/'"),
+        ({"resources": [entry(name="kubernetes.io/x")]}, "resources[0].name", "reserved"),
+        (
+            {"resources": [entry(), entry(paths=["/dev/x"])]},
+            "resources[1].name",
+            "duplicate of resources[0].name",
+        ),
+        ({"resources": [entry(paths=[])]}, "resources[0].paths", "non-empty list"),
+        ({"resources": [entry(paths="/dev/x*")]}, "resources[0].paths", "non-empty list"),
+        ({"resources": [entry(paths=["/dev/a", ""])]}, "resources[0].paths[1]", "non-empty"),
+        ({"resources": [entry(paths=["dev/x*"])]}, "resources[0].paths[0]", "absolute"),
+        ({"resources": [entry(paths=[7])]}, "resources[0].paths[0]", "string"),
+        ({"resources": [entry(share=0)]}, "resources[0].share", ">= 1"),
+        ({"resources": [entry(), entry(name="a.com/b", share=True)]}, "resources[1].share", ">= 1"),
+        ({"resources": [entry(share="2")]}, "resources[0].share", ">= 1"),
+    ],
+)
+def test_config_errors_name_the_key_and_the_reason(config: Any, key: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        generic.from_config(config)
+    assert caught.value.key == key
+    assert reason in caught.value.reason
+
+
+def test_load_config_reads_yaml_that_from_config_takes(tmp_path: Path) -> None:
+    path = tmp_path / "generic.yaml"
+    path.write_text(
+        "resources:\n"
+        "  - name: example.com/widget   # extended resource name\n"
+        '    paths: ["/dev/widget*"]\n'
+        "    share: 2\n"
+    )
+    (plugin,) = generic.from_config(generic.load_config(path))
+    assert isinstance(plugin, GenericPlugin)
+    assert (plugin.resource_name, plugin.patterns, plugin.share) == (WIDGET, ("/dev/widget*",), 2)
+
+
+def test_load_config_names_the_file_and_line_of_a_yaml_syntax_error(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("resources:\n  - name: example.com/widget\n    paths: [/dev/widget*\n")
+    with pytest.raises(ConfigError) as caught:
+        generic.load_config(path)
+    assert caught.value.key == str(path)
+    assert caught.value.reason.startswith("invalid YAML at line 4, column 1: expected ',' or ']'")
+    assert "while parsing a flow sequence from line 3" in caught.value.reason
+
+
+@pytest.mark.parametrize(("text", "reason"), [("- a\n- b\n", "mapping"), (None, "cannot read")])
+def test_load_config_rejects_a_missing_file_or_a_non_mapping(
+    tmp_path: Path, text: str | None, reason: str
+) -> None:
+    path = tmp_path / "config.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ConfigError, match=reason):
+        generic.load_config(path)
+
+
+def test_load_config_of_an_empty_file_is_empty(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert generic.load_config(path) == {}
