@@ -407,6 +407,7 @@ class CdiPlugin(DevicePlugin):
         plugin: The wrapped plugin.
         kind: The CDI kind.
         spec_path: Where the spec is written.
+        spec_env: Whether devices' env goes in the spec (else through Allocate).
     """
 
     def __init__(
@@ -416,7 +417,7 @@ class CdiPlugin(DevicePlugin):
         *,
         directory: Path = DEFAULT_SPEC_DIR,
         spec_name: str | None = None,
-        spec_env: bool = True,
+        spec_env: bool | None = None,
         remove_on_exit: bool = True,
     ) -> None:
         """See ``use_cdi``."""
@@ -427,7 +428,9 @@ class CdiPlugin(DevicePlugin):
         self.health_interval = plugin.health_interval
         self.kind = kind if kind is not None else plugin.resource_name
         self.spec_path = _target(CdiSpec(self.kind), Path(directory), spec_name)
-        self.spec_env = spec_env
+        # A plugin with its own allocate() may compute env over the whole allocation (a joined
+        # device list), which per-device edits cannot express: its env then goes via Allocate.
+        self.spec_env = not plugin.overrides("allocate") if spec_env is None else spec_env
         self.remove_on_exit = remove_on_exit
         self._names: dict[str, str] = {}
         self._warned: set[str] = set()
@@ -568,7 +571,7 @@ def use_cdi(
     *,
     directory: Path = DEFAULT_SPEC_DIR,
     spec_name: str | None = None,
-    spec_env: bool = True,
+    spec_env: bool | None = None,
     remove_on_exit: bool = True,
 ) -> CdiPlugin:
     """Serve ``plugin`` through CDI (see ``CdiPlugin``)::
@@ -582,9 +585,11 @@ def use_cdi(
         directory: The CDI spec directory the container runtime reads.
         spec_name: The spec file name; ``<vendor>-<class>.json`` by default. Give each plugin
             its own kind or file name: one file is one spec.
-        spec_env: Put each device's env in the spec. False leaves env out of the spec and returns
-            the plugin's allocation env from Allocate instead; use it when ``allocate()`` computes
-            variables over all the allocated devices (the nvidia and rdma backends do).
+        spec_env: True puts each device's env in the spec; False leaves env out of the spec
+            and returns the plugin's allocation env from Allocate instead, which is right when
+            ``allocate()`` computes variables over all the allocated devices (the nvidia and
+            rdma backends do). None (the default): False when the plugin overrides
+            ``allocate()``, True otherwise.
         remove_on_exit: Remove the spec when serving stops. Running containers are not affected
             (the runtime resolves CDI names when it creates a container), but a container that
             restarts while no plugin serves cannot resolve its names until the spec is back.

@@ -421,7 +421,7 @@ async def test_allocation_extras_beyond_the_spec_are_passed_through(
 
 
 async def test_env_declared_in_the_spec_is_not_repeated_in_allocate(tmp_path: Path) -> None:
-    plugin = use_cdi(JoiningPlugin(KIND, env_widgets(2)), directory=tmp_path)
+    plugin = use_cdi(JoiningPlugin(KIND, env_widgets(2)), directory=tmp_path, spec_env=True)
     devices = list(await plugin.discover())
     one = await plugin.allocate(devices[:1])
     # One device: the allocation's ACME_DEVICES equals the spec's, so only CDI names remain.
@@ -509,3 +509,18 @@ async def test_failing_wrapped_watch_keeps_the_spec_and_is_restarted(
         await kubelet.wait_for_allocatable(KIND, 3)
         assert f"{KIND}=w2" in spec_devices(plugin.spec_path)
     assert not plugin.spec_path.exists()
+
+
+async def test_env_goes_through_allocate_by_default_when_the_plugin_allocates_itself(
+    tmp_path: Path,
+) -> None:
+    joining = use_cdi(JoiningPlugin(KIND, env_widgets(2)), directory=tmp_path / "a")
+    merging = use_cdi(StaticPlugin(KIND, env_widgets(2)), directory=tmp_path / "b")
+    assert (joining.spec_env, merging.spec_env) == (False, True)
+    devices = list(await joining.discover())
+    await merging.discover()
+    assert all("env" not in e for e in spec_devices(joining.spec_path).values())
+    assert spec_devices(merging.spec_path)[f"{KIND}=w1"]["env"] == ["ACME_DEVICES=w1"]
+    got = await joining.allocate(devices)
+    assert got.env == {"ACME_DEVICES": "w0,w1"}
+    assert (await merging.allocate(devices)).env == {}
