@@ -30,7 +30,7 @@ DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
 # Examples whose own daemonset.yaml has no httpGet liveness probe on /healthz yet: they need
 # `--metrics-port` in plugin.py first (see docs/metrics.md). Strict: fixing one fails this list.
-EXAMPLES_WITHOUT_HEALTHZ = {"fpga", "rdma"}
+EXAMPLES_WITHOUT_HEALTHZ: set[str] = set()
 
 Doc = dict[str, Any]
 

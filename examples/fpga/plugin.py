@@ -3,7 +3,7 @@
 The built-in backend finds the boards, names one resource per shell (or AFU/interface ID) and
 keeps their health current; this subclass adds what a site usually wants on top: boards on one
 NUMA node for multi-board pods, and an environment variable telling the container which boards
-it got. Run it with ``python plugin.py --config config.yaml``.
+it got. Run it with ``python plugin.py --config config.yaml [--metrics-port 9450]``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from devplugin_sdk import Allocation, ConfigError, Device, Settings, run
+from devplugin_sdk import Allocation, ConfigError, Device, Settings, healthz, run
 from devplugin_sdk.allocation import TopologyScorer
 from devplugin_sdk.backends.fpga import FpgaConfig, FpgaPlugin, build_plugins
 
@@ -71,11 +71,22 @@ def load_plugins(path: Path, **overrides: Any) -> list[FpgaExamplePlugin]:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Serve the FPGA resources until SIGTERM; exit 1 when there is nothing to serve."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: ``--config``, ``--metrics-port``, ``--log-level``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path(__file__).with_name("config.yaml"))
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve /healthz, /metrics and /status on this TCP port (devplugin_sdk.healthz)",
+    )
     parser.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the FPGA resources until SIGTERM; exit 1 when there is nothing to serve."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -87,7 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     for plugin in plugins:
         log.info("serving %s for %s", plugin.resource_name, ", ".join(sorted(plugin.keys)))
-    run(*plugins, settings=Settings(health_interval=plugins[0].config.health_interval))
+    settings = Settings(health_interval=plugins[0].config.health_interval)
+    if args.metrics_port is None:
+        run(*plugins, settings=settings)
+    else:
+        healthz.run(plugins, port=args.metrics_port, settings=settings)
     return 0
 
 

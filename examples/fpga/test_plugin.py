@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import anyio
 import pytest
+import yaml
+from prometheus_client import CollectorRegistry
 
+from devplugin_sdk import healthz
 from devplugin_sdk.testing import FakeKubelet, serving
 from devplugin_sdk.testing.fpga_trees import (
     DFL_INTERFACE_ID,
@@ -34,6 +39,50 @@ def _example() -> ModuleType:
 
 
 example = _example()
+
+
+async def http_get(port: int, path: str) -> bytes:
+    """One HTTP/1.1 request to the plugin's endpoint server, as a kubelet probe makes it."""
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(f"GET {path} HTTP/1.1\r\nHost: probe\r\n\r\n".encode())
+        reply = b""
+        with anyio.fail_after(5):
+            async for chunk in stream:
+                reply += chunk
+    return reply
+
+
+def daemonset_container() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ConfigMap's config.yaml (parsed) and the plugin container of daemonset.yaml."""
+    config_map, daemonset = yaml.safe_load_all((HERE / "daemonset.yaml").read_text("utf-8"))
+    config: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"])
+    container: dict[str, Any] = daemonset["spec"]["template"]["spec"]["containers"][0]
+    return config, container
+
+
+def run_main_as_the_daemonset(
+    config: dict[str, Any],
+    container: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[Any], dict[str, Any]]:
+    """main() with the container's args and ``config`` in place of its --config file; returns
+    what it handed to ``healthz.run`` (which is stubbed: the real one blocks until SIGTERM)."""
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(config), encoding="utf-8")
+    args = [
+        f"--config={config_file}" if a.startswith("--config=") else a for a in container["args"]
+    ]
+    served: list[tuple[list[Any], dict[str, Any]]] = []
+
+    def no_endpoints(*plugins: Any, **kwargs: Any) -> None:
+        pytest.fail("served without /healthz although --metrics-port was given")
+
+    monkeypatch.setattr(example, "run", no_endpoints)
+    monkeypatch.setattr(healthz, "run", lambda plugins, **kwargs: served.append((plugins, kwargs)))
+    assert example.main(args) == 0
+    [(plugins, kwargs)] = served
+    return plugins, kwargs
 
 
 def load(config: str, host: FpgaHost, **overrides: Any) -> list[Any]:
@@ -155,3 +204,38 @@ def test_main_refuses_a_bad_config_and_a_host_without_boards(tmp_path: Path) -> 
     with pytest.raises(SystemExit) as exited:
         example.main(["--config", str(config)])
     assert exited.value.code == 2
+
+
+async def test_main_with_the_daemonset_args_serves_healthz_on_its_probe_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config, container = daemonset_container()
+    [port] = container["ports"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    host, _ = alveo_u250_host(tmp_path / "host")
+    config.update(sysfs_root=str(host.sysfs_root), dev_root=str(host.dev_root))
+
+    plugins, kwargs = run_main_as_the_daemonset(config, container, tmp_path, monkeypatch)
+    assert kwargs["port"] == port["containerPort"] == 9450
+    assert kwargs["settings"].health_interval == config["health_interval"]
+
+    # What the probes then reach: those plugins and the endpoints, on a free port here (and
+    # a registry of its own: the default one takes each metric name once per process).
+    async with FakeKubelet() as kubelet, anyio.create_task_group() as tg:
+        bound = await tg.start(
+            partial(
+                healthz.serve_with_http,
+                plugins,
+                port=0,
+                settings=kubelet.settings(),
+                registry=CollectorRegistry(),
+            )
+        )
+        await kubelet.wait_for_allocatable("amd.com/u250", 2)
+        reply = await http_get(bound, "/healthz")
+        metrics = await http_get(bound, "/metrics")
+        tg.cancel_scope.cancel()
+
+    assert reply.startswith(b"HTTP/1.1 200")
+    assert b"devplugin_registered{" in metrics

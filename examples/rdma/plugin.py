@@ -3,7 +3,7 @@
 The built-in backend finds the RDMA devices, serves one resource per selector group (whole
 devices or shares of them) and keeps their health current from port state; this subclass adds
 what MPI and NCCL jobs usually need on top: variables naming the HCAs and ports the container got.
-Run it with ``python plugin.py --config config.yaml``.
+Run it with ``python plugin.py --config config.yaml [--metrics-port 9452]``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from devplugin_sdk import Allocation, ConfigError, Device, run
+from devplugin_sdk import Allocation, ConfigError, Device, Settings, healthz, run
 from devplugin_sdk.backends.rdma import RdmaPlugin, load_config
 
 log = logging.getLogger("rdma-plugin")
@@ -63,11 +63,23 @@ def load_plugins(path: Path, **overrides: Any) -> list[RdmaExamplePlugin]:
     return load_config(config, **overrides).plugins(RdmaExamplePlugin)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Serve the RDMA resources until SIGTERM; exit 2 on a bad config."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: ``--config``, ``--metrics-port``, ``--log-level``."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path(__file__).with_name("config.yaml"))
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve /healthz, /metrics and /status on this TCP port (devplugin_sdk.healthz); "
+        "with hostNetwork it is a port of the node",
+    )
     parser.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the RDMA resources until SIGTERM; exit 2 on a bad config."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -82,8 +94,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             plugin.sysfs_root,
         )
     # A resource that matches nothing yet still registers, with zero capacity: devices that
-    # appear later (driver loaded after us, VFs created) are picked up by the rescans.
-    run(*plugins)
+    # appear later (driver loaded after us, VFs created) are picked up by the rescans. Each
+    # plugin re-reads port state on its own healthInterval (DevicePlugin.health_interval).
+    settings = Settings()
+    if args.metrics_port is None:
+        run(*plugins, settings=settings)
+    else:
+        healthz.run(plugins, port=args.metrics_port, settings=settings)
     return 0
 
 
