@@ -1,11 +1,11 @@
 """Generic backend: every file matching a path glob is one device, handed to the container as-is.
 
-Owns the YAML schema (``load_config``/``from_config``), glob discovery, device IDs derived from
-paths, and path-following health (a match that disappears turns Unhealthy within milliseconds
-through ``fswatch``, and Healthy when it returns). Useful alone for USB serial, FUSE, TUN or video
-nodes, and the SDK's default. Learned from: squat/generic-device-plugin ``deviceplugin/path.go``
-(globs, ``count`` sharing); containerd ``internal/cri/opts/spec_linux.go`` and CRI-O
-``server/container_create_linux.go`` (device host paths are symlink-resolved by the runtime).
+Owns the YAML schema (``load_config``/``from_config``), glob discovery, path-derived device IDs
+and path-following health through ``fswatch`` (Unhealthy within milliseconds of a match going
+away, Healthy when it returns). For USB serial, FUSE, TUN or video nodes; the SDK's default.
+Learned from squat/generic-device-plugin ``deviceplugin/path.go``; device host paths from
+containerd ``pkg/oci/utils_unix.go``, ``internal/cri/opts/spec_linux.go``, CRI-O
+``server/container_create_linux.go``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import logging
 import os
 import posixpath
 import re
+import stat
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,6 @@ class _Pattern:
     """A configured glob, re-rooted.
 
     Attributes:
-        configured: The pattern as configured (normalised).
         glob: The re-rooted pattern for ``glob.glob`` (root escaped).
         parts: Components of ``glob``, for ``fnmatch`` one level at a time.
         first_wild: Index in ``parts`` of the first wildcard component (the last component
@@ -56,7 +56,6 @@ class _Pattern:
         anchor: The real directory before that component: the one to watch.
     """
 
-    configured: str
     glob: str
     parts: tuple[str, ...]
     first_wild: int
@@ -67,14 +66,12 @@ class _Pattern:
         own = Path(configured).parts
         first = _first_wild(own)
         if root is None:
-            return cls(configured, configured, own, first, Path(*own[:first]))
+            return cls(configured, own, first, Path(*own[:first]))
         # Escape the root so that glob characters in a temporary directory's name stay literal.
         base = Path(glob.escape(str(root))).parts
         offset = len(base) - 1
         rooted = (*base, *own[1:])
-        return cls(
-            configured, str(Path(*rooted)), rooted, first + offset, root.joinpath(*own[1:first])
-        )
+        return cls(str(Path(*rooted)), rooted, first + offset, root.joinpath(*own[1:first]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +91,10 @@ class GenericPlugin(DevicePlugin):
     Unhealthy, until it returns; a new match is a new device. ``watch()`` follows the globs'
     directories with ``fswatch`` (inotify, or listing comparisons every ``poll_interval``).
 
-    Directories never count as matches (a runtime cannot give a directory as a device node),
-    and ``*`` does not match names starting with ``.``, as in the shell.
+    Directories never count as matches (containerd would give the container every device node
+    beneath one), and ``*`` does not match names starting with ``.``, as in the shell. A
+    symlink match (``/dev/serial/by-id/*``) is handed over as the link: containerd and CRI-O
+    resolve device host paths themselves; a dangling link counts as gone.
 
     Args:
         resource_name: Extended resource name, e.g. ``"example.com/widget"``.
@@ -152,8 +151,8 @@ class GenericPlugin(DevicePlugin):
         self._seen: dict[str, _Match] = {}  # by host path; never shrinks
         self._ids: set[str] = set()
         self._listed: dict[str, Health] = {}  # health discover() last gave, by base ID
-        max_id = MAX_ID_LENGTH - (len(f"::{share - 1}") if share > 1 else 0)
-        self._max_id = max_id
+        # Room for the "::N" suffix of the last share.
+        self._max_id = MAX_ID_LENGTH - (len(f"::{share - 1}") if share > 1 else 0)
 
     def __repr__(self) -> str:
         return f"GenericPlugin({self.resource_name!r}, {list(self.patterns)!r}, share={self.share})"
@@ -167,7 +166,7 @@ class GenericPlugin(DevicePlugin):
             The devices, ordered by ID (numbers in natural order), with ``::N`` shares when
             ``share`` > 1.
         """
-        found = await anyio.to_thread.run_sync(self._scan)
+        found = await self._scan()
         self._learn(found)
         devices: list[Device] = []
         for match in sorted(self._seen.values(), key=lambda m: _natural_key(m.id)):
@@ -199,7 +198,7 @@ class GenericPlugin(DevicePlugin):
             directories = await anyio.to_thread.run_sync(self._watch_dirs)
             # A full pass per round; it also covers whatever changed while no watch was armed
             # (fswatch arms itself on the first __anext__, after this scan).
-            for event in self._reconcile(await anyio.to_thread.run_sync(self._scan), pushed):
+            for event in self._reconcile(await self._scan(), pushed):
                 yield event
             stream = fswatch.watch(directories, poll_interval=self.poll_interval)
             async with contextlib.aclosing(stream) as batches:
@@ -214,11 +213,11 @@ class GenericPlugin(DevicePlugin):
                     if known:
                         # Fast path: stat the known paths right here, without a thread hop; a
                         # stat of a /dev node (devtmpfs, in memory) does not block.
-                        present = {path: os.path.exists(path) for path in known}  # noqa: ASYNC240
+                        present = {path: _usable(path) for path in known}
                         for event in self._health_events(present, pushed):
                             yield event
                     if other:
-                        found = await anyio.to_thread.run_sync(self._scan)
+                        found = await self._scan()
                         for event in self._reconcile(found, pushed):
                             yield event
                         if await anyio.to_thread.run_sync(self._watch_dirs) != directories:
@@ -231,19 +230,25 @@ class GenericPlugin(DevicePlugin):
             return host_path
         return "/" + Path(host_path).relative_to(self.root).as_posix()
 
-    def _scan(self) -> dict[str, bool]:
-        """Every current match and every known path, with whether it exists; blocking."""
+    async def _scan(self) -> dict[str, bool]:
+        """Every current match and every known path, with whether it exists."""
+        # The thread gets a copy: discover() and watch() may learn paths meanwhile.
+        return await anyio.to_thread.run_sync(self._scan_blocking, tuple(self._seen))
+
+    def _scan_blocking(self, known: Sequence[str]) -> dict[str, bool]:
         found: dict[str, bool] = {}
         for pattern in self._patterns:
-            # glob lists dangling symlinks too; exists() follows them, so those count as gone.
             for match in glob.glob(pattern.glob):
                 path = str(Path(match))
                 if os.path.isdir(path):
+                    # containerd would hand over every device beneath a directory host path
+                    # (oci.WithDevices walks it), far more than one match.
                     continue
-                found[path] = os.path.exists(path)
-        for path in self._seen:
+                # glob lists dangling symlinks too; those count as gone.
+                found[path] = _usable(path)
+        for path in known:
             if path not in found:
-                found[path] = os.path.exists(path) and not os.path.isdir(path)
+                found[path] = _usable(path)
         return found
 
     def _watch_dirs(self) -> list[Path]:
@@ -282,15 +287,13 @@ class GenericPlugin(DevicePlugin):
 
     # ------------------------------------------------------------------ state
 
-    def _learn(self, found: Mapping[str, bool]) -> list[str]:
-        """Give every new path an ID; return the new paths."""
-        new = sorted((p for p in found if p not in self._seen), key=_natural_key)
-        for path in new:
+    def _learn(self, found: Mapping[str, bool]) -> None:
+        """Give every new path an ID, in natural order (so IDs are reproducible)."""
+        for path in sorted((p for p in found if p not in self._seen), key=_natural_key):
             container = self._container_path(path)
             device_id = self._make_id(container)
             self._seen[path] = _Match(device_id, path, container)
             self._ids.add(device_id)
-        return new
 
     def _make_id(self, container_path: str) -> str:
         relative = posixpath.relpath(container_path, self._id_base)
@@ -306,6 +309,14 @@ class GenericPlugin(DevicePlugin):
         device_id = f"{readable}-{digest}"
         if device_id in self._ids:  # pragma: no cover - needs a SHA-256 prefix collision
             raise ValueError(f"{self.resource_name}: cannot make a unique ID for {container_path}")
+        log.info(
+            "%s: %s gets device ID %s (%r is too long, not plain or taken)",
+            self.resource_name,
+            container_path,
+            device_id,
+            natural,
+            extra={"resource": self.resource_name, "device": device_id},
+        )
         return device_id
 
     def _health_events(
@@ -469,6 +480,14 @@ def _pattern_problem(pattern: Any) -> str | None:
 def _normalise(pattern: str) -> str:
     # normpath keeps a leading "//" (POSIX leaves it implementation-defined); we do not.
     return "/" + posixpath.normpath(pattern).lstrip("/")
+
+
+def _usable(path: str) -> bool:
+    """Whether ``path`` exists, following symlinks, and is not a directory (one stat)."""
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _is_wild(part: str) -> bool:
