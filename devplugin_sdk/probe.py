@@ -314,6 +314,12 @@ def _stream_error(exc: grpc.aio.AioRpcError) -> ProbeError:
         )
     if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
         return NotADevicePluginError(f"ListAndWatch is not implemented: {exc.details()}")
+    if exc.code() is grpc.StatusCode.UNAVAILABLE:
+        return PluginRpcError(
+            "ListAndWatch",
+            exc.code(),
+            f"{exc.details()}; the connection broke (did the plugin exit or restart?)",
+        )
     return PluginRpcError("ListAndWatch", exc.code(), exc.details() or "")
 
 

@@ -255,6 +255,13 @@ async def test_watch_json_is_one_line_per_change(widgets: tuple[Widgets, Path]) 
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}", change["time"])
 
 
+async def test_watch_exits_one_when_the_plugin_ends_the_stream(short_dir: Path) -> None:
+    async with serving_raw(short_dir / "raw.sock", "ends-stream"):
+        code, text = await run_probe("--socket", str(short_dir / "raw.sock"), "--watch")
+    assert code == 1
+    assert text.splitlines()[-1].startswith("error: the plugin ended the ListAndWatch stream")
+
+
 # ------------------------------------------------------------------------------------------ errors
 
 
