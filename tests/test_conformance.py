@@ -9,6 +9,7 @@ import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import anyio
 import pytest
@@ -27,7 +28,7 @@ from devplugin_sdk.conformance import (
 from devplugin_sdk.testing import FakeKubelet, serving
 
 RESOURCE = "acme.com/widget"
-FPGA_EXAMPLE = Path(__file__).parents[1] / "examples" / "fpga" / "plugin.py"
+EXAMPLES = Path(__file__).parents[1] / "examples"
 # Short waits for the faults that make a check wait for a message that never comes.
 LIMITS = Limits(timeout=1.0, settle=0.0, restart_timeout=5.0)
 SOCKET_CHECKS = [c.name for c in CHECKS if not c.register_only]
@@ -244,44 +245,52 @@ async def test_register_dir_refuses_a_directory_a_live_kubelet_serves(short_dir:
 # ------------------------------------------------------------------------------------------ backends
 
 
-def _generic_plugins(root: Path) -> list[DevicePlugin]:
-    generic = pytest.importorskip("devplugin_sdk.backends.generic")
-    dev = root / "host" / "dev"
-    dev.mkdir(parents=True)
-    for i in range(3):
-        (dev / f"ttyACM{i}").touch()
-    (dev / "fuse").touch()
-    plugins: list[DevicePlugin] = generic.from_config(
-        {
-            "resources": [
-                {"name": "acme.com/serial", "paths": ["/dev/ttyACM*"], "share": 2},
-                {"name": "acme.com/fuse", "paths": ["/dev/fuse"]},
-            ]
-        },
-        root=root / "host",
-    )
-    return plugins
-
-
-def _fpga_example(root: Path, config: str) -> list[DevicePlugin]:
-    from devplugin_sdk.testing import fpga_trees
-
-    # Examples are not a package: load the example's module by path.
-    spec = importlib.util.spec_from_file_location("fpga_example_for_conformance", FPGA_EXAMPLE)
+def _load_example(name: str) -> ModuleType:
+    # Examples are not a package (pytest runs with --import-mode=importlib): load by path.
+    path = EXAMPLES / name / "plugin.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_example_for_conformance", path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    return module
+
+
+def _generic_backend(root: Path) -> list[DevicePlugin]:
+    from devplugin_sdk.backends import generic
+
+    dev = root / "host" / "dev"
+    dev.mkdir(parents=True)
+    for i in range(3):
+        (dev / f"ttyACM{i}").touch()
+    config = {"resources": [{"name": "acme.com/serial", "paths": ["/dev/ttyACM*"], "share": 2}]}
+    return generic.from_config(config, root=root / "host")
+
+
+def _generic_example(root: Path) -> list[DevicePlugin]:
+    from devplugin_sdk.backends import generic
+
+    # What `devplugin run generic --config examples/generic/config.yaml` serves, re-rooted.
+    (root / "host" / "dev" / "net").mkdir(parents=True)
+    for name in ("ttyUSB0", "ttyACM0", "fuse", "net/tun"):
+        (root / "host" / "dev" / name).touch()
+    config = generic.load_config(EXAMPLES / "generic" / "config.yaml")
+    return generic.from_config(config, root=root / "host")
+
+
+def _fpga_example(root: Path, config: str) -> list[DevicePlugin]:
+    from devplugin_sdk.testing import fpga_trees
+
     make_host = fpga_trees.alveo_u250_host if config == "config.yaml" else fpga_trees.dfl_pac_host
     host, _ = make_host(root / "host")
-    plugins: list[DevicePlugin] = module.load_plugins(
-        FPGA_EXAMPLE.parent / config, sysfs_root=host.sysfs_root, dev_root=host.dev_root
+    plugins: list[DevicePlugin] = _load_example("fpga").load_plugins(
+        EXAMPLES / "fpga" / config, sysfs_root=host.sysfs_root, dev_root=host.dev_root
     )
     return plugins
 
 
-def _rdma_plugins(root: Path) -> list[DevicePlugin]:
+def _rdma_backend(root: Path) -> list[DevicePlugin]:
     from devplugin_sdk.backends import rdma
     from devplugin_sdk.testing import rdma_trees
 
@@ -295,14 +304,38 @@ def _rdma_plugins(root: Path) -> list[DevicePlugin]:
     return rdma.from_config(config, sysfs_root=host.sysfs_root, dev_root=host.dev_root)
 
 
-def _nvml_plugins(root: Path) -> list[DevicePlugin]:
-    nvml = pytest.importorskip("devplugin_sdk.backends.nvml")
+def _rdma_example(root: Path) -> list[DevicePlugin]:
+    from devplugin_sdk.testing import rdma_trees
+
+    host = rdma_trees.connectx_host(root / "host")
+    plugins: list[DevicePlugin] = _load_example("rdma").load_plugins(
+        EXAMPLES / "rdma" / "config.yaml", sysfs_root=host.sysfs_root, dev_root=host.dev_root
+    )
+    return plugins
+
+
+def _nvml_backend(root: Path) -> list[DevicePlugin]:
+    from devplugin_sdk.backends import nvml
     from devplugin_sdk.testing import fake_nvml
 
     fake = fake_nvml.a100_mig([("3g.40gb", "1g.10gb", "1g.10gb"), None])
     roots = fake.write_host(root / "host")
-    plugins: list[DevicePlugin] = nvml.from_config(
+    return nvml.from_config(
         {"migStrategy": "mixed"},
+        nvml=fake,
+        sysfs_root=roots.sysfs_root,
+        dev_root=roots.dev_root,
+        proc_root=roots.proc_root,
+    )
+
+
+def _nvidia_example(root: Path) -> list[DevicePlugin]:
+    from devplugin_sdk.testing import fake_nvml
+
+    fake = fake_nvml.dgx_a100()
+    roots = fake.write_host(root / "host")
+    plugins: list[DevicePlugin] = _load_example("nvidia").load_plugins(
+        EXAMPLES / "nvidia" / "config.yaml",
         nvml=fake,
         sysfs_root=roots.sysfs_root,
         dev_root=roots.dev_root,
@@ -312,11 +345,14 @@ def _nvml_plugins(root: Path) -> list[DevicePlugin]:
 
 
 BACKENDS: dict[str, Callable[[Path], list[DevicePlugin]]] = {
-    "generic": _generic_plugins,
+    "generic-backend": _generic_backend,
+    "generic-example": _generic_example,
     "fpga-example-xrt": lambda root: _fpga_example(root, "config.yaml"),
     "fpga-example-dfl": lambda root: _fpga_example(root, "config-dfl.yaml"),
-    "rdma": _rdma_plugins,
-    "nvml-mig-mixed": _nvml_plugins,
+    "rdma-backend": _rdma_backend,
+    "rdma-example": _rdma_example,
+    "nvml-backend-mig-mixed": _nvml_backend,
+    "nvidia-example": _nvidia_example,
 }
 
 
