@@ -13,6 +13,7 @@ import anyio
 import anyio.to_thread
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 
 from devplugin_sdk import healthz
 from devplugin_sdk.testing import (
@@ -212,7 +213,14 @@ async def test_healthz_answers_once_the_gpus_are_registered(tmp_path: Path) -> N
 
     async with FakeKubelet() as kubelet, anyio.create_task_group() as tg:
         port = await tg.start(
-            partial(healthz.serve_with_http, plugins, port=0, settings=kubelet.settings())
+            partial(
+                healthz.serve_with_http,
+                plugins,
+                port=0,
+                settings=kubelet.settings(),
+                # A registry of its own: the default one is process-wide.
+                registry=CollectorRegistry(),
+            )
         )
         await kubelet.wait_for_allocatable("nvidia.com/gpu", 4)
         async with await anyio.connect_tcp("127.0.0.1", port) as stream:
