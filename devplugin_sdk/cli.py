@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level",
         default=None,
-        help="debug, info, warning or error (default: info; demo: warning)",
+        help="debug, info, warning or error (default: info for run, warning otherwise)",
     )
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -199,7 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        default_level = "warning" if args.command == "demo" else "info"
+        # Only `run` is a daemon whose routine events belong in the log; the other commands
+        # print their own results.
+        default_level = "info" if args.command == "run" else "warning"
         configure_logging(args.log_level or default_level, args.log_format)
     except ValueError as exc:
         parser.error(str(exc))
