@@ -21,7 +21,7 @@ import grpc
 
 from devplugin_sdk import _convert, _registration, _watcher_registration
 from devplugin_sdk._kubelet_watch import DirectoryWatcher, FileId, file_id
-from devplugin_sdk._server import start_server
+from devplugin_sdk._server import SocketVanishedError, start_server
 from devplugin_sdk._servicer import DevicePluginServicer
 from devplugin_sdk._state import DeviceState, Snapshot
 from devplugin_sdk.errors import DevicePluginError
@@ -283,7 +283,20 @@ class PluginRuntime:
                     if server is not None:
                         await self._stop(server)
                         stopped_at = time.monotonic()
-                    server, own_id = await start_server(self.socket_path, [self.servicer.handler()])
+                    try:
+                        server, own_id = await start_server(
+                            self.socket_path, [self.servicer.handler()]
+                        )
+                    except SocketVanishedError:
+                        log.info(
+                            "%s: socket removed as it was created (kubelet starting); again",
+                            self.resource,
+                            extra=self.extra,
+                        )
+                        server = None
+                        with anyio.move_on_after(settings.register_backoff_initial):
+                            await self.watcher.wait(generation)
+                        continue
                 if registered_with == kubelet_id and stopped_at is not None:
                     # Same kubelet as before: let it process the old stream's end first, or it
                     # may tear down the new registration (kubelet issue #121994).
@@ -384,7 +397,12 @@ class PluginRuntime:
             while True:
                 self._renew = False
                 self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-                server, own_id = await start_server(self.socket_path, handlers)
+                try:
+                    server, own_id = await start_server(self.socket_path, handlers)
+                except SocketVanishedError:
+                    server = None
+                    await anyio.sleep(self.settings.register_backoff_initial)
+                    continue
                 log.info(
                     "%s: serving for the plugin watcher on %s",
                     self.resource,

@@ -19,7 +19,12 @@ from devplugin_sdk._kubelet_watch import FileId, file_id
 from devplugin_sdk.api import constants
 from devplugin_sdk.errors import SocketInUseError
 
-__all__ = ["is_live_socket", "prepare_socket_path", "start_server"]
+__all__ = ["SocketVanishedError", "is_live_socket", "prepare_socket_path", "start_server"]
+
+
+class SocketVanishedError(OSError):
+    """Our socket was deleted as soon as it was bound (the kubelet cleaning its directory)."""
+
 
 _SERVER_OPTIONS = [
     # The kubelet accepts at most 4 MiB per message; fail locally rather than break its stream.
@@ -86,6 +91,8 @@ async def start_server(
         raise OSError(errno.EADDRINUSE, f"cannot bind {path}: {exc}") from exc
     await server.start()
     identity = file_id(path)
-    if identity is None:  # pragma: no cover - grpcio creates the socket when it binds
-        raise OSError(errno.ENOENT, f"{path} vanished right after binding")
+    if identity is None:
+        # A starting kubelet deletes every file in its directory, ours included.
+        await server.stop(0)
+        raise SocketVanishedError(errno.ENOENT, f"{path} vanished right after binding")
     return server, identity
