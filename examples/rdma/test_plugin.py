@@ -231,6 +231,11 @@ async def test_main_with_the_daemonset_args_serves_healthz_on_its_host_port(
             )
         )
         await kubelet.wait_for_allocatable("rdma/ib", 2)
+        # /healthz is 200 only once every resource is registered with its stream open.
+        await kubelet.wait_for(
+            lambda: all(kubelet.is_registered(p.resource_name) for p in plugins),
+            what="every resource registered",
+        )
         reply = await http_get(bound, "/healthz")
         metrics = await http_get(bound, "/metrics")
         tg.cancel_scope.cancel()
