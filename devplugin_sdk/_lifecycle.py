@@ -281,7 +281,8 @@ class PluginRuntime:
                 waiting_logged = False
                 if server is None or file_id(self.socket_path) != own_id:
                     if server is not None:
-                        await self._stop(server)
+                        stopping, server = server, None  # never stopped twice, even if cancelled
+                        await self._stop(stopping)
                         stopped_at = time.monotonic()
                     try:
                         server, own_id = await start_server(
@@ -354,8 +355,8 @@ class PluginRuntime:
                 log.info(
                     "%s: %s; serving and registering again", self.resource, reason, extra=self.extra
                 )
-                await self._stop(server)
-                server = None
+                stopping, server = server, None
+                await self._stop(stopping)
                 stopped_at = time.monotonic()
         finally:
             self.registered = False
@@ -413,8 +414,8 @@ class PluginRuntime:
                     await self.watcher.wait(self.watcher.generation)
                 reason = "registration failed" if self._renew else "our socket was removed"
                 self._notify("reregistering", self.resource, reason)
-                await self._stop(server)
-                server = None
+                stopping, server = server, None
+                await self._stop(stopping)
         finally:
             self.registered = False
             if server is not None:
