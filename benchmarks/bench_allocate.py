@@ -1,6 +1,7 @@
 """Allocate latency through FakeKubelet, beside a bare grpc.aio unary call as the floor.
 
-Four figures, each over ``--calls`` sequential calls after a warm-up, all on unix sockets:
+Four figures over ``--calls`` sequential calls each, taken in ``--rounds`` interleaved batches
+(so that all four see the same load on a shared machine), all on unix sockets:
 
 * floor: a grpc.aio server whose Allocate returns a constant response (no SDK at all);
 * sdk: the same client calling Allocate on an SDK plugin for one device;
@@ -32,6 +33,7 @@ from devplugin_sdk.testing import FakeKubelet, StaticPlugin, serving
 
 RESOURCE = "bench.example.com/dev"
 DEVICES = 8
+SOCKET = "bench.example.com_dev.sock"
 
 
 async def measure(call: Callable[[], Awaitable[object]], calls: int, warmup: int) -> list[float]:
@@ -88,68 +90,73 @@ async def bare_server(directory: Path, split: bool) -> AsyncIterator[Path]:
         await server.stop(0)
 
 
-async def time_stub(path: Path, calls: int, warmup: int) -> list[float]:
-    """Sequential Allocate calls for device d0 through a plain async stub."""
-    request = pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devices_ids=["d0"])]
-    )
-    async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
-        stub = pb_grpc.DevicePluginStub(channel)
-        return await measure(lambda: stub.Allocate(request), calls, warmup)
-
-
 async def main() -> None:
     args_parser = _common.parser(__doc__ or "")
     args_parser.add_argument("--calls", type=int, default=5000)
     args_parser.add_argument("--warmup", type=int, default=200)
+    args_parser.add_argument("--rounds", type=int, default=10, help="interleaved batches")
     args_parser.add_argument("--split", action="store_true", help="servers in another process")
     args = args_parser.parse_args()
-    calls, warmup = args.calls, args.warmup
+    calls, warmup, rounds = args.calls, args.warmup, max(args.rounds, 1)
     _common.print_header(
         "Allocate latency",
         calls=calls,
+        rounds=rounds,
         warmup=warmup,
         servers="other process" if args.split else "same event loop as the client",
         devices=DEVICES,
     )
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devices_ids=["d0"])]
+    )
     directory = Path(tempfile.mkdtemp(prefix="dpb-", dir="/tmp"))
+    kubelet = FakeKubelet()
+    plugin = StaticPlugin(RESOURCE, _common.devices("d", DEVICES))
     try:
-        async with bare_server(directory, args.split) as path:
-            floor = _common.report(
-                "floor: bare grpc.aio Allocate", await time_stub(path, calls, warmup)
+        async with bare_server(directory, args.split) as bare_path, kubelet:
+            runner = (
+                _common.plugin_process(
+                    "--dir", str(kubelet.directory), "--resource", f"{RESOURCE}={DEVICES}"
+                )
+                if args.split
+                else serving(plugin, settings=kubelet.settings())
             )
+            async with (
+                runner,
+                grpc.aio.insecure_channel(f"unix:{bare_path}") as bare_channel,
+                grpc.aio.insecure_channel(f"unix:{kubelet.directory / SOCKET}") as sdk_channel,
+            ):
+                await kubelet.wait_for_allocatable(RESOURCE, DEVICES, timeout=30)
+                bare = pb_grpc.DevicePluginStub(bare_channel)
+                sdk = pb_grpc.DevicePluginStub(sdk_channel)
+
+                async def admit() -> None:
+                    got = await kubelet.allocate(RESOURCE, 1)
+                    kubelet.release(got)
+
+                # Interleaved batches: floor and SDK see the same load on a shared machine.
+                series: dict[str, list[float]] = {}
+                batch = max(calls // rounds, 1)
+                for _ in range(rounds):
+                    for label, call, count in (
+                        ("floor: bare grpc.aio Allocate", lambda: bare.Allocate(request), batch),
+                        ("sdk: Allocate of one device", lambda: sdk.Allocate(request), batch),
+                        (
+                            "FakeKubelet.call_allocate",
+                            lambda: kubelet.call_allocate(RESOURCE, ["d1"]),
+                            batch,
+                        ),
+                        ("FakeKubelet.allocate (whole admission)", admit, max(batch // 5, 1)),
+                    ):
+                        samples = await measure(call, count, warmup // rounds)
+                        series.setdefault(label, []).extend(samples)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-
-    async with FakeKubelet() as kubelet:
-        plugin = StaticPlugin(RESOURCE, _common.devices("d", DEVICES))
-        runner = (
-            _common.plugin_process(
-                "--dir", str(kubelet.directory), "--resource", f"{RESOURCE}={DEVICES}"
-            )
-            if args.split
-            else serving(plugin, settings=kubelet.settings())
-        )
-        async with runner:
-            await kubelet.wait_for_allocatable(RESOURCE, DEVICES, timeout=30)
-            socket_path = kubelet.directory / "bench.example.com_dev.sock"
-            sdk = _common.report(
-                "sdk: Allocate of one device", await time_stub(socket_path, calls, warmup)
-            )
-            _common.report(
-                "FakeKubelet.call_allocate",
-                await measure(lambda: kubelet.call_allocate(RESOURCE, ["d1"]), calls, warmup),
-            )
-
-            async def admit() -> None:
-                got = await kubelet.allocate(RESOURCE, 1)
-                kubelet.release(got)
-
-            _common.report(
-                "FakeKubelet.allocate (whole admission)",
-                await measure(admit, max(calls // 5, 1), warmup // 5),
-            )
-    overhead = sdk.p50 - floor.p50
+    summaries = {label: _common.report(label, samples) for label, samples in series.items()}
+    overhead = (
+        summaries["sdk: Allocate of one device"].p50
+        - summaries["floor: bare grpc.aio Allocate"].p50
+    )
     print(f"sdk overhead over the floor at p50: {overhead * 1e3:.3f} ms")
     _common.target("Allocate p50 over the bare gRPC floor", overhead * 1e3, 0.3)
 

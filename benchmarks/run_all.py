@@ -1,0 +1,60 @@
+"""Run every benchmark in turn with the settings docs/performance.md records.
+
+    python benchmarks/run_all.py [--quick] [--only allocate,health,...]
+
+``--quick`` cuts every count (a smoke run, a minute or two, figures noisier); the full run
+takes about ten minutes on a 2-core VM. Each benchmark prints its machine line first.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import _common
+
+HERE = Path(__file__).resolve().parent
+
+FULL: dict[str, list[str]] = {
+    "allocate": ["bench_allocate.py", "--calls", "5000"],
+    "allocate-split": ["bench_allocate.py", "--calls", "5000", "--split"],
+    "health": ["bench_health.py", "--events", "2000"],
+    "health-split": ["bench_health.py", "--events", "2000", "--split"],
+    "restart": ["bench_restart.py", "--restarts", "100"],
+    "cold-start": ["bench_cold_start.py", "--runs", "20"],
+    "scale": ["bench_scale.py", "--flips", "20"],
+    "footprint": ["bench_footprint.py", "--seconds", "60"],
+}
+QUICK: dict[str, list[str]] = {
+    "allocate": ["bench_allocate.py", "--calls", "500", "--warmup", "50"],
+    "allocate-split": ["bench_allocate.py", "--calls", "500", "--warmup", "50", "--split"],
+    "health": ["bench_health.py", "--events", "200"],
+    "health-split": ["bench_health.py", "--events", "200", "--split"],
+    "restart": ["bench_restart.py", "--restarts", "20"],
+    "cold-start": ["bench_cold_start.py", "--runs", "3"],
+    "scale": ["bench_scale.py", "--sizes", "1000,10000", "--flips", "5"],
+    "footprint": ["bench_footprint.py", "--seconds", "10"],
+}
+
+
+def main() -> None:
+    args_parser = _common.parser(__doc__ or "")
+    args_parser.add_argument("--quick", action="store_true")
+    args_parser.add_argument("--only", default="", help="comma-separated names: " + ",".join(FULL))
+    args = args_parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    names = [n for n in args.only.split(",") if n] or list(plan)
+    failed = []
+    for name in names:
+        script, *options = plan[name]
+        print(f"\n### {name}: python benchmarks/{script} {' '.join(options)}", flush=True)
+        result = subprocess.run([sys.executable, str(HERE / script), *options], check=False)
+        if result.returncode != 0:
+            failed.append(name)
+    if failed:
+        sys.exit(f"benchmarks that did not finish: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()
