@@ -8,18 +8,22 @@ so health keeps flowing into the state across kubelet restarts.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import math
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import anyio
 import grpc
 
-from devplugin_sdk import _convert, _registration, _watcher_registration
+from devplugin_sdk import _convert, _registration, _watcher_registration, fswatch
 from devplugin_sdk._kubelet_watch import DirectoryWatcher, FileId, file_id
 from devplugin_sdk._server import SocketVanishedError, start_server
 from devplugin_sdk._servicer import DevicePluginServicer
@@ -27,7 +31,7 @@ from devplugin_sdk._state import DeviceState, Snapshot
 from devplugin_sdk.errors import DevicePluginError
 from devplugin_sdk.observe import Observer, PluginStatus
 from devplugin_sdk.settings import Settings
-from devplugin_sdk.types import HealthEvent, RescanEvent
+from devplugin_sdk.types import Device, Health, HealthEvent, RescanEvent
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
@@ -38,7 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("devplugin_sdk")
 
-__all__ = ["PluginRuntime", "run", "serve"]
+__all__ = ["PluginRuntime", "Reload", "Supervisor", "run", "serve"]
 
 
 class PluginRuntime:
@@ -62,6 +66,9 @@ class PluginRuntime:
         )
         self.socket_path = directory / plugin.effective_socket_name
         self._renew = False  # the plugin watcher reported a failed registration
+        # Devices of this resource's previous plugin (before a reload), kept listed Unhealthy
+        # when the new plugin lacks them: containers may still hold them.
+        self.inherited: dict[str, Device] = {}
         self.servicer = DevicePluginServicer(self)
         self.streams: set[int] = set()
         self._next_stream = 0
@@ -178,7 +185,7 @@ class PluginRuntime:
     async def run(self) -> None:
         """Discover, then keep the plugin registered until cancelled."""
         devices = await self.plugin.discover()
-        self.state.set_devices(devices)
+        self.state.set_devices(self._with_inherited(devices))
         log.info("%s: discovered %d devices", self.resource, len(devices), extra=self.extra)
         async with anyio.create_task_group() as tg:
             if self.plugin.overrides("check_health"):
@@ -194,7 +201,7 @@ class PluginRuntime:
         """Call ``discover()`` again; keep the previous list if it fails."""
         try:
             devices = await self.plugin.discover()
-            if self.state.set_devices(devices):
+            if self.state.set_devices(self._with_inherited(devices)):
                 log.info(
                     "%s: device list changed on rescan%s: %d devices",
                     self.resource,
@@ -208,6 +215,15 @@ class PluginRuntime:
                 self.resource,
                 extra=self.extra,
             )
+
+    def _with_inherited(self, devices: Sequence[Device]) -> list[Device]:
+        known = {d.id for d in devices}
+        kept = [
+            dataclasses.replace(d, health=Health.UNHEALTHY)
+            for device_id, d in self.inherited.items()
+            if device_id not in known
+        ]
+        return [*devices, *kept]
 
     async def _poll_health(self) -> None:
         while True:
@@ -482,40 +498,208 @@ def _reraise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
 RUNTIMES: list[PluginRuntime] = []
 
 
+@dataclass(frozen=True, slots=True)
+class Reload:
+    """How a served plugin set is reloaded: on SIGHUP and when ``config_path`` changes.
+
+    Attributes:
+        load: Builds the new plugin list (reads and validates the configuration); an exception
+            keeps the running plugins and is logged.
+        config_path: File whose changes trigger a reload (its directory is watched, so a
+            Kubernetes ConfigMap's symlink swap counts); None for SIGHUP only.
+        sighup: Reload on SIGHUP (needs the main thread).
+    """
+
+    load: Callable[[], Sequence[DevicePlugin]]
+    config_path: Path | None = None
+    sighup: bool = True
+
+
+@dataclass(eq=False)
+class _Entry:
+    runtime: PluginRuntime
+    scope: anyio.CancelScope
+    done: anyio.Event
+    fingerprint: str
+
+
+class Supervisor:
+    """Runs a changing set of plugins: starts, stops and replaces them one resource at a time.
+
+    A resource whose plugin is unchanged keeps running untouched. A changed one is stopped
+    before its replacement starts, so one resource never has two registrations; the devices
+    it had and the new one lacks stay listed as Unhealthy, so containers holding them keep a
+    plugin that knows their IDs.
+    """
+
+    def __init__(
+        self,
+        tg: anyio.abc.TaskGroup,
+        settings: Settings,
+        watcher: DirectoryWatcher,
+        observer: Observer | None,
+    ) -> None:
+        self._tg = tg
+        self._settings = settings
+        self._watcher = watcher
+        self._observer = observer
+        self._running: dict[str, _Entry] = {}
+        self._retired: dict[str, dict[str, Device]] = {}
+
+    @property
+    def resources(self) -> list[str]:
+        return list(self._running)
+
+    async def apply(self, plugins: Sequence[DevicePlugin], *, fatal: bool) -> None:
+        """Make the running set match ``plugins``.
+
+        Args:
+            plugins: The wanted plugins.
+            fatal: Whether a started plugin's failure stops everything (the initial set) or
+                is logged and leaves the others running (a reload).
+
+        Raises:
+            ValueError: bad names or two plugins for one resource or socket; nothing changes.
+        """
+        for plugin in plugins:
+            plugin.validate_names()
+        _check_unique(plugins)
+        wanted = {p.resource_name: p for p in plugins}
+        for resource, entry in list(self._running.items()):
+            target = wanted.get(resource)
+            if target is None or _fingerprint(target) != entry.fingerprint:
+                log.info(
+                    "%s: %s",
+                    resource,
+                    "removed by the new configuration"
+                    if target is None
+                    else "changed by the new configuration; restarting it",
+                    extra={"resource": resource},
+                )
+                await self._stop(resource)
+        for resource, plugin in wanted.items():
+            if resource not in self._running:
+                self._start(plugin, fatal)
+
+    def _start(self, plugin: DevicePlugin, fatal: bool) -> None:
+        runtime = PluginRuntime(plugin, self._settings, self._watcher, self._observer)
+        runtime.inherited = self._retired.pop(plugin.resource_name, {})
+        entry = _Entry(runtime, anyio.CancelScope(), anyio.Event(), _fingerprint(plugin))
+        self._running[plugin.resource_name] = entry
+        RUNTIMES.append(runtime)
+
+        async def run() -> None:
+            try:
+                with entry.scope:
+                    await runtime.run()
+            except Exception:
+                if fatal:
+                    raise
+                log.exception(
+                    "%s: failed to start from the new configuration",
+                    runtime.resource,
+                    extra=runtime.extra,
+                )
+            finally:
+                RUNTIMES.remove(runtime)
+                if self._running.get(runtime.resource) is entry:
+                    del self._running[runtime.resource]
+                entry.done.set()
+
+        self._tg.start_soon(run)
+
+    async def _stop(self, resource: str) -> None:
+        entry = self._running.pop(resource)
+        entry.scope.cancel()
+        await entry.done.wait()
+        devices = {d.id: d for d in entry.runtime.state.devices}
+        self._retired[resource] = {**entry.runtime.inherited, **devices}
+
+
+def _fingerprint(plugin: DevicePlugin) -> str:
+    return f"{plugin.effective_socket_name}|{plugin.fingerprint()}"
+
+
 async def serve(
     plugins: Sequence[DevicePlugin],
     settings: Settings | None = None,
     observer: Observer | None = None,
+    reload: Reload | None = None,
 ) -> None:
     """Serve ``plugins`` until cancelled (see ``devplugin_sdk.serve``)."""
     if not plugins:
         raise ValueError("serve() needs at least one plugin")
     settings = settings or Settings()
-    for plugin in plugins:
-        plugin.validate_names()
-    _check_unique(plugins)
     watched = [settings.device_plugin_dir]
     if settings.uses_plugin_watcher():
         watched = [settings.plugins_registry_dir]
     watcher = DirectoryWatcher(watched, settings.restart_poll_interval)
-    runtimes = [PluginRuntime(p, settings, watcher, observer) for p in plugins]
-    RUNTIMES.extend(runtimes)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(watcher.run)
-            for runtime in runtimes:
-                tg.start_soon(runtime.run)
+            supervisor = Supervisor(tg, settings, watcher, observer)
+            await supervisor.apply(plugins, fatal=True)
+            if reload is not None:
+                tg.start_soon(_reload_loop, supervisor, reload)
     except BaseExceptionGroup as group:
         _reraise_single(group)
-    finally:
-        for runtime in runtimes:
-            RUNTIMES.remove(runtime)
+
+
+async def _reload_loop(supervisor: Supervisor, reload: Reload) -> None:
+    """Reload on SIGHUP and on changes of the configuration file."""
+    wakeup = anyio.Event()
+    reasons: list[str] = []
+
+    def trigger(reason: str) -> None:
+        reasons.append(reason)
+        wakeup.set()
+
+    async def on_sighup() -> None:
+        with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+            async for _ in signals:
+                trigger("SIGHUP")
+
+    async def on_file_change(path: Path) -> None:
+        digest = _digest(path)
+        async for _ in fswatch.watch([path.parent], poll_interval=5.0):
+            # ConfigMaps change by swapping symlinks in the directory: compare the content.
+            new = _digest(path)
+            if new != digest:
+                digest = new
+                trigger(f"{path} changed")
+
+    async with anyio.create_task_group() as tg:
+        if reload.sighup:
+            tg.start_soon(on_sighup)
+        if reload.config_path is not None:
+            tg.start_soon(on_file_change, reload.config_path)
+        while True:
+            await wakeup.wait()
+            wakeup = anyio.Event()
+            why = ", ".join(dict.fromkeys(reasons))
+            reasons.clear()
+            try:
+                plugins = reload.load()
+                await supervisor.apply(plugins, fatal=False)
+            except Exception as exc:
+                # A bad configuration is expected input: its message, not a traceback.
+                log.error("reload (%s) failed; keeping the running plugins: %s", why, exc)  # noqa: TRY400
+            else:
+                log.info("reloaded (%s): serving %s", why, ", ".join(supervisor.resources))
+
+
+def _digest(path: Path) -> bytes | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).digest()
+    except OSError:
+        return None
 
 
 def run(
     plugins: Sequence[DevicePlugin],
     settings: Settings | None = None,
     observer: Observer | None = None,
+    reload: Reload | None = None,
 ) -> None:
     """Serve ``plugins`` in a new event loop until SIGTERM/SIGINT (see ``devplugin_sdk.run``)."""
 
@@ -531,7 +715,7 @@ def run(
                             return
 
                 tg.start_soon(stop_on_signal)
-                await serve(plugins, settings, observer)
+                await serve(plugins, settings, observer, reload)
         except BaseExceptionGroup as group:
             _reraise_single(group)
 

@@ -7,47 +7,25 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import logging
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from devplugin_sdk import _cli_probe, backends, healthz
+from devplugin_sdk import _cli_probe, _lifecycle, backends, healthz
 from devplugin_sdk._logging import configure_logging
 from devplugin_sdk.api import constants
+from devplugin_sdk.config import RunConfig, load_yaml, parse_run_config
 from devplugin_sdk.errors import ConfigError, DevicePluginError
-from devplugin_sdk.plugin import DevicePlugin, run
+from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.settings import Settings
 
-__all__ = ["load_yaml", "main", "resolve_plugins"]
+__all__ = ["build_parser", "main", "resolve_plugins"]
 
-
-def load_yaml(path: Path) -> Mapping[str, Any]:
-    """Read a YAML mapping from ``path``.
-
-    Raises:
-        ConfigError: unreadable file, YAML syntax error (with its line), or not a mapping.
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(str(path), f"cannot read: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(
-            str(path), f"invalid YAML{where}: {getattr(exc, 'problem', exc)}"
-        ) from None
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(str(path), f"must hold a mapping, got {type(data).__name__}")
-    return data
+log = logging.getLogger("devplugin_sdk")
 
 
 def resolve_plugins(target: str, config: Mapping[str, Any] | None) -> list[DevicePlugin]:
@@ -103,23 +81,66 @@ def _checked(target: str, made: object) -> list[DevicePlugin]:
     return plugins
 
 
+def _run_config(args: argparse.Namespace) -> RunConfig:
+    """The file's settings with the command line's on top."""
+    base = parse_run_config(load_yaml(Path(args.config))) if args.config else RunConfig()
+    target = args.target or base.backend
+    if target is None:
+        raise ConfigError(
+            "backend", "name a backend or MODULE:ATTR on the command line or in the file"
+        )
+    overrides = {
+        "backend": target,
+        "device_plugin_dir": Path(args.device_plugin_dir) if args.device_plugin_dir else None,
+        "registration": args.registration,
+        "plugins_registry_dir": Path(args.plugins_registry_dir)
+        if args.plugins_registry_dir
+        else None,
+        "metrics_port": args.metrics_port,
+        "metrics_host": args.metrics_host,
+        "stuck_after": args.stuck_after,
+        "log_level": args.log_level,
+        "log_format": args.log_format,
+    }
+    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    config = load_yaml(Path(args.config)) if args.config else None
-    plugins = resolve_plugins(args.target, config)
+    config = _run_config(args)
+    configure_logging(config.log_level, config.log_format)
+    assert config.backend is not None
+    options = config.backend_options if args.config else None
+    plugins = resolve_plugins(config.backend, options)
     settings = Settings(
-        device_plugin_dir=Path(args.device_plugin_dir),
-        registration=args.registration,
-        plugins_registry_dir=Path(args.plugins_registry_dir),
+        device_plugin_dir=config.device_plugin_dir,
+        registration=config.registration,  # type: ignore[arg-type]
+        plugins_registry_dir=config.plugins_registry_dir,
     )
-    if args.metrics_port is None:
-        run(*plugins, settings=settings)
+    reload = None
+    if args.config:
+        path = Path(args.config)
+
+        def load() -> list[DevicePlugin]:
+            new = _run_config(args)
+            fixed = config.restart_needed(new)
+            if fixed:
+                log.warning(
+                    "%s changed in %s; restart the plugin to apply it", ", ".join(fixed), path
+                )
+            configure_logging(new.log_level, new.log_format)
+            return resolve_plugins(config.backend or "", new.backend_options)
+
+        reload = _lifecycle.Reload(load=load, config_path=path)
+    if config.metrics_port is None:
+        _lifecycle.run(plugins, settings, None, reload)
     else:
         healthz.run(
             plugins,
-            port=args.metrics_port,
-            host=args.metrics_host,
+            port=config.metrics_port,
+            host=config.metrics_host,
             settings=settings,
-            stuck_after=args.stuck_after,
+            stuck_after=config.stuck_after,
+            reload=reload,
         )
     return 0
 
@@ -141,30 +162,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="debug, info, warning or error (default: info for run, warning otherwise)",
     )
-    parser.add_argument("--log-format", default="text", choices=["text", "json"])
+    parser.add_argument("--log-format", default=None, choices=["text", "json"])
     sub = parser.add_subparsers(dest="command", required=True)
 
     run_p = sub.add_parser("run", help="run device plugins until SIGTERM")
     run_p.add_argument(
-        "target", help=f"built-in backend ({', '.join(sorted(backends.BUILTIN))}) or MODULE:ATTR"
+        "target",
+        nargs="?",
+        help=f"built-in backend ({', '.join(sorted(backends.BUILTIN))}) or MODULE:ATTR; "
+        "may come from the config file's `backend` key instead",
     )
     run_p.add_argument("--config", help="YAML configuration file")
     run_p.add_argument(
         "--device-plugin-dir",
-        default=constants.DEVICE_PLUGIN_PATH,
-        help="the kubelet's device-plugin directory",
+        default=None,
+        help=f"the kubelet's device-plugin directory (default {constants.DEVICE_PLUGIN_PATH})",
     )
     run_p.add_argument(
         "--registration",
         choices=["auto", "kubelet", "watcher"],
-        default="auto",
+        default=None,
         help="register through kubelet.sock or the plugin watcher (auto: watcher if "
         "--plugins-registry-dir exists)",
     )
     run_p.add_argument(
         "--plugins-registry-dir",
-        default=constants.PLUGINS_REGISTRY_PATH,
-        help="the kubelet's plugin-watcher directory",
+        default=None,
+        help=f"the kubelet's plugin-watcher directory (default {constants.PLUGINS_REGISTRY_PATH})",
     )
     run_p.add_argument(
         "--metrics-port",
@@ -180,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_p.add_argument(
         "--stuck-after",
         type=float,
-        default=healthz.DEFAULT_STUCK_AFTER,
+        default=None,
         metavar="SECONDS",
         help="/healthz fails when a device list stays unsent this long",
     )
@@ -202,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Only `run` is a daemon whose routine events belong in the log; the other commands
         # print their own results.
         default_level = "info" if args.command == "run" else "warning"
-        configure_logging(args.log_level or default_level, args.log_format)
+        configure_logging(args.log_level or default_level, args.log_format or "text")
     except ValueError as exc:
         parser.error(str(exc))
     try:

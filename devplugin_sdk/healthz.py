@@ -262,6 +262,7 @@ async def serve_with_http(
     stuck_after: float = DEFAULT_STUCK_AFTER,
     observer: Observer | None = None,
     registry: CollectorRegistry | None = None,
+    reload: _lifecycle.Reload | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``plugins`` and the HTTP endpoints together until cancelled.
@@ -275,6 +276,7 @@ async def serve_with_http(
         observer: Receives the lifecycle events; a ``PrometheusObserver`` on ``registry`` when
             None and the metrics extra is installed (without it, a warning and no metrics).
         registry: The prometheus_client registry (its default when None).
+        reload: Reload the plugin set on SIGHUP and configuration changes.
         task_status: Reports the bound HTTP port to ``TaskGroup.start``.
 
     Raises:
@@ -289,7 +291,7 @@ async def serve_with_http(
         async with anyio.create_task_group() as tg:
             http = partial(serve_http, host, port, stuck_after=stuck_after, registry=registry)
             task_status.started(await tg.start(http))
-            await _lifecycle.serve(plugins, settings, observer)
+            await _lifecycle.serve(plugins, settings, observer, reload)
             tg.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         _lifecycle._reraise_single(group)
@@ -303,6 +305,7 @@ def run(
     settings: Settings | None = None,
     stuck_after: float = DEFAULT_STUCK_AFTER,
     observer: Observer | None = None,
+    reload: _lifecycle.Reload | None = None,
 ) -> None:
     """Serve ``plugins`` and the HTTP endpoints in a new event loop until SIGTERM/SIGINT.
 
@@ -315,6 +318,7 @@ def run(
         settings: Lifecycle settings.
         stuck_after: See ``serve_http``.
         observer: See ``serve_with_http``.
+        reload: See ``serve_with_http``.
 
     Raises:
         OSError: the HTTP address cannot be bound.
@@ -340,6 +344,7 @@ def run(
                     settings=settings,
                     stuck_after=stuck_after,
                     observer=observer,
+                    reload=reload,
                 )
                 tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:

@@ -176,6 +176,17 @@ class DevicePlugin(abc.ABC):
         """Whether this plugin's class overrides the optional hook ``hook``."""
         return getattr(type(self), hook) is not getattr(DevicePlugin, hook)
 
+    def fingerprint(self) -> str:
+        """What identifies this plugin's configuration.
+
+        On a configuration reload a resource is restarted only when its new plugin's
+        fingerprint differs from the running one's. The default is the class and the repr of
+        every public instance attribute (backends keep their configuration there); override
+        it when the configuration lives elsewhere.
+        """
+        public = sorted((k, v) for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__module__}.{type(self).__qualname__}{public!r}"
+
     # ----------------------------------------------------------------------------- running
 
     async def serve(self, settings: Settings | None = None) -> None:

@@ -222,3 +222,36 @@ async def test_run_with_metrics_port_serves_healthz(kubelet: FakeKubelet) -> Non
     finally:
         proc.kill()
     assert proc.returncode == 0
+
+
+async def test_run_takes_everything_from_one_config_file_and_reloads_it(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    """backend, paths and logging from the file; an edited file adds a resource live."""
+    devices = tmp_path / "devs"
+    devices.mkdir()
+    (devices / "tty0").touch()
+    (devices / "fuse").touch()
+    config = tmp_path / "config.yaml"
+    base = (
+        f"backend: generic\ndevicePluginDir: {kubelet.directory}\nregistration: kubelet\n"
+        "logging: {level: info, format: json}\n"
+        f"resources:\n  - name: example.com/serial\n    paths: ['{devices}/tty*']\n"
+    )
+    config.write_text(base)
+    proc = _spawn("run", "--config", str(config))
+    try:
+        await kubelet.wait_for_allocatable("example.com/serial", 1, timeout=15)
+        tmp = config.with_name("new.yaml")
+        tmp.write_text(
+            base + f"  - name: example.com/fuse\n    paths: ['{devices}/fuse']\n    share: 4\n"
+        )
+        os.replace(tmp, config)
+        await kubelet.wait_for_allocatable("example.com/fuse", 4, timeout=15)
+        assert len(kubelet.successful_registrations("example.com/serial")) == 1
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=15))
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    assert any('"reloaded (' in line for line in stderr.splitlines())

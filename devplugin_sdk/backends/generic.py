@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import yaml
 
 from devplugin_sdk import _names, fswatch
+from devplugin_sdk.config import load_yaml
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.plugin import DevicePlugin, PluginEvent
 from devplugin_sdk.types import Device, DeviceNode, Health, HealthEvent, RescanEvent, replicate
@@ -357,7 +357,7 @@ class GenericPlugin(DevicePlugin):
 
 
 def load_config(path: str | os.PathLike[str]) -> Mapping[str, Any]:
-    """Read a YAML configuration file with ``yaml.safe_load``.
+    """Read a YAML configuration file (``devplugin_sdk.config.load_yaml``).
 
     Args:
         path: The file.
@@ -369,27 +369,7 @@ def load_config(path: str | os.PathLike[str]) -> Mapping[str, Any]:
         ConfigError: keyed by the file name, when it cannot be read, is not valid YAML (with
             the line and column) or its top level is not a mapping.
     """
-    name = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as stream:
-            data = yaml.safe_load(stream)
-    except OSError as exc:
-        raise ConfigError(name, f"cannot read: {exc.strerror or exc}") from exc
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = exc.problem or exc.context or "syntax error"
-        if exc.problem and exc.context and exc.context_mark:
-            # "while parsing a flow sequence", from where it started: often the real mistake.
-            problem += f" ({exc.context} from line {exc.context_mark.line + 1})"
-        raise ConfigError(name, f"invalid YAML{where}: {problem}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(name, f"invalid YAML: {exc}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(name, f"the top level must be a mapping, got {type(data).__name__}")
-    return data
+    return load_yaml(path)
 
 
 def from_config(

@@ -1,0 +1,169 @@
+"""The configuration file of ``devplugin run``: SDK keys plus the backend's own options.
+
+One YAML file holds the backend to run, the paths, the registration path, logging and metrics;
+every other top-level key is the backend's (handed to its ``from_config``). Errors name the key
+and the reason. ``load_yaml`` is the one YAML reader of the SDK.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devplugin_sdk.api import constants
+from devplugin_sdk.errors import ConfigError
+
+__all__ = ["SDK_KEYS", "RunConfig", "load_yaml", "parse_run_config"]
+
+#: Top-level keys that belong to the SDK; the rest goes to the backend.
+SDK_KEYS = (
+    "backend",
+    "devicePluginDir",
+    "registration",
+    "pluginsRegistryDir",
+    "logging",
+    "metrics",
+)
+
+
+def load_yaml(path: str | os.PathLike[str]) -> Mapping[str, Any]:
+    """Read a YAML mapping from ``path``.
+
+    Raises:
+        ConfigError: unreadable file, YAML syntax error (with line and column), or not a mapping.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = exc.problem or exc.context or "syntax error"
+        if exc.problem and exc.context and exc.context_mark:
+            # "while parsing a flow sequence", from where it started: often the real mistake.
+            problem += f" ({exc.context} from line {exc.context_mark.line + 1})"
+        raise ConfigError(str(path), f"invalid YAML{where}: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), f"invalid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(str(path), f"the top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """What ``devplugin run`` takes from its configuration file.
+
+    Attributes:
+        backend: Built-in backend name or ``MODULE:ATTR``; None when only the CLI names it.
+        device_plugin_dir: The kubelet's device-plugin directory.
+        registration: ``auto``, ``kubelet`` or ``watcher``.
+        plugins_registry_dir: The plugin-watcher directory.
+        log_level: Logging level name.
+        log_format: ``text`` or ``json``.
+        metrics_port: Port of /healthz, /metrics and /status; None for none.
+        metrics_host: Address to bind it to; None for every interface.
+        stuck_after: Seconds an unsent device list may wait before /healthz fails.
+        backend_options: Every other top-level key, for the backend's ``from_config``.
+    """
+
+    backend: str | None = None
+    device_plugin_dir: Path = Path(constants.DEVICE_PLUGIN_PATH)
+    registration: str = "auto"
+    plugins_registry_dir: Path = Path(constants.PLUGINS_REGISTRY_PATH)
+    log_level: str = "info"
+    log_format: str = "text"
+    metrics_port: int | None = None
+    metrics_host: str | None = None
+    stuck_after: float = 30.0
+    backend_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def restart_needed(self, other: RunConfig) -> list[str]:
+        """Keys whose change a hot reload cannot apply (they need a process restart)."""
+        fixed = {
+            "backend": (self.backend, other.backend),
+            "devicePluginDir": (self.device_plugin_dir, other.device_plugin_dir),
+            "registration": (self.registration, other.registration),
+            "pluginsRegistryDir": (self.plugins_registry_dir, other.plugins_registry_dir),
+            "metrics": (
+                (self.metrics_port, self.metrics_host, self.stuck_after),
+                (other.metrics_port, other.metrics_host, other.stuck_after),
+            ),
+        }
+        return [key for key, (old, new) in fixed.items() if old != new]
+
+
+def _string(
+    data: Mapping[str, Any], key: str, where: str, choices: tuple[str, ...] = ()
+) -> str | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}{key}", f"must be a non-empty string, got {value!r}")
+    if choices and value not in choices:
+        raise ConfigError(f"{where}{key}", f"must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _mapping(data: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> Mapping[str, Any]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, f"must be a mapping, got {type(value).__name__}")
+    unknown = sorted(str(k) for k in value if k not in allowed)
+    if unknown:
+        raise ConfigError(
+            f"{key}.{unknown[0]}", f"unknown key; expected one of {', '.join(allowed)}"
+        )
+    return value
+
+
+def parse_run_config(data: Mapping[str, Any]) -> RunConfig:
+    """Split and validate a ``devplugin run`` configuration mapping.
+
+    Raises:
+        ConfigError: naming the key and the reason.
+    """
+    logging_ = _mapping(data, "logging", ("level", "format"))
+    metrics = _mapping(data, "metrics", ("port", "host", "stuckAfter"))
+    port = metrics.get("port")
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536
+    ):
+        raise ConfigError("metrics.port", f"must be a TCP port number, got {port!r}")
+    stuck = metrics.get("stuckAfter", 30.0)
+    if isinstance(stuck, bool) or not isinstance(stuck, (int, float)) or stuck <= 0:
+        raise ConfigError("metrics.stuckAfter", f"must be a number of seconds > 0, got {stuck!r}")
+    level = _string(logging_, "level", "logging.", ("debug", "info", "warning", "error")) or "info"
+    fmt = _string(logging_, "format", "logging.", ("text", "json")) or "text"
+    registration = _string(data, "registration", "", ("auto", "kubelet", "watcher")) or "auto"
+    dp_dir = _string(data, "devicePluginDir", "") or constants.DEVICE_PLUGIN_PATH
+    reg_dir = _string(data, "pluginsRegistryDir", "") or constants.PLUGINS_REGISTRY_PATH
+    for key, value in (("devicePluginDir", dp_dir), ("pluginsRegistryDir", reg_dir)):
+        if not value.startswith("/"):
+            raise ConfigError(key, f"must be an absolute path, got {value!r}")
+    return RunConfig(
+        backend=_string(data, "backend", ""),
+        device_plugin_dir=Path(dp_dir),
+        registration=registration,
+        plugins_registry_dir=Path(reg_dir),
+        log_level=level,
+        log_format=fmt,
+        metrics_port=port,
+        metrics_host=_string(metrics, "host", "metrics."),
+        stuck_after=float(stuck),
+        backend_options={k: v for k, v in data.items() if k not in SDK_KEYS},
+    )

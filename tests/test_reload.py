@@ -1,0 +1,179 @@
+"""Configuration: one file for `devplugin run`, hot reload that touches only what changed."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+from sdk_helpers import widgets
+
+from devplugin_sdk import DevicePlugin, _lifecycle
+from devplugin_sdk.backends import generic
+from devplugin_sdk.config import RunConfig, parse_run_config
+from devplugin_sdk.errors import ConfigError
+from devplugin_sdk.testing import FakeKubelet, StaticPlugin
+
+
+def _write(path: Path, text: str) -> None:
+    # Write then rename, as editors and ConfigMap updates do.
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _tree(tmp_path: Path) -> Path:
+    dev = tmp_path / "root" / "dev"
+    dev.mkdir(parents=True)
+    for name in ("widget0", "widget1", "ttyS0", "ttyUSB0", "ttyUSB1", "fuse"):
+        (dev / name).touch()
+    return tmp_path / "root"
+
+
+CONFIG = """
+resources:
+  - name: example.com/widget
+    paths: ["/dev/widget*"]
+  - name: example.com/serial
+    paths: ["/dev/ttyS*"]
+"""
+
+
+async def test_reload_changes_only_what_changed(tmp_path: Path) -> None:
+    root = _tree(tmp_path)
+    config = tmp_path / "config.yaml"
+    _write(config, CONFIG)
+
+    def load() -> Sequence[DevicePlugin]:
+        return generic.from_config(generic.load_config(config), root=root, poll_interval=5)
+
+    reload = _lifecycle.Reload(load=load, config_path=config, sighup=False)
+    async with FakeKubelet() as kubelet, anyio.create_task_group() as tg:
+        tg.start_soon(_lifecycle.serve, load(), kubelet.settings(), None, reload)
+        await kubelet.wait_for_allocatable("example.com/widget", 2)
+        await kubelet.wait_for_allocatable("example.com/serial", 1)
+        held = await kubelet.allocate("example.com/serial", 1)
+
+        # serial moves to USB adapters; fuse is added; widget is untouched.
+        _write(
+            config,
+            CONFIG.replace('["/dev/ttyS*"]', '["/dev/ttyUSB*"]')
+            + '  - name: example.com/fuse\n    paths: ["/dev/fuse"]\n    share: 3\n',
+        )
+        await kubelet.wait_for_allocatable("example.com/fuse", 3)
+        await kubelet.wait_for_allocatable("example.com/serial", 2)
+        assert len(kubelet.successful_registrations("example.com/widget")) == 1
+        assert len(kubelet.successful_registrations("example.com/serial")) == 2
+        assert kubelet.connections("example.com/serial") == 1  # never two registrations
+        # The device a container still holds stays listed (Unhealthy) under the new config.
+        serial = kubelet.devices("example.com/serial")
+        assert serial[held.device_ids[0]].health == "Unhealthy"
+        assert {i for i, d in serial.items() if d.healthy} == {"ttyUSB0", "ttyUSB1"}
+
+        # A broken file keeps everything running as it was.
+        _write(config, CONFIG.replace("widget*", 'widget*"]\n    share: 0\n    x: ["'))
+        await anyio.sleep(0.3)
+        assert kubelet.allocatable("example.com/fuse") == 3
+        assert len(kubelet.successful_registrations("example.com/widget")) == 1
+
+        # fuse removed: its plugin stops (the kubelet sees its stream end).
+        _write(config, CONFIG)
+        await kubelet.wait_for_allocatable("example.com/fuse", 0)
+        assert not (kubelet.directory / "example.com_fuse.sock").exists()
+        assert len(kubelet.successful_registrations("example.com/widget")) == 1
+        tg.cancel_scope.cancel()
+
+
+async def test_sighup_reloads(kubelet: FakeKubelet) -> None:
+    current: list[DevicePlugin] = [StaticPlugin("acme.com/a", widgets(1))]
+    reload = _lifecycle.Reload(load=lambda: list(current), sighup=True)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_lifecycle.serve, list(current), kubelet.settings(), None, reload)
+        await kubelet.wait_for_allocatable("acme.com/a", 1)
+        await anyio.sleep(0.05)  # let the SIGHUP receiver start
+        current.append(StaticPlugin("acme.com/b", widgets(2)))
+        os.kill(os.getpid(), signal.SIGHUP)
+        await kubelet.wait_for_allocatable("acme.com/b", 2)
+        assert len(kubelet.successful_registrations("acme.com/a")) == 1
+        tg.cancel_scope.cancel()
+
+
+async def test_a_reloaded_plugin_that_fails_does_not_stop_the_others(kubelet: FakeKubelet) -> None:
+    class Broken(StaticPlugin):
+        async def discover(self):  # type: ignore[no-untyped-def,override]
+            raise RuntimeError("no such device")
+
+    current: list[DevicePlugin] = [StaticPlugin("acme.com/a", widgets(1))]
+    reload = _lifecycle.Reload(load=lambda: list(current), sighup=True)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_lifecycle.serve, list(current), kubelet.settings(), None, reload)
+        await kubelet.wait_for_allocatable("acme.com/a", 1)
+        await anyio.sleep(0.05)
+        current.append(Broken("acme.com/b", []))
+        os.kill(os.getpid(), signal.SIGHUP)
+        await anyio.sleep(0.3)
+        current[1] = StaticPlugin("acme.com/b", widgets(1))
+        os.kill(os.getpid(), signal.SIGHUP)
+        await kubelet.wait_for_allocatable("acme.com/b", 1)
+        assert kubelet.is_registered("acme.com/a")
+        tg.cancel_scope.cancel()
+
+
+def test_fingerprint_follows_public_configuration() -> None:
+    a = generic.GenericPlugin("example.com/w", ["/dev/w*"])
+    assert a.fingerprint() == generic.GenericPlugin("example.com/w", ["/dev/w*"]).fingerprint()
+    assert (
+        a.fingerprint()
+        != generic.GenericPlugin("example.com/w", ["/dev/w*"], share=2).fingerprint()
+    )
+
+
+def test_run_config_splits_sdk_keys_from_backend_options() -> None:
+    config = parse_run_config(
+        {
+            "backend": "generic",
+            "devicePluginDir": "/tmp/dp",
+            "registration": "watcher",
+            "logging": {"level": "debug", "format": "json"},
+            "metrics": {"port": 9450, "stuckAfter": 10},
+            "resources": [{"name": "a.com/b", "paths": ["/dev/b"]}],
+        }
+    )
+    assert config == RunConfig(
+        backend="generic",
+        device_plugin_dir=Path("/tmp/dp"),
+        registration="watcher",
+        log_level="debug",
+        log_format="json",
+        metrics_port=9450,
+        stuck_after=10.0,
+        backend_options={"resources": [{"name": "a.com/b", "paths": ["/dev/b"]}]},
+    )
+    assert RunConfig().restart_needed(config) == [
+        "backend",
+        "devicePluginDir",
+        "registration",
+        "metrics",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "reason"),
+    [
+        ({"registration": "magic"}, "registration", "must be one of auto, kubelet, watcher"),
+        ({"logging": {"level": "loud"}}, "logging.level", "must be one of"),
+        ({"logging": {"colour": True}}, "logging.colour", "unknown key"),
+        ({"metrics": {"port": 70000}}, "metrics.port", "TCP port"),
+        ({"metrics": {"stuckAfter": 0}}, "metrics.stuckAfter", "> 0"),
+        ({"metrics": []}, "metrics", "must be a mapping"),
+        ({"devicePluginDir": "relative/dir"}, "devicePluginDir", "absolute"),
+    ],
+)
+def test_run_config_errors_name_the_key(data: dict[str, object], key: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_run_config(data)
+    assert caught.value.key == key
+    assert reason in caught.value.reason
