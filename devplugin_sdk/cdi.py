@@ -443,6 +443,12 @@ class CdiPlugin(DevicePlugin):
             return True
         return self.plugin.overrides(hook)
 
+    def fingerprint(self) -> str:
+        """The wrapped plugin's fingerprint and the CDI settings: a configuration reload
+        restarts the resource only when one of them changed."""
+        cdi = f"{self.kind}|{self.spec_path}|{self.spec_env}|{self.remove_on_exit}"
+        return f"cdi({cdi})|{self.plugin.fingerprint()}"
+
     @property
     def names(self) -> Mapping[str, str]:
         """CDI name by device ID for the devices in the current spec."""

@@ -524,3 +524,13 @@ async def test_env_goes_through_allocate_by_default_when_the_plugin_allocates_it
     got = await joining.allocate(devices)
     assert got.env == {"ACME_DEVICES": "w0,w1"}
     assert (await merging.allocate(devices)).env == {}
+
+
+def test_fingerprint_follows_the_wrapped_plugin_and_the_cdi_settings(tmp_path: Path) -> None:
+    def make(kind: str = KIND, resource: str = KIND) -> CdiPlugin:
+        return use_cdi(StaticPlugin(resource, widgets(1)), kind, directory=tmp_path)
+
+    # Equal configurations compare equal across instances (a reload keeps the resource running).
+    assert make().fingerprint() == make().fingerprint()
+    assert make().fingerprint() != make(kind="acme.com/other").fingerprint()
+    assert make().fingerprint() != make(resource="acme.com/x").fingerprint()
