@@ -14,7 +14,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -25,7 +24,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import grpc
 
 from devplugin_sdk import Device, DeviceNode
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
@@ -278,7 +276,7 @@ class TimedKubelet(FakeKubelet):
 
 @asynccontextmanager
 async def plugin_process(
-    *args: str, pass_fds: Sequence[int] = (), wait_line: bool = False
+    *args: str, pass_fds: Sequence[int] = (), wait_line: bool = False, capture: bool = False
 ) -> AsyncIterator[anyio.abc.Process]:
     """Run ``_plugin_process.py`` with ``args``; SIGTERM it and wait on exit.
 
@@ -286,11 +284,12 @@ async def plugin_process(
         args: Its command-line arguments.
         pass_fds: File descriptors the child inherits.
         wait_line: Wait for the first line on its stdout (``--bare`` prints ``ready``).
+        capture: Leave its stdout to the caller as ``process.stdout``.
     """
     process = await anyio.open_process(
         [sys.executable, str(PLUGIN_PROCESS), *args],
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE if wait_line else None,
+        stdout=subprocess.PIPE if wait_line or capture else None,
         stderr=None,
         pass_fds=pass_fds,
     )
@@ -309,52 +308,49 @@ async def plugin_process(
             await process.aclose()
 
 
-class ThreadedListAndWatch:
-    """A ListAndWatch client on its own thread (sync gRPC) that timestamps raw messages.
+class ListAndWatchObserver:
+    """A raw ListAndWatch client in a process of its own that timestamps each message.
 
-    It never parses a message and never waits for this process's event loop, so the
-    arrival times measure the plugin and the transport alone even while a FakeKubelet in
-    this process is busy with a large list. Lower ``sys.setswitchinterval`` while using it:
-    the thread needs the GIL to take its timestamp.
+    It never parses a message and shares neither an event loop nor a GIL with this process,
+    so its arrival times measure the plugin and the transport alone, even while a FakeKubelet
+    here is busy with a large list. Timestamps are ``time.monotonic()`` (CLOCK_MONOTONIC on
+    Linux, one clock for every process): compare them with ``time.monotonic()`` here.
     """
 
     def __init__(self, socket_path: Path) -> None:
-        self._channel = grpc.insecure_channel(f"unix:{socket_path}")
-        stream: grpc.UnaryStreamMultiCallable[pb.Empty, bytes] = self._channel.unary_stream(
-            "/v1beta1.DevicePlugin/ListAndWatch",
-            request_serializer=pb.Empty.SerializeToString,
-            response_deserializer=None,
-        )
-        self._call = stream(pb.Empty())
+        self.socket_path = socket_path
         self.arrivals: list[float] = []
         self.sizes: list[int] = []
-        self._condition = threading.Condition()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
+        self._changed = anyio.Event()
 
-    def _read(self) -> None:
-        try:
-            for message in self._call:
-                arrived = time.perf_counter()
-                with self._condition:
-                    self.arrivals.append(arrived)
-                    self.sizes.append(len(message))
-                    self._condition.notify_all()
-        except grpc.RpcError:
-            pass  # cancelled by close(), or the plugin went away
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[ListAndWatchObserver]:
+        async with (
+            plugin_process("--observe", str(self.socket_path), capture=True) as process,
+            anyio.create_task_group() as tg,
+        ):
+            assert process.stdout is not None
+            tg.start_soon(self._read, process.stdout)
+            try:
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
 
-    def wait_for(self, count: int, timeout: float = 120.0) -> float:
-        """Block until ``count`` messages arrived; return the arrival time of the last.
+    async def _read(self, stdout: anyio.abc.ByteReceiveStream) -> None:
+        pending = b""
+        async for chunk in stdout:
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                stamp, size = line.split()
+                self.arrivals.append(float(stamp))
+                self.sizes.append(int(size))
+            self._changed.set()
+            self._changed = anyio.Event()
 
-        Raises:
-            TimeoutError: fewer messages arrived within ``timeout`` seconds.
-        """
-        with self._condition:
-            if not self._condition.wait_for(lambda: len(self.arrivals) >= count, timeout):
-                raise TimeoutError(f"{len(self.arrivals)} of {count} messages arrived")
-            return self.arrivals[count - 1]
-
-    def close(self) -> None:
-        self._call.cancel()
-        self._thread.join()
-        self._channel.close()
+    async def wait_for(self, count: int, timeout: float = 120.0) -> float:
+        """Wait until ``count`` messages arrived; return the last one's ``monotonic`` time."""
+        with anyio.fail_after(timeout):
+            while len(self.arrivals) < count:
+                await self._changed.wait()
+        return self.arrivals[count - 1]

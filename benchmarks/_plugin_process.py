@@ -5,7 +5,8 @@ settings, pointed at ``--dir``. ``--kind`` picks what each plugin does between R
 (pushed health only: idle until an event), ``polled`` (``check_health`` every
 ``Settings.health_interval``) or ``generic`` (the generic backend: ``<watch-dir>/dev/h*``
 files, followed with fswatch).
-``--bare SOCKET`` instead serves a bare grpc.aio Allocate (the floor of bench_allocate).
+``--bare SOCKET`` instead serves bare grpc.aio floors (Allocate, ListAndWatch), and
+``--observe SOCKET`` is a raw ListAndWatch client printing each message's arrival time.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
@@ -136,6 +138,21 @@ async def serve_bare(path: Path, stream_bytes: int, control_fd: int | None) -> N
     await server.stop(0)
 
 
+def observe(path: Path) -> None:
+    """Print ``<monotonic time> <bytes>`` for each ListAndWatch message, unparsed."""
+    with grpc.insecure_channel(f"unix:{path}") as channel:
+        stream: grpc.UnaryStreamMultiCallable[pb.Empty, bytes] = channel.unary_stream(
+            "/v1beta1.DevicePlugin/ListAndWatch",
+            request_serializer=pb.Empty.SerializeToString,
+            response_deserializer=None,
+        )
+        try:
+            for message in stream(pb.Empty()):
+                print(f"{time.monotonic():.9f} {len(message)}", flush=True)
+        except grpc.RpcError:
+            pass  # the plugin went away
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dir", type=Path, help="the device-plugin directory")
@@ -143,10 +160,14 @@ def main() -> None:
     parser.add_argument("--kind", action="append", default=[], help="static|polled|generic")
     parser.add_argument("--bare", type=Path, help="serve bare gRPC floors on this socket")
     parser.add_argument("--stream-bytes", type=int, default=1, help="--bare ListAndWatch size")
+    parser.add_argument("--observe", type=Path, help="time ListAndWatch messages on this socket")
     parser.add_argument("--control-fd", type=int, help="static plugins read health from this fd")
     parser.add_argument("--watch-dir", type=Path, help="root of the generic plugin's /dev")
     args = parser.parse_args()
     _common.quiet_logs()
+    if args.observe is not None:
+        observe(args.observe)
+        return
     if args.bare is not None:
         asyncio.run(serve_bare(args.bare, args.stream_bytes, args.control_fd))
         return

@@ -6,8 +6,8 @@ For each size:
   (encoding every device, socket, Register) until the kubelet receives the full list, and
   until its view holds every device;
 * one health flip (plugin in its own process with production settings, events through a
-  pipe): from writing the event until a raw ListAndWatch client on a thread receives the new
-  list (the SDK re-encodes one entry and joins the cached rest: the plugin's share plus the
+  pipe): from writing the event until a raw ListAndWatch client in a third process receives
+  the new list (the SDK re-encodes one entry and joins the cached rest: the plugin's share plus the
   transport), and until the fake kubelet's view changed (adds its parsing of every device
   and its checkpoint write, in Python);
 * the transport floor: a bare grpc.aio ListAndWatch sending a message of the same size on
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -78,26 +77,24 @@ async def flips_and_memory(count: int, flips: int) -> int:
         ):
             await kubelet.wait_for_allocatable(RESOURCE, count, timeout=120)
             rss = _common.process_stats(process.pid).rss_bytes
-            observer = _common.ThreadedListAndWatch(kubelet.directory / SOCKET)
             received: list[float] = []
             seen: list[float] = []
-            try:
+            observer = _common.ListAndWatchObserver(kubelet.directory / SOCKET)
+            async with observer.running():
                 expected = 1
-                await anyio.to_thread.run_sync(observer.wait_for, expected)
+                await observer.wait_for(expected)
                 for i in range(flips):
                     device = f"d{(i * 7919) % count}"
                     for health in (Health.UNHEALTHY, Health.HEALTHY):
                         expected += 1
-                        started = time.perf_counter()
+                        started = time.monotonic()
                         os.write(write_end, f"{device} {health.value}\n".encode())
-                        arrived = await anyio.to_thread.run_sync(observer.wait_for, expected)
+                        arrived = await observer.wait_for(expected)
                         await kubelet.wait_for_health(RESOURCE, device, health.value, timeout=120)
-                        done = time.perf_counter()
+                        done = time.monotonic()
                         if health is Health.UNHEALTHY:
                             received.append(arrived - started)
                             seen.append(done - started)
-            finally:
-                observer.close()
             rss = max(rss, _common.process_stats(process.pid).rss_bytes)
     finally:
         os.close(read_end)
@@ -122,16 +119,13 @@ async def transport_floor(count: int, flips: int) -> list[float]:
             pass_fds=[read_end],
             wait_line=True,
         ):
-            observer = _common.ThreadedListAndWatch(directory / "bare.sock")
-            try:
-                await anyio.to_thread.run_sync(observer.wait_for, 1)
+            observer = _common.ListAndWatchObserver(directory / "bare.sock")
+            async with observer.running():
+                await observer.wait_for(1)
                 for expected in range(2, flips + 2):
-                    started = time.perf_counter()
+                    started = time.monotonic()
                     os.write(write_end, b"next\n")
-                    arrived = await anyio.to_thread.run_sync(observer.wait_for, expected)
-                    samples.append(arrived - started)
-            finally:
-                observer.close()
+                    samples.append(await observer.wait_for(expected) - started)
     finally:
         os.close(read_end)
         os.close(write_end)
@@ -146,8 +140,6 @@ async def main() -> None:
     args = args_parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     _common.print_header("Scale", sizes=args.sizes, flips=args.flips)
-    # The observer thread takes its timestamps under the GIL: let it in quickly.
-    sys.setswitchinterval(0.0002)
     for count in sizes:
         await initial_list(count)
     base = await flips_and_memory(8, 0)
