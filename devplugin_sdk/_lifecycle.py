@@ -187,15 +187,22 @@ class PluginRuntime:
         devices = await self.plugin.discover()
         self.state.set_devices(self._with_inherited(devices))
         log.info("%s: discovered %d devices", self.resource, len(devices), extra=self.extra)
-        async with anyio.create_task_group() as tg:
-            if self.plugin.overrides("check_health"):
-                tg.start_soon(self._poll_health)
-            if self.plugin.overrides("watch"):
-                tg.start_soon(self._consume_events)
-            if self.watcher_mode:
-                await self._serve_for_plugin_watcher()
-            else:
-                await self._serve_registrations()
+        try:
+            async with anyio.create_task_group() as tg:
+                if self.plugin.overrides("check_health"):
+                    tg.start_soon(self._poll_health)
+                if self.plugin.overrides("watch"):
+                    tg.start_soon(self._consume_events)
+                if self.watcher_mode:
+                    await self._serve_for_plugin_watcher()
+                else:
+                    await self._serve_registrations()
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.settings.stop_timeout):
+                try:
+                    await self.plugin.on_stop()
+                except Exception:
+                    log.exception("%s: on_stop failed", self.resource, extra=self.extra)
 
     async def rescan(self, reason: str = "") -> None:
         """Call ``discover()`` again; keep the previous list if it fails."""

@@ -437,10 +437,7 @@ class CdiPlugin(DevicePlugin):
         self._lock = anyio.Lock()
 
     def overrides(self, hook: str) -> bool:
-        """The wrapped plugin's hooks decide the kubelet options; ``watch`` always runs (it owns
-        the spec's removal at shutdown)."""
-        if hook == "watch":
-            return True
+        """The wrapped plugin's hooks decide the kubelet options and what runs."""
         return self.plugin.overrides(hook)
 
     def fingerprint(self) -> str:
@@ -494,36 +491,25 @@ class CdiPlugin(DevicePlugin):
     async def check_health(self, devices: Sequence[Device]) -> Mapping[str, Health]:
         return await self.plugin.check_health(devices)
 
-    async def watch(self) -> AsyncIterator[PluginEvent]:
-        """Relay the wrapped plugin's events; remove the spec when serving stops."""
+    def watch(self) -> AsyncIterator[PluginEvent]:
+        """The wrapped plugin's events."""
+        return self.plugin.watch()
+
+    async def on_stop(self) -> None:
+        """Remove the spec (``remove_on_exit``), then let the wrapped plugin clean up."""
         try:
-            if self.plugin.overrides("watch"):
-                events = self.plugin.watch()
-                try:
-                    async for event in events:
-                        yield event
-                finally:
-                    # Close the wrapped generator here and now, not later from the GC.
-                    aclose = getattr(events, "aclose", None)
-                    if aclose is not None:
-                        with anyio.CancelScope(shield=True):
-                            await aclose()
-            await anyio.sleep_forever()
-        except BaseException as exc:
-            # An Exception is the wrapped watch() failing: the SDK restarts it and the spec
-            # stays. Anything else is cancellation (shutdown) or the generator being closed.
-            if (
-                not isinstance(exc, Exception)
-                and self.remove_on_exit
-                and remove_spec(self.spec_path)
-            ):
-                log.info(
-                    "%s: CDI spec %s removed",
-                    self.resource_name,
-                    self.spec_path,
-                    extra={"resource": self.resource_name},
-                )
-            raise
+            if self.remove_on_exit:
+                async with self._lock:
+                    removed = await anyio.to_thread.run_sync(remove_spec, self.spec_path)
+                if removed:
+                    log.info(
+                        "%s: CDI spec %s removed",
+                        self.resource_name,
+                        self.spec_path,
+                        extra={"resource": self.resource_name},
+                    )
+        finally:
+            await self.plugin.on_stop()
 
     async def allocate(self, devices: Sequence[Device]) -> Allocation:
         """CDI names for the devices, plus what the wrapped allocation adds beyond the spec.

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from devplugin_sdk import _cli_probe, _lifecycle, backends, healthz
+from devplugin_sdk import _cli_probe, _lifecycle, backends, cdi, healthz
 from devplugin_sdk._logging import configure_logging
 from devplugin_sdk.api import constants
 from devplugin_sdk.config import RunConfig, load_yaml, parse_run_config
@@ -105,12 +105,19 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
+def _with_cdi(plugins: list[DevicePlugin], config: RunConfig) -> list[DevicePlugin]:
+    """Wrap every plugin with ``cdi.use_cdi`` when the configuration asks for CDI."""
+    if config.cdi_dir is None:
+        return plugins
+    return [cdi.use_cdi(plugin, directory=config.cdi_dir) for plugin in plugins]
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     config = _run_config(args)
     configure_logging(config.log_level, config.log_format)
     assert config.backend is not None
     options = config.backend_options if args.config else None
-    plugins = resolve_plugins(config.backend, options)
+    plugins = _with_cdi(resolve_plugins(config.backend, options), config)
     settings = Settings(
         device_plugin_dir=config.device_plugin_dir,
         registration=config.registration,  # type: ignore[arg-type]
@@ -128,7 +135,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     "%s changed in %s; restart the plugin to apply it", ", ".join(fixed), path
                 )
             configure_logging(new.log_level, new.log_format)
-            return resolve_plugins(config.backend or "", new.backend_options)
+            return _with_cdi(resolve_plugins(config.backend or "", new.backend_options), config)
 
         reload = _lifecycle.Reload(load=load, config_path=path)
     if config.metrics_port is None:

@@ -28,6 +28,7 @@ SDK_KEYS = (
     "pluginsRegistryDir",
     "logging",
     "metrics",
+    "cdi",
 )
 
 
@@ -75,6 +76,8 @@ class RunConfig:
         metrics_port: Port of /healthz, /metrics and /status; None for none.
         metrics_host: Address to bind it to; None for every interface.
         stuck_after: Seconds an unsent device list may wait before /healthz fails.
+        cdi_dir: Serve every plugin through CDI, writing specs here (``cdi.use_cdi``); None
+            hands out device nodes, mounts and env directly.
         backend_options: Every other top-level key, for the backend's ``from_config``.
     """
 
@@ -87,6 +90,7 @@ class RunConfig:
     metrics_port: int | None = None
     metrics_host: str | None = None
     stuck_after: float = 30.0
+    cdi_dir: Path | None = None
     backend_options: Mapping[str, Any] = field(default_factory=dict)
 
     def restart_needed(self, other: RunConfig) -> list[str]:
@@ -96,6 +100,7 @@ class RunConfig:
             "devicePluginDir": (self.device_plugin_dir, other.device_plugin_dir),
             "registration": (self.registration, other.registration),
             "pluginsRegistryDir": (self.plugins_registry_dir, other.plugins_registry_dir),
+            "cdi": (self.cdi_dir, other.cdi_dir),
             "metrics": (
                 (self.metrics_port, self.metrics_host, self.stuck_after),
                 (other.metrics_port, other.metrics_host, other.stuck_after),
@@ -138,6 +143,13 @@ def parse_run_config(data: Mapping[str, Any]) -> RunConfig:
         ConfigError: naming the key and the reason.
     """
     logging_ = _mapping(data, "logging", ("level", "format"))
+    cdi = _mapping(data, "cdi", ("directory",))
+    cdi_dir: Path | None = None
+    if "cdi" in data:
+        directory = _string(cdi, "directory", "cdi.") or "/var/run/cdi"
+        if not directory.startswith("/"):
+            raise ConfigError("cdi.directory", f"must be an absolute path, got {directory!r}")
+        cdi_dir = Path(directory)
     metrics = _mapping(data, "metrics", ("port", "host", "stuckAfter"))
     port = metrics.get("port")
     if port is not None and (
@@ -165,5 +177,6 @@ def parse_run_config(data: Mapping[str, Any]) -> RunConfig:
         metrics_port=port,
         metrics_host=_string(metrics, "host", "metrics."),
         stuck_after=float(stuck),
+        cdi_dir=cdi_dir,
         backend_options={k: v for k, v in data.items() if k not in SDK_KEYS},
     )

@@ -170,6 +170,14 @@ class DevicePlugin(abc.ABC):
         """
         raise NotImplementedError
 
+    async def on_stop(self) -> None:  # noqa: B027 - an optional hook, a no-op by default
+        """Clean up when serving this plugin ends (optional).
+
+        Called once, after its ListAndWatch streams ended and its server stopped: on shutdown,
+        and when a configuration reload removes or replaces the plugin. Shielded from
+        cancellation and bounded by ``Settings.stop_timeout``; an error is logged.
+        """
+
     # ----------------------------------------------------------------------------- introspection
 
     def overrides(self, hook: str) -> bool:

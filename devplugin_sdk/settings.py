@@ -38,6 +38,7 @@ class Settings:
         hook_timeout: Bound on ``allocate()`` and ``preferred_allocation()``; the kubelet sets
             none, and admission of every pod on the node waits behind a hanging call.
         stop_grace: Seconds the gRPC server gets to finish in-flight calls when stopping.
+        stop_timeout: Bound on a plugin's ``on_stop`` cleanup.
         registration: ``"kubelet"`` registers through ``kubelet.sock``; ``"watcher"`` puts the
             socket in ``plugins_registry_dir`` for the kubelet's plugin watcher; ``"auto"``
             picks the watcher when that directory exists (as Mellanox's and the SR-IOV
@@ -56,6 +57,7 @@ class Settings:
     prestart_timeout: float = 20.0
     hook_timeout: float = 8.0
     stop_grace: float = 1.0
+    stop_timeout: float = 10.0
     registration: Literal["auto", "kubelet", "watcher"] = "auto"
     plugins_registry_dir: Path = Path(constants.PLUGINS_REGISTRY_PATH)
 
@@ -74,6 +76,7 @@ class Settings:
             "health_interval",
             "prestart_timeout",
             "hook_timeout",
+            "stop_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Settings.{name} must be > 0, got {getattr(self, name)}")

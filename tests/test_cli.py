@@ -101,6 +101,7 @@ async def test_run_generic_registers_and_cleans_up_on_sigterm(
         _, stderr = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=15))
     finally:
         proc.kill()
+        proc.communicate()
     assert proc.returncode == 0, stderr
     assert not (kubelet.directory / "example.com_serial.sock").exists()
     # A clean end of ListAndWatch: the kubelet disconnects the plugin at once.
@@ -119,6 +120,7 @@ async def test_run_module_class_target(kubelet: FakeKubelet) -> None:
         await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=15))
     finally:
         proc.kill()
+        proc.communicate()
     assert proc.returncode == 0
 
 
@@ -221,6 +223,7 @@ async def test_run_with_metrics_port_serves_healthz(kubelet: FakeKubelet) -> Non
         await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=15))
     finally:
         proc.kill()
+        proc.communicate()
     assert proc.returncode == 0
 
 
@@ -253,5 +256,40 @@ async def test_run_takes_everything_from_one_config_file_and_reloads_it(
         _, stderr = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=15))
     finally:
         proc.kill()
+        proc.communicate()
     assert proc.returncode == 0, stderr
     assert any('"reloaded (' in line for line in stderr.splitlines())
+
+
+async def test_run_with_cdi_config_hands_out_cdi_names(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    """`cdi:` in the file serves every resource through CDI: specs written, names allocated."""
+    devices = tmp_path / "devs"
+    devices.mkdir()
+    (devices / "tty0").touch()
+    cdi_dir = tmp_path / "cdi"
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"backend: generic\ndevicePluginDir: {kubelet.directory}\nregistration: kubelet\n"
+        f"cdi: {{directory: {cdi_dir}}}\n"
+        f"resources:\n  - name: example.com/serial\n    paths: ['{devices}/tty*']\n"
+    )
+    proc = _spawn("run", "--config", str(config))
+    try:
+        await kubelet.wait_for_allocatable("example.com/serial", 1, timeout=15)
+        got = await kubelet.allocate("example.com/serial", 1)
+        assert got.allocation.cdi_devices == ("example.com/serial=tty0",)
+        assert got.allocation.device_nodes == ()
+        spec = json.loads(next(cdi_dir.glob("*.json")).read_text())
+        assert spec["kind"] == "example.com/serial"
+        (device,) = spec["devices"]
+        assert device["name"] == "tty0"
+        assert device["containerEdits"]["deviceNodes"][0]["path"] == str(devices / "tty0")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=15))
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == 0, stderr
+    assert list(cdi_dir.glob("*.json")) == []  # removed on shutdown

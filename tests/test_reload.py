@@ -170,6 +170,8 @@ def test_run_config_splits_sdk_keys_from_backend_options() -> None:
         ({"metrics": {"stuckAfter": 0}}, "metrics.stuckAfter", "> 0"),
         ({"metrics": []}, "metrics", "must be a mapping"),
         ({"devicePluginDir": "relative/dir"}, "devicePluginDir", "absolute"),
+        ({"cdi": {"directory": "cdi"}}, "cdi.directory", "absolute"),
+        ({"cdi": {"dir": "/x"}}, "cdi.dir", "unknown key"),
     ],
 )
 def test_run_config_errors_name_the_key(data: dict[str, object], key: str, reason: str) -> None:
