@@ -6,7 +6,7 @@ an event), polled health (``check_health`` every ``health_interval``, 10 s) and 
 backend (8 files followed with fswatch: inotify, plus a re-glob every ``poll_interval``, 2 s).
 Once all three are registered with a FakeKubelet, it samples the process for ``--seconds``
 (60 by default) and prints RSS, CPU time, threads and context switches (a wakeup count: what
-polls, and how often).
+polls, and how often). ``--kinds static`` (or ``polled``, ``generic``) measures one kind alone.
 
     python benchmarks/bench_footprint.py [--seconds 60]
 """
@@ -18,7 +18,6 @@ import anyio
 
 from devplugin_sdk.testing import FakeKubelet
 
-RESOURCES = ("bench.example.com/pushed", "bench.example.com/polled", "bench.example.com/generic")
 KINDS = ("static", "polled", "generic")
 DEVICES = 8
 
@@ -26,18 +25,24 @@ DEVICES = 8
 async def main() -> None:
     args_parser = _common.parser(__doc__ or "")
     args_parser.add_argument("--seconds", type=float, default=60.0)
+    args_parser.add_argument("--kinds", default=",".join(KINDS), help="one resource per kind")
     args = args_parser.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        args_parser.error(f"unknown kinds {', '.join(sorted(unknown))}; known: {', '.join(KINDS)}")
+    resources = [f"bench.example.com/{kind}{i}" for i, kind in enumerate(kinds)]
     _common.print_header(
-        "Idle footprint", seconds=args.seconds, resources=len(RESOURCES), devices=DEVICES
+        "Idle footprint", seconds=args.seconds, kinds=",".join(kinds), devices=DEVICES
     )
     options: list[str] = []
-    for resource, kind in zip(RESOURCES, KINDS, strict=True):
+    for resource, kind in zip(resources, kinds, strict=True):
         options += ["--resource", f"{resource}={DEVICES}", "--kind", kind]
     async with (
         FakeKubelet() as kubelet,
         _common.plugin_process("--dir", str(kubelet.directory), *options) as process,
     ):
-        for resource in RESOURCES:
+        for resource in resources:
             await kubelet.wait_for_allocatable(resource, DEVICES, timeout=30)
         # Let start-up work (first health poll, imports finishing) settle before sampling.
         await anyio.sleep(1.0)
@@ -52,7 +57,7 @@ async def main() -> None:
             peak = max(peak, _common.process_stats(process.pid).rss_bytes)
         after = _common.process_stats(process.pid)
         threads_after = _common.thread_wakeups(process.pid)
-        registered = all(kubelet.is_registered(r) for r in RESOURCES)
+        registered = all(kubelet.is_registered(r) for r in resources)
     cpu = after.cpu_seconds - before.cpu_seconds
     wakeups = after.voluntary_switches - before.voluntary_switches
     print(f"RSS: {_common.mib(after.rss_bytes)} (peak {_common.mib(peak)})")
