@@ -127,13 +127,14 @@ class PluginRuntime:
         self._stream_versions[stream_id] = snapshot.version
         healthy = snapshot.healthy_count
         self._notify("list_sent", self.resource, healthy, len(snapshot.devices) - healthy)
-        log.debug(
-            "%s: sent %d devices (%d healthy)",
-            self.resource,
-            len(snapshot.devices),
-            snapshot.healthy_count,
-            extra=self.extra,
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s: sent %d devices (%d healthy)",
+                self.resource,
+                len(snapshot.devices),
+                healthy,
+                extra=self.extra,
+            )
 
     def allocation_done(self, seconds: float, error: grpc.StatusCode | None) -> None:
         self.allocations += 1
@@ -157,9 +158,12 @@ class PluginRuntime:
         elif self._unsent_since is None:
             self._unsent_since = now
         pending = 0.0 if self._unsent_since is None else now - self._unsent_since
-        counts: dict[str, int] = {}
-        for health in self.state.snapshot().health.values():
-            counts[health.value] = counts.get(health.value, 0) + 1
+        snapshot = self.state.snapshot()
+        counts = {
+            Health.HEALTHY.value: snapshot.healthy_count,
+            Health.UNHEALTHY.value: len(snapshot.devices) - snapshot.healthy_count,
+        }
+        counts = {health: n for health, n in counts.items() if n}
         return PluginStatus(
             resource=self.resource,
             registered=self.registered and bool(self.streams),
@@ -328,6 +332,8 @@ class PluginRuntime:
                     if remaining > 0:
                         await anyio.sleep(remaining)
                 started = time.perf_counter()
+                # Changes during the attempt (a new kubelet.sock) must wake the retry too.
+                attempt = self.watcher.generation
                 outcome, why = await _registration.register_once(
                     kubelet_socket,
                     _registration.register_request(
@@ -352,10 +358,9 @@ class PluginRuntime:
                         backoff,
                         extra=self.extra,
                     )
-                    generation = self.watcher.generation
                     with anyio.move_on_after(backoff):
                         # A change in the directory (a new kubelet.sock) retries at once.
-                        await self.watcher.wait(generation)
+                        await self.watcher.wait(attempt)
                     backoff = min(backoff * 2, settings.register_backoff_max)
                     continue
                 backoff = settings.register_backoff_initial
@@ -467,8 +472,14 @@ class PluginRuntime:
                 await self.watcher.wait(generation)
 
     async def _stop(self, server: grpc.aio.Server) -> None:
-        """End every ListAndWatch stream cleanly, then stop the server."""
+        """Let in-flight calls finish, end every ListAndWatch stream cleanly, stop the server.
+
+        The kubelet closes its connection when the stream ends, which would cancel an Allocate
+        still running on it: calls get up to ``stop_grace`` first.
+        """
         with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self.settings.stop_grace):
+                await self.servicer.idle()
             self.state.close()
             await server.stop(self.settings.stop_grace)
             self.state.reopen()

@@ -9,16 +9,17 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import anyio
 import grpc
+from google.protobuf.message import DecodeError
 
 from devplugin_sdk import _convert
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
-from devplugin_sdk.errors import AllocationError, BackendError, UnknownDeviceError
+from devplugin_sdk.errors import AllocationError, BackendError, UnknownDeviceError, summarize_ids
 from devplugin_sdk.types import Device, Health
 
 if TYPE_CHECKING:
@@ -37,6 +38,30 @@ class _RequestError(Exception):
 
 def _identity(payload: bytes) -> bytes:
     return payload
+
+
+class _Malformed:
+    """Stands in for a request whose bytes did not parse (answered INVALID_ARGUMENT)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _refuse_malformed(rpc: str, request: _Malformed) -> NoReturn:
+    raise _RequestError(f"{rpc}: the request is not a valid protobuf message: {request.error}")
+
+
+def _lenient(message: Any) -> Callable[[bytes], Any]:
+    """A deserializer that turns undecodable bytes into ``_Malformed`` instead of raising
+    (grpcio would answer UNKNOWN)."""
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message.FromString(data)
+        except DecodeError as exc:
+            return _Malformed(exc)
+
+    return parse
 
 
 def status_for(exc: BaseException) -> grpc.StatusCode:
@@ -61,6 +86,14 @@ class DevicePluginServicer:
         self.state = runtime.state
         self.resource = runtime.plugin.resource_name
         self._too_big_version = -1
+        self._in_flight = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+
+    async def idle(self) -> None:
+        """Return once no unary call is being served."""
+        while self._in_flight:
+            await self._idle.wait()
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a grpc.aio server."""
@@ -79,17 +112,17 @@ class DevicePluginServicer:
                 ),
                 "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
                     self.get_preferred_allocation,
-                    request_deserializer=pb.PreferredAllocationRequest.FromString,
+                    request_deserializer=_lenient(pb.PreferredAllocationRequest),
                     response_serializer=pb.PreferredAllocationResponse.SerializeToString,
                 ),
                 "Allocate": grpc.unary_unary_rpc_method_handler(
                     self.allocate,
-                    request_deserializer=pb.AllocateRequest.FromString,
+                    request_deserializer=_lenient(pb.AllocateRequest),
                     response_serializer=pb.AllocateResponse.SerializeToString,
                 ),
                 "PreStartContainer": grpc.unary_unary_rpc_method_handler(
                     self.pre_start_container,
-                    request_deserializer=pb.PreStartContainerRequest.FromString,
+                    request_deserializer=_lenient(pb.PreStartContainerRequest),
                     response_serializer=pb.PreStartContainerResponse.SerializeToString,
                 ),
             },
@@ -155,7 +188,7 @@ class DevicePluginServicer:
 
         failure: list[grpc.StatusCode] = []
         try:
-            return await self._guard("Allocate", context, serve(), failure)
+            return await self._guard("Allocate", context, serve(), failure, request)
         finally:
             self.runtime.allocation_done(
                 time.perf_counter() - started, failure[0] if failure else None
@@ -169,7 +202,7 @@ class DevicePluginServicer:
                 [await self._prefer(c) for c in request.container_requests]
             )
 
-        return await self._guard("GetPreferredAllocation", context, serve())
+        return await self._guard("GetPreferredAllocation", context, serve(), request=request)
 
     async def pre_start_container(
         self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -184,7 +217,7 @@ class DevicePluginServicer:
                 )
             return pb.PreStartContainerResponse()
 
-        return await self._guard("PreStartContainer", context, serve())
+        return await self._guard("PreStartContainer", context, serve(), request=request)
 
     # ------------------------------------------------------------------ helpers
 
@@ -209,7 +242,7 @@ class DevicePluginServicer:
             log.warning(
                 "%s: GetPreferredAllocation named unknown devices %s; ignoring them",
                 self.resource,
-                ", ".join(sorted(dropped)),
+                summarize_ids(dropped),
                 extra={"resource": self.resource},
             )
         if size <= 0:
@@ -259,10 +292,17 @@ class DevicePluginServicer:
         self,
         rpc: str,
         context: grpc.aio.ServicerContext[Any, Any],
-        work: Awaitable[T],
+        work: Coroutine[Any, Any, T],
         failure: list[grpc.StatusCode] | None = None,
+        request: object = None,
     ) -> T:
+        self._in_flight += 1
+        if self._in_flight == 1:
+            self._idle = anyio.Event()
         try:
+            if isinstance(request, _Malformed):
+                work.close()  # never started
+                _refuse_malformed(rpc, request)
             return await work
         except Exception as exc:
             code = status_for(exc)
@@ -285,6 +325,10 @@ class DevicePluginServicer:
                 failure.append(code)
             await context.abort(code, message)
             raise  # pragma: no cover - abort raises
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
 
     def _log_too_big(self, version: int, size: int, count: int) -> None:
         if version == self._too_big_version:

@@ -29,10 +29,7 @@ class Snapshot:
     devices: tuple[Device, ...]
     health: Mapping[str, Health]
     payload: bytes
-
-    @property
-    def healthy_count(self) -> int:
-        return sum(1 for h in self.health.values() if h is Health.HEALTHY)
+    healthy_count: int
 
 
 class DeviceState:
@@ -44,6 +41,7 @@ class DeviceState:
         self._children: dict[str, list[str]] = {}
         self._reported: dict[str, Health] = {}
         self._effective: dict[str, Health] = {}
+        self._healthy = 0
         self._entries: dict[str, bytes] = {}
         self._version = 0
         self._snapshot: Snapshot | None = None
@@ -77,6 +75,7 @@ class DeviceState:
             if device.parent is not None:
                 self._children.setdefault(device.parent, []).append(device.id)
         self._effective = {d.id: self._compute(d) for d in by_id.values()}
+        self._healthy = sum(1 for h in self._effective.values() if h is Health.HEALTHY)
         entries: dict[str, bytes] = {}
         for device in by_id.values():
             cached = self._entries.get(device.id)
@@ -119,6 +118,7 @@ class DeviceState:
             device = self._devices[device_id]
             new = self._compute(device)
             if new is not self._effective[device_id]:
+                self._healthy += 1 if new is Health.HEALTHY else -1
                 self._effective[device_id] = new
                 self._entries[device_id] = _convert.list_and_watch_entry(device, new)
                 flipped.append(device_id)
@@ -158,6 +158,7 @@ class DeviceState:
                 devices=tuple(self._devices.values()),
                 health=dict(self._effective),
                 payload=b"".join(self._entries.values()),
+                healthy_count=self._healthy,
             )
         return self._snapshot
 

@@ -58,8 +58,16 @@ class UnknownDeviceError(AllocationError):
 
     def __init__(self, resource_name: str, device_ids: Iterable[str]) -> None:
         self.device_ids = tuple(device_ids)
-        listed = ", ".join(sorted(self.device_ids))
-        super().__init__(f"{resource_name}: unknown device IDs: {listed}")
+        super().__init__(f"{resource_name}: unknown device IDs: {summarize_ids(self.device_ids)}")
+
+
+def summarize_ids(ids: Iterable[str], limit: int = 10, width: int = 80) -> str:
+    """``a, b, c`` for the first ``limit`` IDs (each cut to ``width`` characters), then
+    ``and N more``: an error status travels in gRPC metadata, which allows about 16 KiB."""
+    ordered = sorted(ids)
+    shown = [i if len(i) <= width else i[: width - 3] + "..." for i in ordered[:limit]]
+    rest = len(ordered) - len(shown)
+    return ", ".join(shown) + (f" and {rest} more" if rest > 0 else "")
 
 
 class BackendError(DevicePluginError):

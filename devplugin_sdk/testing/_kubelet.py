@@ -11,6 +11,7 @@ kubelet's way. ``restart`` wipes the directory except the checkpoint, as kubelet
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -21,11 +22,11 @@ import stat
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -41,6 +42,8 @@ from devplugin_sdk.settings import Settings
 from devplugin_sdk.types import Allocation
 
 log = logging.getLogger("devplugin_sdk.testing")
+
+T = TypeVar("T")
 
 __all__ = [
     "AdmissionError",
@@ -326,7 +329,8 @@ class FakeKubelet:
         for entry in os.scandir(self.directory):
             if entry.name == constants.CHECKPOINT_NAME or entry.is_dir(follow_symlinks=False):
                 continue
-            os.unlink(entry.path)
+            # os.RemoveAll in the kubelet: a file already gone is not an error.
+            Path(entry.path).unlink(missing_ok=True)
 
     def _read_checkpoint(self) -> None:
         try:
@@ -820,7 +824,7 @@ class FakeKubelet:
                 ]
             )
             try:
-                answer = await client.stub.GetPreferredAllocation(request)
+                answer = await _call(client.stub.GetPreferredAllocation(request))
             except grpc.aio.AioRpcError as exc:
                 raise AdmissionError(
                     f"device plugin GetPreferredAllocation rpc failed with err: {_rpc_error(exc)}"
@@ -840,9 +844,11 @@ class FakeKubelet:
         ids = list(chosen)
         self._random.shuffle(ids)
         try:
-            response = await client.stub.Allocate(
-                pb.AllocateRequest(
-                    container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]
+            response = await _call(
+                client.stub.Allocate(
+                    pb.AllocateRequest(
+                        container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]
+                    )
                 )
             )
         except grpc.aio.AioRpcError as exc:
@@ -879,9 +885,11 @@ class FakeKubelet:
         if client.stopped_at is not None or not client.options.pre_start_required:
             return
         try:
-            await client.stub.PreStartContainer(
-                pb.PreStartContainerRequest(devices_ids=list(allocation.device_ids)),
-                timeout=constants.PRE_START_CONTAINER_TIMEOUT_S,
+            await _call(
+                client.stub.PreStartContainer(
+                    pb.PreStartContainerRequest(devices_ids=list(allocation.device_ids)),
+                    timeout=constants.PRE_START_CONTAINER_TIMEOUT_S,
+                )
             )
         except grpc.aio.AioRpcError as exc:
             raise ContainerStartError(
@@ -924,6 +932,27 @@ class FakeKubelet:
         if books is None or books.endpoint is None:
             raise AdmissionError(f"unknown Device Plugin {resource}")
         return books.endpoint
+
+
+async def _call(call: Awaitable[T]) -> T:
+    """Await a call to the plugin; a call cancelled under us is the kubelet's Canceled error.
+
+    grpc.aio raises asyncio.CancelledError when the call (not this task) is cancelled, e.g.
+    because the plugin's connection closed; it must not look like this task's cancellation.
+    """
+    try:
+        return await call
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        cancelling = getattr(task, "cancelling", None)
+        if task is None or cancelling is None or cancelling():
+            raise
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.CANCELLED,
+            grpc.aio.Metadata(),
+            grpc.aio.Metadata(),
+            details="the call to the plugin was cancelled",
+        ) from None
 
 
 def _join_endpoint(directory: Path, endpoint: str) -> Path:

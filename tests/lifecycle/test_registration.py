@@ -171,3 +171,29 @@ async def test_discovery_failure_at_start_stops_serving(kubelet: FakeKubelet) ->
 
 def test_fake_kubelet_module_is_public() -> None:
     assert fake_kubelet_module.FakeKubelet is FakeKubelet
+
+
+async def test_a_kubelet_restart_during_a_failed_register_retries_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new kubelet.sock that appears while a Register fails wakes the retry (no backoff)."""
+    from devplugin_sdk import _registration
+
+    real = _registration.register_once
+    calls = 0
+
+    async with FakeKubelet() as kubelet:
+
+        async def first_fails(*args, **kwargs):  # type: ignore[no-untyped-def]
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                await kubelet.restart()
+                await anyio.sleep(0.05)
+                return _registration.Outcome.RETRY, "simulated"
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(_registration, "register_once", first_fails)
+        settings = kubelet.settings(register_backoff_initial=30.0, register_backoff_max=30.0)
+        async with serving(StaticPlugin(RESOURCE, widgets(1)), settings=settings):
+            await kubelet.wait_for_allocatable(RESOURCE, 1, timeout=5)

@@ -289,3 +289,28 @@ async def test_allocation_after_a_device_fails_skips_it(kubelet: FakeKubelet) ->
         assert got.device_ids == ("w0", "w2")
         with pytest.raises(AdmissionError, match="Requested: 1, Available: 0"):
             await kubelet.allocate(RESOURCE, 1)
+
+
+async def test_thousands_of_unknown_ids_get_a_short_invalid_argument(kubelet: FakeKubelet) -> None:
+    """An error status travels in metadata (about 16 KiB): the list of IDs is capped."""
+    async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await kubelet.call_allocate(RESOURCE, [f"gpu-{i:04d}" for i in range(3000)])
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details().endswith("and 2990 more")
+        assert "gpu-0000, gpu-0001" in info.value.details()
+
+
+async def test_bytes_that_are_not_protobuf_get_invalid_argument(kubelet: FakeKubelet) -> None:
+    async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        async with grpc.aio.insecure_channel(
+            f"unix:{kubelet.directory / 'acme.com_widget.sock'}"
+        ) as channel:
+            raw = channel.unary_unary("/v1beta1.DevicePlugin/Allocate")
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await raw(b"\xff\xff\xff\xff")
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid protobuf message" in (info.value.details() or "")
+        assert kubelet.is_registered(RESOURCE)
