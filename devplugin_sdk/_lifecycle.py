@@ -15,7 +15,7 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -516,6 +516,11 @@ def _reraise_single(group: BaseExceptionGroup[BaseException]) -> NoReturn:
 RUNTIMES: list[PluginRuntime] = []
 
 
+def statuses() -> list[PluginStatus]:
+    """The status of every plugin this process serves."""
+    return [runtime.status() for runtime in list(RUNTIMES)]
+
+
 @dataclass(frozen=True, slots=True)
 class Reload:
     """How a served plugin set is reloaded: on SIGHUP and when ``config_path`` changes.
@@ -720,6 +725,15 @@ def run(
     reload: Reload | None = None,
 ) -> None:
     """Serve ``plugins`` in a new event loop until SIGTERM/SIGINT (see ``devplugin_sdk.run``)."""
+    run_until_signal(lambda: serve(plugins, settings, observer, reload))
+
+
+def run_until_signal(work: Callable[[], Awaitable[None]]) -> None:
+    """Run ``work()`` in a new asyncio event loop until it returns or SIGTERM/SIGINT arrives.
+
+    A signal cancels ``work`` (which cleans up in its ``finally``s); an error it raises comes
+    out as itself, not as an exception group.
+    """
 
     async def main() -> None:
         try:
@@ -733,7 +747,8 @@ def run(
                             return
 
                 tg.start_soon(stop_on_signal)
-                await serve(plugins, settings, observer, reload)
+                await work()
+                tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             _reraise_single(group)
 

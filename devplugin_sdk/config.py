@@ -8,7 +8,7 @@ and the reason. ``load_yaml`` is the one YAML reader of the SDK.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ import yaml
 from devplugin_sdk.api import constants
 from devplugin_sdk.errors import ConfigError
 
-__all__ = ["SDK_KEYS", "RunConfig", "load_yaml", "parse_run_config"]
+__all__ = ["SDK_KEYS", "ConfigReader", "RunConfig", "load_yaml", "parse_run_config"]
 
 #: Top-level keys that belong to the SDK; the rest goes to the backend.
 SDK_KEYS = (
@@ -60,6 +60,82 @@ def load_yaml(path: str | os.PathLike[str]) -> Mapping[str, Any]:
     if not isinstance(data, Mapping):
         raise ConfigError(str(path), f"the top level must be a mapping, got {type(data).__name__}")
     return data
+
+
+class ConfigReader:
+    """Typed reads from one level of a YAML mapping; every error names the dotted key.
+
+    Args:
+        data: The mapping (None reads as empty).
+        prefix: Its dotted key (``""`` at the top level).
+
+    Raises:
+        ConfigError: ``data`` is not a mapping.
+    """
+
+    def __init__(self, data: object, prefix: str) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(prefix or "<root>", f"must be a mapping, got {type(data).__name__}")
+        self.data: Mapping[str, Any] = data
+        self.prefix = prefix
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def known(self, *names: str, hint: Mapping[str, str] | None = None) -> None:
+        """Reject keys other than ``names`` (``hint`` gives a reason for specific keys)."""
+        hints = hint or {}
+        for name in self.data:
+            if name in hints:
+                raise ConfigError(self.key(str(name)), hints[name])
+            if name not in names:
+                raise ConfigError(
+                    self.key(str(name)), f"unknown key; expected one of {', '.join(names)}"
+                )
+
+    def section(self, name: str) -> ConfigReader:
+        """The reader of a nested mapping."""
+        return ConfigReader(self.data.get(name), self.key(name))
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.data.get(name, default)
+        if not isinstance(value, bool):
+            raise ConfigError(self.key(name), f"must be true or false, got {value!r}")
+        return value
+
+    def integer(self, name: str, default: int, *, minimum: int) -> int:
+        value = self.data.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(self.key(name), f"must be an integer, got {value!r}")
+        if value < minimum:
+            raise ConfigError(self.key(name), f"must be >= {minimum}, got {value}")
+        return value
+
+    def number(
+        self, name: str, default: float | None, *, positive: bool = False, nullable: bool = False
+    ) -> float | None:
+        value = self.data.get(name, default)
+        if value is None and nullable:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(self.key(name), f"must be a number of seconds, got {value!r}")
+        if value < 0 or (positive and value == 0):
+            raise ConfigError(self.key(name), f"must be {'> 0' if positive else '>= 0'}")
+        return float(value)
+
+    def string(self, name: str, default: str) -> str:
+        value = self.data.get(name, default)
+        if not isinstance(value, str) or not value:
+            raise ConfigError(self.key(name), f"must be a non-empty string, got {value!r}")
+        return value
+
+    def choice(self, name: str, allowed: Sequence[str], default: str) -> str:
+        value = self.data.get(name, default)
+        if value not in allowed:
+            raise ConfigError(self.key(name), f"must be one of {', '.join(allowed)}, got {value!r}")
+        return str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,17 +199,9 @@ def _string(
 
 
 def _mapping(data: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> Mapping[str, Any]:
-    value = data.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(key, f"must be a mapping, got {type(value).__name__}")
-    unknown = sorted(str(k) for k in value if k not in allowed)
-    if unknown:
-        raise ConfigError(
-            f"{key}.{unknown[0]}", f"unknown key; expected one of {', '.join(allowed)}"
-        )
-    return value
+    reader = ConfigReader(data.get(key), key)
+    reader.known(*allowed)
+    return reader.data
 
 
 def parse_run_config(data: Mapping[str, Any]) -> RunConfig:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -36,7 +35,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("devplugin_sdk.healthz")
 
-__all__ = ["DEFAULT_STUCK_AFTER", "problems", "run", "serve_http", "serve_with_http"]
+__all__ = [
+    "DEFAULT_STUCK_AFTER",
+    "problems",
+    "run",
+    "serve_http",
+    "serve_with_http",
+    "served_statuses",
+]
 
 #: Seconds a newest device list may stay unsent on an open ListAndWatch stream before /healthz
 #: calls the loop stuck.
@@ -57,8 +63,9 @@ _NO_METRICS = b"metrics need prometheus-client: pip install 'devplugin-sdk[metri
 StatusSource = Callable[[], Sequence[PluginStatus]]
 
 
-def _served_statuses() -> list[PluginStatus]:
-    return [runtime.status() for runtime in list(_lifecycle.RUNTIMES)]
+def served_statuses() -> list[PluginStatus]:
+    """The status of every plugin this process serves (what /healthz and /status read)."""
+    return _lifecycle.statuses()
 
 
 def problems(
@@ -212,7 +219,7 @@ async def serve_http(
     """
     if stuck_after <= 0:
         raise ValueError(f"stuck_after must be > 0, got {stuck_after}")
-    endpoints = _Endpoints(stuck_after, registry, statuses or _served_statuses)
+    endpoints = _Endpoints(stuck_after, registry, statuses or served_statuses)
     listener = await anyio.create_tcp_listener(local_host=host or None, local_port=port)
     async with listener:
         bound: int = listener.extra(SocketAttribute.local_port)
@@ -325,29 +332,14 @@ def run(
         ValueError, DevicePluginError: as ``devplugin_sdk.run``.
     """
 
-    async def main() -> None:
-        try:
-            async with anyio.create_task_group() as tg:
-
-                async def stop_on_signal() -> None:
-                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                        async for signum in signals:
-                            log.info("received %s; shutting down", signal.Signals(signum).name)
-                            tg.cancel_scope.cancel()
-                            return
-
-                tg.start_soon(stop_on_signal)
-                await serve_with_http(
-                    plugins,
-                    port=port,
-                    host=host,
-                    settings=settings,
-                    stuck_after=stuck_after,
-                    observer=observer,
-                    reload=reload,
-                )
-                tg.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            _lifecycle._reraise_single(group)
-
-    anyio.run(main, backend="asyncio")
+    _lifecycle.run_until_signal(
+        lambda: serve_with_http(
+            plugins,
+            port=port,
+            host=host,
+            settings=settings,
+            stuck_after=stuck_after,
+            observer=observer,
+            reload=reload,
+        )
+    )

@@ -77,10 +77,6 @@ def _prometheus() -> ModuleType:
         ) from None
 
 
-def _served_statuses() -> list[PluginStatus]:
-    return [runtime.status() for runtime in list(_lifecycle.RUNTIMES)]
-
-
 class _StatusCollector:
     """Series read from the plugins' status at scrape time (state, not events)."""
 
@@ -154,7 +150,7 @@ class PrometheusObserver:
         self.registry: CollectorRegistry = prom.REGISTRY if registry is None else registry
         reg = self.registry
         # Registered first: a duplicate observer fails before it leaves half its metrics behind.
-        reg.register(_StatusCollector(prom, statuses or _served_statuses))
+        reg.register(_StatusCollector(prom, statuses or _lifecycle.statuses))
         self._registrations = prom.Counter(
             "devplugin_registrations",
             "Successful Register calls with the kubelet, first ones and re-registrations.",

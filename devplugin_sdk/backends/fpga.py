@@ -27,6 +27,7 @@ import anyio
 
 from devplugin_sdk import _names, fswatch
 from devplugin_sdk.backends import _sysfs
+from devplugin_sdk.config import ConfigReader
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.plugin import DevicePlugin, PluginEvent
 from devplugin_sdk.types import Device, DeviceNode, Health, HealthEvent, RescanEvent
@@ -175,11 +176,7 @@ class FpgaConfig:
         if not isinstance(config, Mapping):
             raise ConfigError("config", f"must be a mapping, got {type(config).__name__}")
         raw: dict[str, Any] = {**config, **overrides}
-        known = {f.name for f in dataclasses.fields(cls)}
-        for key in raw:
-            if key not in known:
-                expected = ", ".join(sorted(known))
-                raise ConfigError(str(key), f"unknown key; expected one of {expected}")
+        ConfigReader(raw, "").known(*sorted(f.name for f in dataclasses.fields(cls)))
         family = raw.get("family")
         if family not in ("xrt", "dfl"):
             raise ConfigError("family", f"must be 'xrt' or 'dfl', got {family!r}")

@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 
 from devplugin_sdk import _names, fswatch
-from devplugin_sdk.config import load_yaml
+from devplugin_sdk.config import ConfigReader, load_yaml
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.plugin import DevicePlugin, PluginEvent
 from devplugin_sdk.types import Device, DeviceNode, Health, HealthEvent, RescanEvent, replicate
@@ -436,10 +436,7 @@ def from_config(
 
 
 def _check_keys(mapping: Mapping[Any, Any], allowed: Sequence[str], prefix: str) -> None:
-    for key in mapping:
-        if key not in allowed:
-            where = f"{prefix}.{key}" if prefix else str(key)
-            raise ConfigError(where, f"unknown key; expected one of: {', '.join(allowed)}")
+    ConfigReader(mapping, prefix).known(*allowed)
 
 
 # ====================================================================== helpers

@@ -31,6 +31,7 @@ import anyio.to_thread
 from devplugin_sdk import _names
 from devplugin_sdk.allocation import TopologyScorer
 from devplugin_sdk.backends import _sysfs
+from devplugin_sdk.config import ConfigReader
 from devplugin_sdk.errors import AllocationError, BackendError, ConfigError, MissingDependencyError
 from devplugin_sdk.plugin import DevicePlugin, PluginEvent
 from devplugin_sdk.types import (
@@ -271,70 +272,11 @@ class NvidiaConfig:
         return cls(**kw)
 
 
-class _Reader:
-    """Typed reads from one level of a YAML mapping, errors named by dotted key."""
-
-    def __init__(self, data: object, prefix: str) -> None:
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
-            raise ConfigError(prefix or "<root>", f"must be a mapping, got {type(data).__name__}")
-        self.data: Mapping[str, Any] = data
-        self.prefix = prefix
-
-    def key(self, name: str) -> str:
-        return f"{self.prefix}.{name}" if self.prefix else name
-
-    def known(self, *names: str, hint: Mapping[str, str] | None = None) -> None:
-        hints = hint or {}
-        for name in self.data:
-            if name in hints:
-                raise ConfigError(self.key(str(name)), hints[name])
-            if name not in names:
-                raise ConfigError(
-                    self.key(str(name)), f"unknown key; expected one of {', '.join(names)}"
-                )
+class _Reader(ConfigReader):
+    """``ConfigReader`` plus the list readers the NVIDIA schema needs."""
 
     def section(self, name: str) -> _Reader:
         return _Reader(self.data.get(name), self.key(name))
-
-    def boolean(self, name: str, default: bool) -> bool:
-        value = self.data.get(name, default)
-        if not isinstance(value, bool):
-            raise ConfigError(self.key(name), f"must be true or false, got {value!r}")
-        return value
-
-    def integer(self, name: str, default: int, *, minimum: int) -> int:
-        value = self.data.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(self.key(name), f"must be an integer, got {value!r}")
-        if value < minimum:
-            raise ConfigError(self.key(name), f"must be >= {minimum}, got {value}")
-        return value
-
-    def number(
-        self, name: str, default: float | None, *, positive: bool = False, nullable: bool = False
-    ) -> float | None:
-        value = self.data.get(name, default)
-        if value is None and nullable:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(self.key(name), f"must be a number of seconds, got {value!r}")
-        if value < 0 or (positive and value == 0):
-            raise ConfigError(self.key(name), f"must be {'> 0' if positive else '>= 0'}")
-        return float(value)
-
-    def string(self, name: str, default: str) -> str:
-        value = self.data.get(name, default)
-        if not isinstance(value, str) or not value:
-            raise ConfigError(self.key(name), f"must be a non-empty string, got {value!r}")
-        return value
-
-    def choice(self, name: str, allowed: Sequence[str], default: str) -> str:
-        value = self.data.get(name, default)
-        if value not in allowed:
-            raise ConfigError(self.key(name), f"must be one of {', '.join(allowed)}, got {value!r}")
-        return str(value)
 
     def choices(
         self, name: str, allowed: Sequence[str], default: tuple[str, ...]

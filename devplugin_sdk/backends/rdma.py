@@ -27,6 +27,7 @@ import anyio
 
 from devplugin_sdk import fswatch
 from devplugin_sdk.backends import _sysfs
+from devplugin_sdk.config import ConfigReader
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.plugin import DevicePlugin, PluginEvent
 from devplugin_sdk.types import (
@@ -928,10 +929,7 @@ def _selectors(raw: Any, key: str) -> tuple[Selector, ...]:
 
 
 def _check_keys(mapping: Mapping[str, Any], allowed: set[str], key: str) -> None:
-    for name in mapping:
-        if name not in allowed:
-            where = f"{key}.{name}" if key else str(name)
-            raise ConfigError(where, f"unknown key; expected one of {', '.join(sorted(allowed))}")
+    ConfigReader(mapping, key).known(*sorted(allowed))
 
 
 def _string(mapping: Mapping[str, Any], name: str, key: str, default: str) -> str:

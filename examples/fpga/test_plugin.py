@@ -233,10 +233,10 @@ async def test_main_with_the_daemonset_args_serves_healthz_on_its_probe_port(
             )
         )
         await kubelet.wait_for_allocatable("amd.com/u250", 2)
-        # /healthz is 200 only once every resource is registered with its stream open.
+        # /healthz is 200 once every plugin is registered with its stream open, as the
+        # plugins see it (the kubelet records a registration before the plugin hears back).
         await kubelet.wait_for(
-            lambda: all(kubelet.is_registered(p.resource_name) for p in plugins),
-            what="every resource registered",
+            lambda: not healthz.problems(healthz.served_statuses()), what="every plugin live"
         )
         reply = await http_get(bound, "/healthz")
         metrics = await http_get(bound, "/metrics")

@@ -223,6 +223,11 @@ async def test_healthz_answers_once_the_gpus_are_registered(tmp_path: Path) -> N
             )
         )
         await kubelet.wait_for_allocatable("nvidia.com/gpu", 4)
+        # Live as the plugin sees it (the kubelet records a registration before the plugin
+        # hears back).
+        await kubelet.wait_for(
+            lambda: not healthz.problems(healthz.served_statuses()), what="the plugin live"
+        )
         async with await anyio.connect_tcp("127.0.0.1", port) as stream:
             await stream.send(b"GET /healthz HTTP/1.1\r\nHost: probe\r\n\r\n")
             reply = b""
