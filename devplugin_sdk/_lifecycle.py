@@ -74,13 +74,8 @@ class PluginRuntime:
         self._next_stream = 0
         self.no_stream_since: float | None = None
         self.registered = False
-        self.registrations = 0
-        self.lists_sent = 0
-        self.allocations = 0
-        self.rpc_errors = 0
         self.observer = observer
         self._stream_versions: dict[int, int] = {}
-        self._unsent_since: float | None = None
         self._options = _convert.options(
             pre_start_required=plugin.overrides("pre_start_container"),
             preferred_allocation=plugin.overrides("preferred_allocation"),
@@ -123,7 +118,6 @@ class PluginRuntime:
         self.watcher.notify()
 
     def list_sent(self, snapshot: Snapshot, stream_id: int) -> None:
-        self.lists_sent += 1
         self._stream_versions[stream_id] = snapshot.version
         healthy = snapshot.healthy_count
         self._notify("list_sent", self.resource, healthy, len(snapshot.devices) - healthy)
@@ -137,27 +131,22 @@ class PluginRuntime:
             )
 
     def allocation_done(self, seconds: float, error: grpc.StatusCode | None) -> None:
-        self.allocations += 1
         self._notify("allocation", self.resource, seconds, error.name if error else None)
 
     def rpc_failed(self, rpc: str, code: grpc.StatusCode) -> None:
-        self.rpc_errors += 1
         if rpc != "Allocate":
             self._notify("rpc_error", self.resource, rpc, code.name)
 
     def status(self) -> PluginStatus:
         """This plugin's state for liveness checks (see ``observe.PluginStatus``)."""
-        now = time.monotonic()
         # A list is pending while some open stream has not sent the newest version; measured
-        # from when that first became true, so a loop that keeps changing still looks stuck.
-        unsent = bool(self.streams) and min(self._stream_versions.values(), default=-1) < (
-            self.state.version
-        )
-        if not unsent:
-            self._unsent_since = None
-        elif self._unsent_since is None:
-            self._unsent_since = now
-        pending = 0.0 if self._unsent_since is None else now - self._unsent_since
+        # from when the oldest unsent version appeared, so a loop that keeps changing still
+        # looks stuck.
+        pending = 0.0
+        if self.streams:
+            oldest_sent = min(self._stream_versions.values(), default=-1)
+            if oldest_sent < self.state.version:
+                pending = time.monotonic() - self.state.changed_at(oldest_sent + 1)
         snapshot = self.state.snapshot()
         counts = {
             Health.HEALTHY.value: snapshot.healthy_count,
@@ -180,9 +169,6 @@ class PluginRuntime:
             method(*args)
         except Exception:
             log.exception("observer %s.%s failed", type(self.observer).__name__, event)
-
-    def oversized(self, size: int) -> None:
-        pass
 
     # ------------------------------------------------------------------ the plugin's life
 
@@ -365,7 +351,6 @@ class PluginRuntime:
                     continue
                 backoff = settings.register_backoff_initial
                 self.registered = True
-                self.registrations += 1
                 self._notify("registered", self.resource, time.perf_counter() - started)
                 registered_with = kubelet_id
                 if not self.streams:
@@ -396,7 +381,6 @@ class PluginRuntime:
         """NotifyRegistrationStatus from the kubelet's plugin watcher."""
         if registered:
             self.registered = True
-            self.registrations += 1
             self._notify("registered", self.resource, 0.0)
             log.info("%s: registered through the plugin watcher", self.resource, extra=self.extra)
             return

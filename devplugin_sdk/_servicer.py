@@ -343,4 +343,3 @@ class DevicePluginServicer:
             constants.MAX_MESSAGE_BYTES,
             extra={"resource": self.resource},
         )
-        self.runtime.oversized(size)

@@ -9,6 +9,7 @@ reported-by-parent health.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,8 @@ from devplugin_sdk.errors import BackendError, UnknownDeviceError
 from devplugin_sdk.types import Device, Health
 
 log = logging.getLogger("devplugin_sdk")
+
+_BORN_KEPT = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,8 @@ class DeviceState:
         self._snapshot: Snapshot | None = None
         self._changed = anyio.Event()
         self.closed = False
+        # When each version still of interest appeared (liveness: how long a list waits).
+        self._born: dict[int, float] = {0: time.monotonic()}
 
     # ------------------------------------------------------------------ writers
 
@@ -202,7 +207,17 @@ class DeviceState:
             return self._reported.get(device.parent, Health.HEALTHY)
         return Health.HEALTHY
 
+    def changed_at(self, version: int) -> float:
+        """When ``version`` appeared (monotonic clock); forgets every older version."""
+        for old in [v for v in self._born if v < version]:
+            del self._born[old]
+        # A version dropped by the cap below appeared before the oldest one kept.
+        return self._born.get(version, min(self._born.values(), default=time.monotonic()))
+
     def _bump(self) -> None:
         self._version += 1
+        self._born[self._version] = time.monotonic()
+        if len(self._born) > _BORN_KEPT:  # nobody is reading (no stream): keep it bounded
+            del self._born[next(iter(self._born))]
         self._changed.set()
         self._changed = anyio.Event()
