@@ -13,6 +13,7 @@ import socket
 import stat
 from pathlib import Path
 
+import anyio
 import grpc
 
 from devplugin_sdk._kubelet_watch import FileId, file_id
@@ -89,10 +90,14 @@ async def start_server(
         server.add_insecure_port(f"unix:{path}")
     except RuntimeError as exc:
         raise OSError(errno.EADDRINUSE, f"cannot bind {path}: {exc}") from exc
-    await server.start()
-    identity = file_id(path)
-    if identity is None:
-        # A starting kubelet deletes every file in its directory, ours included.
-        await server.stop(0)
-        raise SocketVanishedError(errno.ENOENT, f"{path} vanished right after binding")
+    # Shielded: a cancellation in the middle would orphan a half-started server, which grpcio
+    # then fails to shut down (InvalidStateError); the caller stops what it gets back.
+    with anyio.CancelScope(shield=True):
+        await server.start()
+        identity = file_id(path)
+        if identity is None:
+            # A starting kubelet deletes every file in its directory, ours included.
+            await server.stop(0)
+            raise SocketVanishedError(errno.ENOENT, f"{path} vanished right after binding")
+    assert identity is not None  # a shielded scope swallows nothing, but mypy cannot tell
     return server, identity

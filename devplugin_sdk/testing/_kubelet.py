@@ -280,7 +280,8 @@ class FakeKubelet:
             ]
         )
         server.add_insecure_port(f"unix:{self.socket_path}")
-        await server.start()
+        with anyio.CancelScope(shield=True):  # never leave a half-started server behind
+            await server.start()
         self._server = server
         if self.plugin_watcher:
             # Unlike device-plugins, plugins_registry is not cleaned at start: existing sockets
