@@ -87,13 +87,21 @@ async def test_reload_changes_only_what_changed(tmp_path: Path) -> None:
         tg.cancel_scope.cancel()
 
 
+async def _sighup_handled(kubelet: FakeKubelet) -> None:
+    """Wait until the reload loop handles SIGHUP (its default action ends the process)."""
+    await kubelet.wait_for(
+        lambda: signal.getsignal(signal.SIGHUP) not in (signal.SIG_DFL, None),
+        what="a SIGHUP handler",
+    )
+
+
 async def test_sighup_reloads(kubelet: FakeKubelet) -> None:
     current: list[DevicePlugin] = [StaticPlugin("acme.com/a", widgets(1))]
     reload = _lifecycle.Reload(load=lambda: list(current), sighup=True)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_lifecycle.serve, list(current), kubelet.settings(), None, reload)
         await kubelet.wait_for_allocatable("acme.com/a", 1)
-        await anyio.sleep(0.05)  # let the SIGHUP receiver start
+        await _sighup_handled(kubelet)
         current.append(StaticPlugin("acme.com/b", widgets(2)))
         os.kill(os.getpid(), signal.SIGHUP)
         await kubelet.wait_for_allocatable("acme.com/b", 2)
@@ -111,7 +119,7 @@ async def test_a_reloaded_plugin_that_fails_does_not_stop_the_others(kubelet: Fa
     async with anyio.create_task_group() as tg:
         tg.start_soon(_lifecycle.serve, list(current), kubelet.settings(), None, reload)
         await kubelet.wait_for_allocatable("acme.com/a", 1)
-        await anyio.sleep(0.05)
+        await _sighup_handled(kubelet)
         current.append(Broken("acme.com/b", []))
         os.kill(os.getpid(), signal.SIGHUP)
         await anyio.sleep(0.3)

@@ -71,10 +71,10 @@ async def test_a_slow_kubelet_still_registers() -> None:
 
 async def test_register_past_its_deadline_waits_for_the_kubelet_instead_of_duplicating() -> None:
     """A Register that times out may still complete on the kubelet: no second registration."""
-    # The kubelet completes 0.1 s after the client's deadline; the plugin waits one more
-    # register_timeout for a ListAndWatch stream before it would retry.
-    async with FakeKubelet(register_delay=0.3) as kubelet:
-        settings = kubelet.settings(register_timeout=0.2)
+    # The kubelet completes about 0.2 s after the client's deadline; the plugin waits one more
+    # register_timeout (0.5 s) for a ListAndWatch stream before it would retry.
+    async with FakeKubelet(register_delay=0.7) as kubelet:
+        settings = kubelet.settings(register_timeout=0.5)
         async with serving(StaticPlugin(RESOURCE, widgets(1)), settings=settings):
             await kubelet.wait_for_allocatable(RESOURCE, 1)
             await anyio.sleep(0.5)  # give a wrong retry the time to happen
