@@ -8,15 +8,20 @@ Caching entries makes a health flip at 50k devices cost one re-encode plus a joi
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+from devplugin_sdk.api import constants
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.types import Allocation, Device, DeviceNode, Health, Mount
 
 __all__ = [
+    "ListedDevice",
     "allocation_from_response",
     "allocation_to_response",
     "decode_list_and_watch",
     "list_and_watch_entry",
+    "listed_devices",
     "options",
     "preferred_response",
 ]
@@ -35,6 +40,30 @@ def list_and_watch_entry(device: Device, health: Health) -> bytes:
 def decode_list_and_watch(payload: bytes) -> pb.ListAndWatchResponse:
     """Parse an encoded ListAndWatchResponse."""
     return pb.ListAndWatchResponse.FromString(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class ListedDevice:
+    """One device of a ListAndWatch message as the kubelet reads it (health not validated)."""
+
+    id: str
+    health: str
+    numa_nodes: tuple[int, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        # The kubelet counts a device as healthy only for the exact string "Healthy".
+        return self.health == constants.HEALTHY
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "health": self.health, "numa_nodes": list(self.numa_nodes)}
+
+
+def listed_devices(message: pb.ListAndWatchResponse) -> tuple[ListedDevice, ...]:
+    """The devices of a ListAndWatch message, in order."""
+    return tuple(
+        ListedDevice(d.ID, d.health, tuple(n.ID for n in d.topology.nodes)) for d in message.devices
+    )
 
 
 def options(*, pre_start_required: bool, preferred_allocation: bool) -> pb.DevicePluginOptions:

@@ -121,21 +121,8 @@ class PluginOptions:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class ListedDevice:
-    """One device of a ListAndWatch message, as sent (the health string is not validated)."""
-
-    id: str
-    health: str
-    numa_nodes: tuple[int, ...] = ()
-
-    @property
-    def healthy(self) -> bool:
-        # The kubelet counts a device as healthy only for the exact string "Healthy".
-        return self.health == constants.HEALTHY
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "health": self.health, "numa_nodes": list(self.numa_nodes)}
+# One device of a ListAndWatch message, as sent; shared with FakeKubelet.
+ListedDevice = _convert.ListedDevice
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,14 +279,7 @@ class ListStream:
 def _device_list(payload: bytes) -> DeviceList:
     message = _convert.decode_list_and_watch(payload)
     return DeviceList(
-        devices=tuple(
-            ListedDevice(
-                d.ID,
-                d.health,
-                tuple(n.ID for n in d.topology.nodes) if d.HasField("topology") else (),
-            )
-            for d in message.devices
-        ),
+        devices=_convert.listed_devices(message),
         size=len(payload),
         received_at=time.time(),
     )

@@ -72,18 +72,9 @@ class ContainerStartError(FakeKubeletError):
     """Container creation failed (``CreateContainerConfigError`` on a real node)."""
 
 
-@dataclass(frozen=True, slots=True)
-class KubeletDevice:
-    """A device as the kubelet last heard of it."""
-
-    id: str
-    health: str
-    numa_nodes: tuple[int, ...] = ()
-
-    @property
-    def healthy(self) -> bool:
-        # Only the exact string counts.
-        return self.health == constants.HEALTHY
+#: A device as the kubelet last heard of it (id, health string, NUMA nodes); ``healthy`` is
+#: true only for the exact string "Healthy".
+KubeletDevice = _convert.ListedDevice
 
 
 @dataclass(frozen=True, slots=True)
@@ -629,10 +620,9 @@ class FakeKubelet:
         books.devices = {}
         books.healthy = set()
         books.unhealthy = set()
-        for device in response.devices:
-            kd = KubeletDevice(device.ID, device.health, tuple(n.ID for n in device.topology.nodes))
-            books.devices[device.ID] = kd
-            (books.healthy if kd.healthy else books.unhealthy).add(device.ID)
+        for kd in _convert.listed_devices(response):
+            books.devices[kd.id] = kd
+            (books.healthy if kd.healthy else books.unhealthy).add(kd.id)
         books.seen_list = True
         books.messages += 1
         self._write_checkpoint()
