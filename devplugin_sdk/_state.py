@@ -2,12 +2,13 @@
 
 Every ListAndWatch stream of the plugin reads snapshots from here; a change bumps the version
 and wakes the streams, which send the newest full list (changes made while a stream was busy
-coalesce into one message). Effective health is the worst of discovered, reported-by-ID and
-reported-by-parent health.
+coalesce into one message). Health has one owner, this module: a device's health is the latest
+report about it or its parent, and nothing is sticky (``DeviceState.report_health``).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,19 +31,35 @@ class Snapshot:
 
     version: int
     devices: tuple[Device, ...]
-    health: Mapping[str, Health]
     payload: bytes
     healthy_count: int
 
 
 class DeviceState:
-    """Devices and health of one resource; safe to use from one event loop."""
+    """Devices and health of one resource; safe to use from one event loop.
+
+    The health model, in full:
+
+    * Reports come from discovery, from ``check_health`` and from pushed ``HealthEvent``s. A
+      report names a device ID or a parent ID (``Device.parent``); a parent's report speaks for
+      every device whose parent it is.
+    * A device's health is the latest report about its own ID or its parent's, Healthy when
+      there is none. A later Healthy report clears an earlier Unhealthy one, whoever made it.
+    * Only changes count: a report equal to the latest one for its key is not a new report (a
+      poll that says Healthy every interval does not override a newer pushed fault); the first
+      report for a key always counts.
+    * Discovery reports a device's health when what discovery says about it changes (for a
+      new device: when discovery says Unhealthy), so a rescan that still sees a device as
+      Healthy leaves a pushed fault in place.
+    """
 
     def __init__(self, resource_name: str) -> None:
         self.resource_name = resource_name
         self._devices: dict[str, Device] = {}
         self._children: dict[str, list[str]] = {}
-        self._reported: dict[str, Health] = {}
+        # Latest report per device or parent ID: (sequence number, health).
+        self._reports: dict[str, tuple[int, Health]] = {}
+        self._sequence = itertools.count(1)
         self._effective: dict[str, Health] = {}
         self._healthy = 0
         self._entries: dict[str, bytes] = {}
@@ -58,8 +75,12 @@ class DeviceState:
     def set_devices(self, devices: Sequence[Device]) -> bool:
         """Replace the discovered devices; return whether the list the kubelet sees changed.
 
+        A device's discovered health is a report when it differs from what the previous
+        discovery said about that ID (Healthy for a new ID).
+
         Raises:
-            BackendError: if two devices share an ID (the kubelet would double-count them).
+            BackendError: if an entry is not a ``Device`` or two devices share an ID (the
+                kubelet would double-count them); nothing changes.
         """
         by_id: dict[str, Device] = {}
         for device in devices:
@@ -74,11 +95,19 @@ class DeviceState:
             by_id[device.id] = device
         old_devices = self._devices
         old_effective = self._effective
+        for device in by_id.values():
+            before = old_devices.get(device.id)
+            said_before = before.health if before is not None else Health.HEALTHY
+            if device.health is not said_before:
+                self._record(device.id, device.health)
         self._devices = by_id
         self._children = {}
         for device in by_id.values():
             if device.parent is not None:
                 self._children.setdefault(device.parent, []).append(device.id)
+        # Reports about IDs that are neither a device nor a parent any more are forgotten.
+        for key in [k for k in self._reports if k not in by_id and k not in self._children]:
+            del self._reports[key]
         self._effective = {d.id: self._compute(d) for d in by_id.values()}
         self._healthy = sum(1 for h in self._effective.values() if h is Health.HEALTHY)
         entries: dict[str, bytes] = {}
@@ -94,6 +123,9 @@ class DeviceState:
                 entries[device.id] = _convert.list_and_watch_entry(
                     device, self._effective[device.id]
                 )
+        for device_id, health in self._effective.items():
+            if old_effective.get(device_id, Health.HEALTHY) is not health:
+                self._log_flip(device_id, health, "discovered")
         changed = list(old_devices) != list(by_id) or entries != self._entries
         self._entries = entries
         if changed:
@@ -103,18 +135,17 @@ class DeviceState:
     def report_health(self, health: Mapping[str, Health], reason: str = "") -> list[str]:
         """Record pushed or polled health by device ID or parent ID.
 
+        Keys that name neither a device nor a parent of one are ignored.
+
         Returns:
             IDs of devices whose effective health changed.
         """
         affected: set[str] = set()
         for key, reported in health.items():
-            value = Health(reported)
-            if self._reported.get(key, Health.HEALTHY) is value:
+            if key not in self._devices and key not in self._children:
                 continue
-            if value is Health.HEALTHY:
-                self._reported.pop(key, None)
-            else:
-                self._reported[key] = value
+            if not self._record(key, Health(reported)):
+                continue
             if key in self._devices:
                 affected.add(key)
             affected.update(self._children.get(key, ()))
@@ -127,18 +158,7 @@ class DeviceState:
                 self._effective[device_id] = new
                 self._entries[device_id] = _convert.list_and_watch_entry(device, new)
                 flipped.append(device_id)
-                log.info(
-                    "%s: device %s is now %s%s",
-                    self.resource_name,
-                    device_id,
-                    new.value,
-                    f" ({reason})" if reason else "",
-                    extra={
-                        "resource": self.resource_name,
-                        "device": device_id,
-                        "health": new.value,
-                    },
-                )
+                self._log_flip(device_id, new, reason)
         if flipped:
             self._bump()
         return flipped
@@ -161,7 +181,6 @@ class DeviceState:
             self._snapshot = Snapshot(
                 version=self._version,
                 devices=tuple(self._devices.values()),
-                health=dict(self._effective),
                 payload=b"".join(self._entries.values()),
                 healthy_count=self._healthy,
             )
@@ -197,15 +216,29 @@ class DeviceState:
 
     # ------------------------------------------------------------------ internals
 
+    def _record(self, key: str, health: Health) -> bool:
+        """Make ``health`` the latest report for ``key``; False if it already was."""
+        latest = self._reports.get(key)
+        if latest is not None and latest[1] is health:
+            return False
+        self._reports[key] = (next(self._sequence), health)
+        return True
+
     def _compute(self, device: Device) -> Health:
-        if device.health is not Health.HEALTHY:
-            return device.health
-        reported = self._reported.get(device.id, Health.HEALTHY)
-        if reported is not Health.HEALTHY:
-            return reported
-        if device.parent is not None:
-            return self._reported.get(device.parent, Health.HEALTHY)
-        return Health.HEALTHY
+        own = self._reports.get(device.id)
+        parent = self._reports.get(device.parent) if device.parent is not None else None
+        latest = max((r for r in (own, parent) if r is not None), default=None)
+        return latest[1] if latest is not None else Health.HEALTHY
+
+    def _log_flip(self, device_id: str, health: Health, reason: str) -> None:
+        log.info(
+            "%s: device %s is now %s%s",
+            self.resource_name,
+            device_id,
+            health.value,
+            f" ({reason})" if reason else "",
+            extra={"resource": self.resource_name, "device": device_id, "health": health.value},
+        )
 
     def changed_at(self, version: int) -> float:
         """When ``version`` appeared (monotonic clock); forgets every older version."""

@@ -7,7 +7,10 @@ and the reason. ``load_yaml`` is the one YAML reader of the SDK.
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,10 +18,18 @@ from typing import Any
 
 import yaml
 
+from devplugin_sdk import _names
 from devplugin_sdk.api import constants
 from devplugin_sdk.errors import ConfigError
 
-__all__ = ["SDK_KEYS", "ConfigReader", "RunConfig", "load_yaml", "parse_run_config"]
+__all__ = [
+    "SDK_KEYS",
+    "ConfigReader",
+    "RunConfig",
+    "load_yaml",
+    "parse_run_config",
+    "shown",
+]
 
 #: Top-level keys that belong to the SDK; the rest goes to the backend.
 SDK_KEYS = (
@@ -62,18 +73,36 @@ def load_yaml(path: str | os.PathLike[str]) -> Mapping[str, Any]:
     return data
 
 
+def shown(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages.
+
+    A value from a file can be huge (or a YAML alias bomb): an error message never spells it out.
+    """
+    if isinstance(value, (Mapping, list, tuple, set)) and len(value) > 16:
+        return f"<{type(value).__name__} of {len(value)} items>"
+    text = reprlib.repr(value) if isinstance(value, (Mapping, list, tuple, set)) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_UNSET: Any = object()
+
+
 class ConfigReader:
     """Typed reads from one level of a YAML mapping; every error names the dotted key.
 
+    The one reader every backend's ``from_config`` uses, so that keys, types and ranges are
+    checked the same way everywhere: ``reader.section("health").number("probeInterval", 5)``
+    fails with ``ConfigError("health.probeInterval", "must be a number of seconds, got 'x'")``.
+
     Args:
         data: The mapping (None reads as empty).
-        prefix: Its dotted key (``""`` at the top level).
+        prefix: Its dotted key (``""`` at the top level, ``resources[2]`` in a list).
 
     Raises:
         ConfigError: ``data`` is not a mapping.
     """
 
-    def __init__(self, data: object, prefix: str) -> None:
+    def __init__(self, data: object, prefix: str = "") -> None:
         if data is None:
             data = {}
         if not isinstance(data, Mapping):
@@ -82,60 +111,183 @@ class ConfigReader:
         self.prefix = prefix
 
     def key(self, name: str) -> str:
+        """The dotted key of ``name`` at this level."""
         return f"{self.prefix}.{name}" if self.prefix else name
 
+    def has(self, name: str) -> bool:
+        """Whether ``name`` is set (to anything but null)."""
+        return self.data.get(name) is not None
+
     def known(self, *names: str, hint: Mapping[str, str] | None = None) -> None:
-        """Reject keys other than ``names`` (``hint`` gives a reason for specific keys)."""
+        """Reject keys other than ``names`` (``hint`` gives a reason for specific keys).
+
+        The error names the unknown key, the closest known one and every known one.
+        """
         hints = hint or {}
         for name in self.data:
             if name in hints:
                 raise ConfigError(self.key(str(name)), hints[name])
             if name not in names:
+                close = difflib.get_close_matches(str(name), names, n=1)
+                guess = f"did you mean {close[0]!r}? " if close else ""
                 raise ConfigError(
-                    self.key(str(name)), f"unknown key; expected one of {', '.join(names)}"
+                    self.key(shown(name, 60) if not isinstance(name, str) else name[:60]),
+                    f"unknown key; {guess}expected one of {', '.join(names)}",
                 )
 
     def section(self, name: str) -> ConfigReader:
-        """The reader of a nested mapping."""
+        """The reader of a nested mapping (empty when the key is absent or null)."""
         return ConfigReader(self.data.get(name), self.key(name))
+
+    def sections(self, name: str, *, required: bool = False) -> list[ConfigReader]:
+        """Readers of a list of mappings, keyed ``name[0]``, ``name[1]``...
+
+        Raises:
+            ConfigError: not a list, an item not a mapping, or (``required``) missing or empty.
+        """
+        value = self.data.get(name)
+        if value is None and not required:
+            return []
+        if not isinstance(value, list) or (required and not value):
+            raise ConfigError(self.key(name), f"must be a non-empty list, got {shown(value)}")
+        return [ConfigReader(item, f"{self.key(name)}[{i}]") for i, item in enumerate(value)]
 
     def boolean(self, name: str, default: bool) -> bool:
         value = self.data.get(name, default)
         if not isinstance(value, bool):
-            raise ConfigError(self.key(name), f"must be true or false, got {value!r}")
+            raise ConfigError(self.key(name), f"must be true or false, got {shown(value)}")
         return value
 
-    def integer(self, name: str, default: int, *, minimum: int) -> int:
+    def integer(self, name: str, default: int, *, minimum: int, maximum: int | None = None) -> int:
         value = self.data.get(name, default)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(self.key(name), f"must be an integer, got {value!r}")
+            raise ConfigError(self.key(name), f"must be an integer, got {shown(value)}")
         if value < minimum:
             raise ConfigError(self.key(name), f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(self.key(name), f"must be <= {maximum}, got {value}")
         return value
 
     def number(
         self, name: str, default: float | None, *, positive: bool = False, nullable: bool = False
     ) -> float | None:
+        """A number of seconds (``>= 0``, or ``> 0`` when ``positive``); None if ``nullable``."""
         value = self.data.get(name, default)
         if value is None and nullable:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(self.key(name), f"must be a number of seconds, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise ConfigError(self.key(name), f"must be a number of seconds, got {shown(value)}")
         if value < 0 or (positive and value == 0):
             raise ConfigError(self.key(name), f"must be {'> 0' if positive else '>= 0'}")
         return float(value)
 
-    def string(self, name: str, default: str) -> str:
-        value = self.data.get(name, default)
-        if not isinstance(value, str) or not value:
-            raise ConfigError(self.key(name), f"must be a non-empty string, got {value!r}")
+    def interval(self, name: str, default: float) -> float:
+        """A positive number of seconds."""
+        value = self.number(name, default, positive=True)
+        assert value is not None  # not nullable
         return value
 
-    def choice(self, name: str, allowed: Sequence[str], default: str) -> str:
+    def string(self, name: str, default: str = _UNSET) -> str:
+        """A non-empty string; required when no default is given."""
         value = self.data.get(name, default)
-        if value not in allowed:
-            raise ConfigError(self.key(name), f"must be one of {', '.join(allowed)}, got {value!r}")
-        return str(value)
+        if value is _UNSET:
+            raise ConfigError(self.key(name), "is required")
+        if not isinstance(value, str) or not value:
+            raise ConfigError(self.key(name), f"must be a non-empty string, got {shown(value)}")
+        return value
+
+    def optional_string(self, name: str) -> str | None:
+        """A non-empty string, or None when absent or null."""
+        return self.string(name) if self.has(name) else None
+
+    def choice(self, name: str, allowed: Sequence[str], default: str = _UNSET) -> str:
+        value = self.data.get(name, default)
+        if value is _UNSET:
+            raise ConfigError(self.key(name), f"is required: one of {', '.join(allowed)}")
+        if not isinstance(value, str) or value not in allowed:
+            raise ConfigError(
+                self.key(name), f"must be one of {', '.join(allowed)}, got {shown(value)}"
+            )
+        return value
+
+    def choices(
+        self, name: str, allowed: Sequence[str], default: tuple[str, ...]
+    ) -> tuple[str, ...]:
+        """One of ``allowed`` or a non-empty list of them (duplicates dropped, order kept)."""
+        value = self.data.get(name, list(default))
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not items:
+            raise ConfigError(
+                self.key(name), f"must be one of {', '.join(allowed)} or a non-empty list of them"
+            )
+        for i, item in enumerate(items):
+            if not isinstance(item, str) or item not in allowed:
+                raise ConfigError(
+                    f"{self.key(name)}[{i}]",
+                    f"must be one of {', '.join(allowed)}, got {shown(item)}",
+                )
+        return tuple(dict.fromkeys(items))
+
+    def strings(
+        self, name: str, default: Sequence[str] = (), *, required: bool = False
+    ) -> tuple[str, ...]:
+        """A list of non-empty strings (a single string is not a list)."""
+        value = self.data.get(name)
+        if value is None:
+            if required:
+                raise ConfigError(self.key(name), "is required: a non-empty list of strings")
+            return tuple(default)
+        if not isinstance(value, list) or (required and not value):
+            raise ConfigError(self.key(name), f"must be a list of strings, got {shown(value)}")
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or not item:
+                raise ConfigError(
+                    f"{self.key(name)}[{i}]", f"must be a non-empty string, got {shown(item)}"
+                )
+        return tuple(value)
+
+    def integers(self, name: str, default: frozenset[int], *, minimum: int) -> frozenset[int]:
+        """A list of integers ``>= minimum``; ``default`` when absent."""
+        value = self.data.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, list):
+            raise ConfigError(self.key(name), f"must be a list of integers, got {shown(value)}")
+        for i, item in enumerate(value):
+            if isinstance(item, bool) or not isinstance(item, int) or item < minimum:
+                raise ConfigError(
+                    f"{self.key(name)}[{i}]", f"must be an integer >= {minimum}, got {shown(item)}"
+                )
+        return frozenset(value)
+
+    def string_map(self, name: str) -> dict[str, str]:
+        """A mapping of strings to strings (environment variables, labels...)."""
+        section = self.section(name)
+        for key, value in section.data.items():
+            if not isinstance(key, str) or not key:
+                raise ConfigError(
+                    self.key(name), f"keys must be non-empty strings, got {shown(key)}"
+                )
+            if not isinstance(value, str):
+                raise ConfigError(section.key(key), f"must be a string, got {shown(value)}")
+        return dict(section.data)
+
+    def path(self, name: str, default: str | Path) -> Path:
+        """An absolute path."""
+        value = self.string(name, str(default))
+        if not value.startswith("/"):
+            raise ConfigError(self.key(name), f"must be an absolute path, got {shown(value)}")
+        if "\0" in value:
+            raise ConfigError(self.key(name), "must not contain NUL")
+        return Path(value)
+
+    def resource_name(self, name: str, default: str = _UNSET) -> str:
+        """An extended resource name the kubelet accepts (``vendor.com/thing``)."""
+        value = self.string(name, default)
+        problem = _names.resource_name_problem(value)
+        if problem is not None:
+            raise ConfigError(self.key(name), f"invalid resource name {shown(value)}: {problem}")
+        return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ missed (queue overflow, watch limits) and is the only mechanism where inotify is
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -15,12 +16,15 @@ import logging
 import os
 import struct
 import sys
-from collections.abc import AsyncGenerator, Iterable
+import time
+from collections.abc import AsyncGenerator, Callable, Iterable
 from pathlib import Path
 
 import anyio
 
-__all__ = ["watch"]
+from devplugin_sdk.types import RescanEvent
+
+__all__ = ["changes", "watch", "watch_or_rescan"]
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +227,20 @@ class _Watcher:
         if self.inotify is not None:
             self.inotify.close()
 
+    async def next_batch(self, timeout: float) -> set[Path]:
+        """Changed paths, or an empty set when ``timeout`` passes with none.
+
+        inotify wakes it at once; when inotify stays quiet for ``timeout`` the directories are
+        listed and compared (the safety net), which is also all there is without inotify.
+        """
+        if self.inotify is not None:
+            with anyio.move_on_after(timeout):
+                await anyio.wait_readable(self.inotify.fd)
+                return self.handle_events()
+        else:
+            await anyio.sleep(timeout)
+        return self.poll()
+
 
 async def watch(
     directories: Iterable[Path | str], *, poll_interval: float = 2.0, use_inotify: bool = True
@@ -246,18 +264,103 @@ async def watch(
     watcher = _Watcher([Path(d) for d in directories], use_inotify)
     try:
         while True:
-            changed: set[Path] = set()
-            if watcher.inotify is not None:
-                with anyio.move_on_after(poll_interval) as timer:
-                    await anyio.wait_readable(watcher.inotify.fd)
-                    changed = watcher.handle_events()
-                if timer.cancelled_caught:
-                    # The safety net: list the directories only when inotify was quiet.
-                    changed = watcher.poll()
-            else:
-                await anyio.sleep(poll_interval)
-                changed = watcher.poll()
+            changed = await watcher.next_batch(poll_interval)
             if changed:
                 yield changed
     finally:
         watcher.close()
+
+
+Directories = Iterable[Path | str] | Callable[[], Iterable[Path | str]]
+
+
+async def changes(
+    directories: Directories,
+    interval: float,
+    *,
+    relevant: Callable[[Path], bool] | None = None,
+    use_inotify: bool = True,
+) -> AsyncGenerator[set[Path], None]:
+    """Watch directories, or rescan every interval: the loop behind every hot-plug backend.
+
+    Yields an empty set, meaning "rescan everything", right after the watch is armed (so
+    nothing that changes during that rescan is missed) and again every ``interval`` seconds;
+    in between it yields the relevant changed paths as soon as inotify reports them (within
+    about a millisecond). Where inotify is unavailable the directories are compared every
+    ``interval`` and the rescan is the only signal.
+
+    Args:
+        directories: Directories to watch, or a function returning them (called in a worker
+            thread before each round; a changed answer after a change re-arms the watch).
+        interval: Seconds between full rescans.
+        relevant: Keeps only the changed paths it returns True for (None: every path).
+        use_inotify: Set False to force polling (tests of the fallback).
+
+    Yields:
+        ``set()`` for a full rescan, or a non-empty set of relevant changed paths.
+    """
+    if interval <= 0:
+        raise ValueError(f"interval must be > 0, got {interval}")
+    dynamic = callable(directories)
+
+    async def current() -> list[Path]:
+        if callable(directories):
+            found = await anyio.to_thread.run_sync(lambda: list(directories()))
+        else:
+            found = list(directories)
+        return [Path(d) for d in found]
+
+    watched = await current()
+    while True:
+        watcher = _Watcher(watched, use_inotify)  # armed before the rescan it announces
+        try:
+            yield set()
+            deadline = time.monotonic() + interval
+            while (left := deadline - time.monotonic()) > 0:
+                batch = await watcher.next_batch(left)
+                hits = {p for p in batch if relevant is None or relevant(p)}
+                if not hits:
+                    continue
+                yield hits
+                if dynamic and (now := await current()) != watched:
+                    watched = now  # e.g. a new directory at a wildcard level
+                    break
+        finally:
+            watcher.close()
+        if dynamic:
+            watched = await current()
+
+
+async def watch_or_rescan(
+    directories: Directories,
+    interval: float,
+    *,
+    relevant: Callable[[Path], bool] | None = None,
+) -> AsyncGenerator[RescanEvent, None]:
+    """A ``DevicePlugin.watch()`` that asks for a rescan when the devices may have changed.
+
+    The SDK diffs what ``discover()`` returns, devices and their health alike, so for a
+    backend whose devices and health are read from files (sysfs, /dev) a rescan is the whole
+    job: return this from ``watch()``::
+
+        def watch(self):
+            return fswatch.watch_or_rescan([self.dev_root / "infiniband"], self.interval)
+
+    Args:
+        directories: As for ``changes``.
+        interval: Seconds between rescans when nothing changes (health read from attributes
+            that inotify cannot see, such as sysfs, changes at this pace).
+        relevant: Only changes of paths it returns True for ask for an early rescan.
+
+    Yields:
+        A ``RescanEvent`` naming what changed, or saying it is the periodic one.
+    """
+    stream = changes(directories, interval, relevant=relevant)
+    async with contextlib.aclosing(stream) as batches:
+        async for changed in batches:
+            if changed:
+                names = sorted(p.name for p in changed)
+                more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+                yield RescanEvent(f"changed: {', '.join(names[:5])}{more}")
+            else:
+                yield RescanEvent(f"periodic rescan (every {interval:g}s)")
