@@ -31,12 +31,12 @@ from devplugin_sdk import (
     DevicePlugin,
     Health,
     HealthEvent,
-    PluginEvent,
     Settings,
     run,
 )
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.backends.generic import GenericPlugin
+from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.testing import StaticPlugin
 
 

@@ -1,8 +1,9 @@
 """devplugin-sdk: write Kubernetes device plugins in Python.
 
-Subclass ``DevicePlugin``, describe your devices, and call ``run()``: the SDK owns the socket,
+Subclass ``DevicePlugin``, describe your devices, and ``run()`` it: the SDK owns the socket,
 registration with the kubelet, recovery after kubelet restarts, ListAndWatch and the allocation
-RPCs. ``devplugin_sdk.testing`` has ``FakeKubelet`` for your tests.
+RPCs. ``devplugin_sdk.runner`` holds the runner's options (HTTP endpoints, hot reload);
+``devplugin_sdk.testing`` has ``FakeKubelet`` for your tests.
 """
 
 from devplugin_sdk.errors import (
@@ -11,12 +12,12 @@ from devplugin_sdk.errors import (
     ConfigError,
     DevicePluginError,
     MissingDependencyError,
-    RegistrationError,
     RegistrationRejectedError,
     SocketInUseError,
     UnknownDeviceError,
 )
-from devplugin_sdk.plugin import DevicePlugin, PluginEvent, run, serve
+from devplugin_sdk.plugin import DevicePlugin
+from devplugin_sdk.runner import run, serve
 from devplugin_sdk.settings import Settings
 from devplugin_sdk.types import (
     Allocation,
@@ -31,6 +32,8 @@ from devplugin_sdk.types import (
 
 __version__ = "0.1.0"
 
+# Only what a plugin author needs; everything else lives in its module (runner, config,
+# allocation, cdi, fswatch, observe, metrics, healthz, testing).
 __all__ = [
     "Allocation",
     "AllocationError",
@@ -44,8 +47,6 @@ __all__ = [
     "HealthEvent",
     "MissingDependencyError",
     "Mount",
-    "PluginEvent",
-    "RegistrationError",
     "RegistrationRejectedError",
     "RescanEvent",
     "Settings",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 
+from devplugin_sdk import _convert
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
@@ -39,10 +40,22 @@ class Outcome(enum.Enum):
 
 async def register_once(
     kubelet_socket: Path,
-    request: pb.RegisterRequest,
+    *,
+    resource_name: str,
+    endpoint: str,
+    pre_start_required: bool,
+    preferred_allocation: bool,
     timeout: float,
 ) -> tuple[Outcome, str]:
     """Call Register once.
+
+    Args:
+        kubelet_socket: Path of ``kubelet.sock``.
+        resource_name: The resource to register.
+        endpoint: Our socket's file name in the kubelet's directory.
+        pre_start_required: The option as GetDevicePluginOptions will answer it.
+        preferred_allocation: Likewise.
+        timeout: Deadline of the call, seconds.
 
     Returns:
         The outcome and, for RETRY/TIMED_OUT, the reason.
@@ -50,6 +63,14 @@ async def register_once(
     Raises:
         RegistrationRejectedError: the kubelet rejected the version or the resource name.
     """
+    request = pb.RegisterRequest(
+        version=constants.VERSION,
+        endpoint=endpoint,
+        resource_name=resource_name,
+        options=_convert.options(
+            pre_start_required=pre_start_required, preferred_allocation=preferred_allocation
+        ),
+    )
     async with grpc.aio.insecure_channel(
         f"unix:{kubelet_socket}", options=_CHANNEL_OPTIONS
     ) as channel:
@@ -63,22 +84,10 @@ async def register_once(
                 or ("the ResourceName" in details and "is invalid" in details)
             ):
                 raise RegistrationRejectedError(
-                    f"the kubelet rejected {request.resource_name!r}: {details}"
+                    f"the kubelet rejected {resource_name!r}: {details}"
                 ) from None
             if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
                 # Kubelets up to v1.34 may still complete a registration the client gave up on.
                 return Outcome.TIMED_OUT, f"no answer within {timeout:g}s"
             return Outcome.RETRY, f"{exc.code().name}: {details}"
     return Outcome.REGISTERED, ""
-
-
-def register_request(
-    resource_name: str, endpoint: str, options: pb.DevicePluginOptions
-) -> pb.RegisterRequest:
-    """The RegisterRequest for a plugin (options mirror GetDevicePluginOptions)."""
-    return pb.RegisterRequest(
-        version=constants.VERSION,
-        endpoint=endpoint,
-        resource_name=resource_name,
-        options=options,
-    )

@@ -1,7 +1,9 @@
 """The v1beta1 DevicePlugin service of one plugin: calls its hooks, maps errors to gRPC status.
 
 This is the one place where SDK errors become status codes. Handlers are registered as generic
-handlers so that ListAndWatch can send the state's pre-encoded bytes without re-serialising.
+handlers so that ListAndWatch can send the state's pre-encoded bytes without re-serialising. The
+servicer is built from what it uses (the plugin, its device state, its stream bookkeeping, the
+event sink and two timeouts) and knows nothing of registration.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from devplugin_sdk import _convert
+from devplugin_sdk._events import Events
+from devplugin_sdk._state import DeviceState, Snapshot
+from devplugin_sdk._streams import Streams
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.errors import AllocationError, BackendError, UnknownDeviceError, summarize_ids
 from devplugin_sdk.types import Device, Health
 
 if TYPE_CHECKING:
-    from devplugin_sdk._lifecycle import PluginRuntime
+    from devplugin_sdk.plugin import DevicePlugin
 
 log = logging.getLogger("devplugin_sdk")
 
@@ -78,22 +83,59 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
 
 
 class DevicePluginServicer:
-    """Serves one plugin's RPCs from its ``PluginRuntime``."""
+    """Serves one plugin's RPCs.
 
-    def __init__(self, runtime: PluginRuntime) -> None:
-        self.runtime = runtime
-        self.plugin = runtime.plugin
-        self.state = runtime.state
-        self.resource = runtime.plugin.resource_name
+    Args:
+        plugin: The plugin whose hooks answer the RPCs.
+        state: Its device state (ListAndWatch reads it; requests are checked against it).
+        streams: Where ListAndWatch streams are recorded.
+        events: Where RPC outcomes are reported.
+        hook_timeout: Bound on ``allocate`` and ``preferred_allocation``.
+        prestart_timeout: Bound on ``pre_start_container``.
+    """
+
+    def __init__(
+        self,
+        plugin: DevicePlugin,
+        state: DeviceState,
+        streams: Streams,
+        events: Events,
+        *,
+        hook_timeout: float,
+        prestart_timeout: float,
+    ) -> None:
+        self.plugin = plugin
+        self.state = state
+        self.streams = streams
+        self.events = events
+        self.resource = plugin.resource_name
+        self.hook_timeout = hook_timeout
+        self.prestart_timeout = prestart_timeout
+        self.pre_start_required = plugin.overrides("pre_start_container")
+        self.preferred_allocation = plugin.overrides("preferred_allocation")
+        self._options = _convert.options(
+            pre_start_required=self.pre_start_required,
+            preferred_allocation=self.preferred_allocation,
+        )
         self._too_big_version = -1
         self._in_flight = 0
         self._idle = anyio.Event()
         self._idle.set()
 
-    async def idle(self) -> None:
-        """Return once no unary call is being served."""
-        while self._in_flight:
-            await self._idle.wait()
+    async def stop(self, server: grpc.aio.Server, grace: float) -> None:
+        """Let in-flight calls finish, end every ListAndWatch stream cleanly, stop ``server``.
+
+        The kubelet closes its connection when the stream ends, which would cancel an Allocate
+        still running on it: calls get the grace first. ``grace`` bounds the whole stop.
+        """
+        with anyio.CancelScope(shield=True):
+            deadline = anyio.current_time() + grace
+            with anyio.move_on_after(grace):
+                while self._in_flight:
+                    await self._idle.wait()
+            self.state.close()
+            await server.stop(max(deadline - anyio.current_time(), 0.0))
+            self.state.reopen()
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a grpc.aio server."""
@@ -134,12 +176,12 @@ class DevicePluginServicer:
         self, request: pb.Empty, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.DevicePluginOptions:
         # Called once, inside the kubelet's Register handler: it must be fast and never fail.
-        return self.runtime.options_message()
+        return self._options
 
     async def list_and_watch(
         self, request: pb.Empty, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
-        stream_id = self.runtime.stream_started()
+        stream_id = self.streams.opened()
         seen = -1
         try:
             while not self.state.closed:
@@ -152,12 +194,25 @@ class DevicePluginServicer:
                         )
                     else:
                         yield snapshot.payload
-                        self.runtime.list_sent(snapshot, stream_id)
+                        self._sent(stream_id, snapshot)
                         continue
                 await self.state.wait_changed(seen)
         finally:
             # Reached on a clean end (we closed the state) and on kubelet cancellation alike.
-            self.runtime.stream_ended(stream_id)
+            self.streams.ended(stream_id)
+
+    def _sent(self, stream_id: int, snapshot: Snapshot) -> None:
+        self.streams.sent(stream_id, snapshot.version)
+        healthy = snapshot.healthy_count
+        self.events.list_sent(self.resource, healthy, len(snapshot.devices) - healthy)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s: sent %d devices (%d healthy)",
+                self.resource,
+                len(snapshot.devices),
+                healthy,
+                extra={"resource": self.resource},
+            )
 
     async def allocate(
         self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -181,7 +236,7 @@ class DevicePluginServicer:
                             extra={"resource": self.resource, "device": device.id},
                         )
                 allocation = await self._bounded(
-                    self.plugin.allocate(devices), self.runtime.settings.hook_timeout, "allocate"
+                    self.plugin.allocate(devices), self.hook_timeout, "allocate"
                 )
                 responses.append(_convert.allocation_to_response(allocation))
             return pb.AllocateResponse(container_responses=responses)
@@ -190,9 +245,8 @@ class DevicePluginServicer:
         try:
             return await self._guard("Allocate", context, serve(), failure, request)
         finally:
-            self.runtime.allocation_done(
-                time.perf_counter() - started, failure[0] if failure else None
-            )
+            error = failure[0].name if failure else None
+            self.events.allocation(self.resource, time.perf_counter() - started, error)
 
     async def get_preferred_allocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -209,10 +263,10 @@ class DevicePluginServicer:
     ) -> pb.PreStartContainerResponse:
         async def serve() -> pb.PreStartContainerResponse:
             devices = self._devices(request.devices_ids, "PreStartContainerRequest")
-            if self.plugin.overrides("pre_start_container"):
+            if self.pre_start_required:
                 await self._bounded(
                     self.plugin.pre_start_container(devices),
-                    self.runtime.settings.prestart_timeout,
+                    self.prestart_timeout,
                     "pre_start_container",
                 )
             return pb.PreStartContainerResponse()
@@ -252,13 +306,13 @@ class DevicePluginServicer:
         if len(must) >= size:
             return must[:size] if len(must) > size else must
         choice: list[str] = []
-        if self.plugin.overrides("preferred_allocation"):
+        if self.preferred_allocation:
             try:
                 answer = await self._bounded(
                     self.plugin.preferred_allocation(
                         [known[i] for i in available], [known[i] for i in must], size
                     ),
-                    self.runtime.settings.hook_timeout,
+                    self.hook_timeout,
                     "preferred_allocation",
                 )
                 choice = [str(i) for i in answer]
@@ -320,7 +374,8 @@ class DevicePluginServicer:
                     message,
                     extra={"resource": self.resource},
                 )
-            self.runtime.rpc_failed(rpc, code)
+            if rpc != "Allocate":
+                self.events.rpc_error(self.resource, rpc, code.name)
             if failure is not None:
                 failure.append(code)
             await context.abort(code, message)

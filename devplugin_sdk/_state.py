@@ -11,18 +11,19 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
 
 from devplugin_sdk import _convert
-from devplugin_sdk.errors import BackendError, UnknownDeviceError
+from devplugin_sdk.errors import BackendError, UnknownDeviceError, summarize_ids
 from devplugin_sdk.types import Device, Health
 
 log = logging.getLogger("devplugin_sdk")
 
 _BORN_KEPT = 1024
+_FLIPS_LOGGED_ONE_BY_ONE = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +54,9 @@ class DeviceState:
       Healthy leaves a pushed fault in place.
     """
 
-    def __init__(self, resource_name: str) -> None:
+    def __init__(self, resource_name: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.resource_name = resource_name
+        self.clock = clock
         self._devices: dict[str, Device] = {}
         self._children: dict[str, list[str]] = {}
         # Latest report per device or parent ID: (sequence number, health).
@@ -68,7 +70,7 @@ class DeviceState:
         self._changed = anyio.Event()
         self.closed = False
         # When each version still of interest appeared (liveness: how long a list waits).
-        self._born: dict[int, float] = {0: time.monotonic()}
+        self._born: dict[int, float] = {0: clock()}
 
     # ------------------------------------------------------------------ writers
 
@@ -82,17 +84,7 @@ class DeviceState:
             BackendError: if an entry is not a ``Device`` or two devices share an ID (the
                 kubelet would double-count them); nothing changes.
         """
-        by_id: dict[str, Device] = {}
-        for device in devices:
-            if not isinstance(device, Device):
-                raise BackendError(
-                    f"{self.resource_name}: discover() returned {type(device).__name__}, not Device"
-                )
-            if device.id in by_id:
-                raise BackendError(
-                    f"{self.resource_name}: discover() returned duplicate ID {device.id!r}"
-                )
-            by_id[device.id] = device
+        by_id = self._index(devices)
         old_devices = self._devices
         old_effective = self._effective
         for device in by_id.values():
@@ -123,14 +115,31 @@ class DeviceState:
                 entries[device.id] = _convert.list_and_watch_entry(
                     device, self._effective[device.id]
                 )
-        for device_id, health in self._effective.items():
-            if old_effective.get(device_id, Health.HEALTHY) is not health:
-                self._log_flip(device_id, health, "discovered")
+        flips = [
+            (device_id, health)
+            for device_id, health in self._effective.items()
+            if old_effective.get(device_id, Health.HEALTHY) is not health
+        ]
+        self._log_flips(flips, "discovered")
         changed = list(old_devices) != list(by_id) or entries != self._entries
         self._entries = entries
         if changed:
             self._bump()
         return changed
+
+    def _index(self, devices: Sequence[Device]) -> dict[str, Device]:
+        by_id: dict[str, Device] = {}
+        for device in devices:
+            if not isinstance(device, Device):
+                raise BackendError(
+                    f"{self.resource_name}: discover() returned {type(device).__name__}, not Device"
+                )
+            if device.id in by_id:
+                raise BackendError(
+                    f"{self.resource_name}: discover() returned duplicate ID {device.id!r}"
+                )
+            by_id[device.id] = device
+        return by_id
 
     def report_health(self, health: Mapping[str, Health], reason: str = "") -> list[str]:
         """Record pushed or polled health by device ID or parent ID.
@@ -230,6 +239,26 @@ class DeviceState:
         latest = max((r for r in (own, parent) if r is not None), default=None)
         return latest[1] if latest is not None else Health.HEALTHY
 
+    def _log_flips(self, flips: Sequence[tuple[str, Health]], reason: str) -> None:
+        """One line per device, or one summary line when many change at once (a reload)."""
+        if len(flips) <= _FLIPS_LOGGED_ONE_BY_ONE:
+            for device_id, health in flips:
+                self._log_flip(device_id, health, reason)
+            return
+        by_health: dict[Health, list[str]] = {}
+        for device_id, health in flips:
+            by_health.setdefault(health, []).append(device_id)
+        for health, ids in by_health.items():
+            log.info(
+                "%s: %d devices are now %s (%s): %s",
+                self.resource_name,
+                len(ids),
+                health.value,
+                reason,
+                summarize_ids(ids),
+                extra={"resource": self.resource_name, "health": health.value},
+            )
+
     def _log_flip(self, device_id: str, health: Health, reason: str) -> None:
         log.info(
             "%s: device %s is now %s%s",
@@ -245,11 +274,11 @@ class DeviceState:
         for old in [v for v in self._born if v < version]:
             del self._born[old]
         # A version dropped by the cap below appeared before the oldest one kept.
-        return self._born.get(version, min(self._born.values(), default=time.monotonic()))
+        return self._born.get(version, min(self._born.values(), default=self.clock()))
 
     def _bump(self) -> None:
         self._version += 1
-        self._born[self._version] = time.monotonic()
+        self._born[self._version] = self.clock()
         if len(self._born) > _BORN_KEPT:  # nobody is reading (no stream): keep it bounded
             del self._born[next(iter(self._born))]
         self._changed.set()

@@ -15,7 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from devplugin_sdk import _cli_probe, _lifecycle, backends, cdi, healthz
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup, ExceptionGroup
+
+from devplugin_sdk import _cli_probe, backends, cdi, runner
 from devplugin_sdk._logging import configure_logging
 from devplugin_sdk.api import constants
 from devplugin_sdk.config import RunConfig, load_yaml, parse_run_config
@@ -137,18 +140,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
             configure_logging(new.log_level, new.log_format)
             return _with_cdi(resolve_plugins(config.backend or "", new.backend_options), config)
 
-        reload = _lifecycle.Reload(load=load, config_path=path)
-    if config.metrics_port is None:
-        _lifecycle.run(plugins, settings, None, reload)
-    else:
-        healthz.run(
-            plugins,
-            port=config.metrics_port,
-            host=config.metrics_host,
-            settings=settings,
-            stuck_after=config.stuck_after,
-            reload=reload,
+        reload = runner.Reload(load=load, config_path=path)
+    http = None
+    if config.metrics_port is not None:
+        http = runner.Http(
+            port=config.metrics_port, host=config.metrics_host, stuck_after=config.stuck_after
         )
+    runner.run(*plugins, settings=settings, http=http, reload=reload)
     return 0
 
 
@@ -241,6 +239,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DevicePluginError, ValueError, OSError) as exc:
         print(f"devplugin: error: {exc}", file=sys.stderr)
         return 2
+    except ExceptionGroup as group:
+        # Several plugins failed at once (runner.raise_errors): one line each, or the traceback
+        # of what is not an expected error.
+        expected = (DevicePluginError, ValueError, OSError)
+        matched, rest = group.split(expected)
+        if rest is not None:
+            raise
+        for error in _leaves(matched):
+            print(f"devplugin: error: {error}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # pragma: no cover
         return 130
     return code
+
+
+def _leaves(group: BaseException | None) -> list[BaseException]:
+    if group is None:
+        return []
+    if isinstance(group, BaseExceptionGroup):
+        return [leaf for inner in group.exceptions for leaf in _leaves(inner)]
+    return [group]

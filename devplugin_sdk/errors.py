@@ -3,8 +3,7 @@
 ::
 
     DevicePluginError
-    ├── RegistrationError
-    │   └── RegistrationRejectedError   the kubelet refused for good (version, resource name)
+    ├── RegistrationRejectedError       the kubelet refused for good (version, resource name)
     ├── SocketInUseError                another live server answers on our socket path
     ├── AllocationError                 an Allocate/PreStartContainer request cannot be served
     │   └── UnknownDeviceError          the request names device IDs the plugin does not have
@@ -26,7 +25,6 @@ __all__ = [
     "ConfigError",
     "DevicePluginError",
     "MissingDependencyError",
-    "RegistrationError",
     "RegistrationRejectedError",
     "SocketInUseError",
     "UnknownDeviceError",
@@ -37,11 +35,7 @@ class DevicePluginError(Exception):
     """Base class of every error the SDK raises on purpose."""
 
 
-class RegistrationError(DevicePluginError):
-    """Registering with the kubelet failed."""
-
-
-class RegistrationRejectedError(RegistrationError):
+class RegistrationRejectedError(DevicePluginError):
     """The kubelet rejected the registration for a reason that retrying cannot fix."""
 
 

@@ -193,22 +193,25 @@ class _Watcher:
             changed |= self.poll(force_all=True)
         else:
             self.refresh_watches()
-            # Keep snapshots current so the next poll does not report the same change twice:
-            # re-stat only the changed names (re-listing a large /dev costs milliseconds).
-            for path in changed:
-                if path in self.snapshots:
-                    self.snapshots[path] = _snapshot(path)
-                    continue
-                snapshot = self.snapshots.get(path.parent)
-                if snapshot is None:
-                    continue
-                try:
-                    st = os.lstat(path)
-                except OSError:
-                    snapshot.pop(path.name, None)
-                else:
-                    snapshot[path.name] = (st.st_ino, st.st_ctime_ns, st.st_mtime_ns)
+            self._restat(changed)
         return changed
+
+    def _restat(self, changed: set[Path]) -> None:
+        """Keep snapshots current so the next poll does not report the same change twice:
+        re-stat only the changed names (re-listing a large /dev costs milliseconds)."""
+        for path in changed:
+            if path in self.snapshots:
+                self.snapshots[path] = _snapshot(path)
+                continue
+            snapshot = self.snapshots.get(path.parent)
+            if snapshot is None:
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                snapshot.pop(path.name, None)
+            else:
+                snapshot[path.name] = (st.st_ino, st.st_ctime_ns, st.st_mtime_ns)
 
     def poll(self, force_all: bool = False) -> set[Path]:
         changed: set[Path] = set()

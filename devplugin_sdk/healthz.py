@@ -1,48 +1,31 @@
 """HTTP endpoints for probes and scrapers: ``/healthz``, ``/metrics`` and ``/status``.
 
-``serve_http`` runs beside ``devplugin_sdk.serve`` in one task group; ``serve_with_http`` and
-``run`` serve plugins and the endpoints together (what ``devplugin run --metrics-port`` uses).
-The server is a few lines of HTTP/1.1 on anyio TCP streams (GET/HEAD, one request per connection,
-``Connection: close``): enough for the kubelet's probes and Prometheus, no framework.
+The runner serves them when asked (``serve(..., http=Http(port=9450))``, ``devplugin run
+--metrics-port``), reading the status of the plugins it runs. The server is a few lines of
+HTTP/1.1 on anyio TCP streams (GET/HEAD, one request per connection, ``Connection: close``):
+enough for the kubelet's probes and Prometheus, no framework.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from functools import partial
 from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from devplugin_sdk import _lifecycle
-from devplugin_sdk.errors import MissingDependencyError
-from devplugin_sdk.observe import Observer, PluginStatus
-from devplugin_sdk.settings import Settings
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
+from devplugin_sdk.observe import PluginStatus
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from devplugin_sdk.plugin import DevicePlugin
-
 log = logging.getLogger("devplugin_sdk.healthz")
 
-__all__ = [
-    "DEFAULT_STUCK_AFTER",
-    "problems",
-    "run",
-    "serve_http",
-    "serve_with_http",
-    "served_statuses",
-]
+__all__ = ["DEFAULT_STUCK_AFTER", "problems", "serve_http"]
 
 #: Seconds a newest device list may stay unsent on an open ListAndWatch stream before /healthz
 #: calls the loop stuck.
@@ -61,11 +44,6 @@ _TEXT = "text/plain; charset=utf-8"
 _NO_METRICS = b"metrics need prometheus-client: pip install 'devplugin-sdk[metrics]'\n"
 
 StatusSource = Callable[[], Sequence[PluginStatus]]
-
-
-def served_statuses() -> list[PluginStatus]:
-    """The status of every plugin this process serves (what /healthz and /status read)."""
-    return _lifecycle.statuses()
 
 
 def problems(
@@ -189,9 +167,9 @@ async def serve_http(
     host: str | None,
     port: int,
     *,
+    statuses: StatusSource,
     stuck_after: float = DEFAULT_STUCK_AFTER,
     registry: CollectorRegistry | None = None,
-    statuses: StatusSource | None = None,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``/healthz``, ``/metrics`` and ``/status`` over HTTP until cancelled.
@@ -202,15 +180,15 @@ async def serve_http(
     - ``/metrics``: the Prometheus text format of ``registry`` (404 without the metrics extra).
     - ``/status``: JSON ``{"live", "problems", "plugins": [PluginStatus...]}``, always 200.
 
-    Start it with ``await task_group.start(serve_http, host, port)`` to get the bound port.
+    The runner starts it (``runner.Http``); start it yourself with ``await
+    task_group.start(partial(serve_http, host, port, statuses=...))`` to get the bound port.
 
     Args:
         host: Address to bind; ``None`` or ``""`` for every interface.
         port: TCP port; 0 picks a free one.
+        statuses: Where the plugin statuses come from (``runner.Running.statuses``).
         stuck_after: Seconds after which a pending device list fails ``/healthz``.
         registry: The prometheus_client registry for ``/metrics`` (its default when None).
-        statuses: Where the plugin statuses come from; every plugin ``serve`` runs in this
-            process by default.
         task_status: Reports the bound port to ``TaskGroup.start``.
 
     Raises:
@@ -219,7 +197,7 @@ async def serve_http(
     """
     if stuck_after <= 0:
         raise ValueError(f"stuck_after must be > 0, got {stuck_after}")
-    endpoints = _Endpoints(stuck_after, registry, statuses or served_statuses)
+    endpoints = _Endpoints(stuck_after, registry, statuses)
     listener = await anyio.create_tcp_listener(local_host=host or None, local_port=port)
     async with listener:
         bound: int = listener.extra(SocketAttribute.local_port)
@@ -248,98 +226,3 @@ async def _handle(stream: SocketStream, endpoints: _Endpoints) -> None:
         pass  # the client went away
     except Exception:
         log.exception("HTTP request handling failed")
-
-
-def _default_observer(registry: CollectorRegistry | None) -> Observer | None:
-    from devplugin_sdk.metrics import PrometheusObserver  # noqa: PLC0415 - keeps import light
-
-    try:
-        return PrometheusObserver(registry)
-    except MissingDependencyError as exc:
-        log.warning("%s; /metrics is off, /healthz and /status still work", exc)
-        return None
-
-
-async def serve_with_http(
-    plugins: Sequence[DevicePlugin],
-    *,
-    port: int,
-    host: str | None = None,
-    settings: Settings | None = None,
-    stuck_after: float = DEFAULT_STUCK_AFTER,
-    observer: Observer | None = None,
-    registry: CollectorRegistry | None = None,
-    reload: _lifecycle.Reload | None = None,
-    task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve ``plugins`` and the HTTP endpoints together until cancelled.
-
-    Args:
-        plugins: The plugins (as for ``devplugin_sdk.serve``).
-        port: TCP port of the endpoints; 0 picks a free one.
-        host: Address to bind; every interface when None.
-        settings: Lifecycle settings.
-        stuck_after: See ``serve_http``.
-        observer: Receives the lifecycle events; a ``PrometheusObserver`` on ``registry`` when
-            None and the metrics extra is installed (without it, a warning and no metrics).
-        registry: The prometheus_client registry (its default when None).
-        reload: Reload the plugin set on SIGHUP and configuration changes.
-        task_status: Reports the bound HTTP port to ``TaskGroup.start``.
-
-    Raises:
-        OSError: the HTTP address cannot be bound (raised before any plugin starts).
-        ValueError, DevicePluginError: as ``devplugin_sdk.serve``.
-    """
-    if not plugins:
-        raise ValueError("serve_with_http() needs at least one plugin")
-    if observer is None:
-        observer = _default_observer(registry)
-    try:
-        async with anyio.create_task_group() as tg:
-            http = partial(serve_http, host, port, stuck_after=stuck_after, registry=registry)
-            task_status.started(await tg.start(http))
-            await _lifecycle.serve(plugins, settings, observer, reload)
-            tg.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        _lifecycle._reraise_single(group)
-
-
-def run(
-    plugins: Sequence[DevicePlugin],
-    *,
-    port: int,
-    host: str | None = None,
-    settings: Settings | None = None,
-    stuck_after: float = DEFAULT_STUCK_AFTER,
-    observer: Observer | None = None,
-    reload: _lifecycle.Reload | None = None,
-) -> None:
-    """Serve ``plugins`` and the HTTP endpoints in a new event loop until SIGTERM/SIGINT.
-
-    The blocking twin of ``serve_with_http``, as ``devplugin_sdk.run`` is of ``serve``.
-
-    Args:
-        plugins: The plugins.
-        port: TCP port of ``/healthz``, ``/metrics`` and ``/status``.
-        host: Address to bind; every interface when None.
-        settings: Lifecycle settings.
-        stuck_after: See ``serve_http``.
-        observer: See ``serve_with_http``.
-        reload: See ``serve_with_http``.
-
-    Raises:
-        OSError: the HTTP address cannot be bound.
-        ValueError, DevicePluginError: as ``devplugin_sdk.run``.
-    """
-
-    _lifecycle.run_until_signal(
-        lambda: serve_with_http(
-            plugins,
-            port=port,
-            host=host,
-            settings=settings,
-            stuck_after=stuck_after,
-            observer=observer,
-            reload=reload,
-        )
-    )

@@ -1,8 +1,9 @@
 """Prometheus metrics for served plugins: ``PrometheusObserver`` turns lifecycle events into series.
 
-Pass it as ``observer=`` to ``serve``/``run``; ``devplugin_sdk.healthz`` exposes the registry on
-``/metrics``. Every series is named ``devplugin_*`` and labelled with the ``resource``; the list,
-with what each one answers, is docs/metrics.md. Needs the ``metrics`` extra (prometheus-client),
+Pass it as ``observer=`` to ``serve``/``run`` (with ``http=`` and no observer the runner makes
+one); the runner's HTTP endpoints expose the registry on ``/metrics``. Every series is named
+``devplugin_*`` and labelled with the ``resource``; the list, with what each one answers, is
+docs/metrics.md. Needs the ``metrics`` extra (prometheus-client),
 imported when an observer is made, so ``import devplugin_sdk.metrics`` itself never fails.
 """
 
@@ -13,7 +14,6 @@ from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from devplugin_sdk import _lifecycle
 from devplugin_sdk.errors import MissingDependencyError
 from devplugin_sdk.observe import PluginStatus
 
@@ -80,9 +80,10 @@ def _prometheus() -> ModuleType:
 class _StatusCollector:
     """Series read from the plugins' status at scrape time (state, not events)."""
 
-    def __init__(self, prom: ModuleType, statuses: Callable[[], Sequence[PluginStatus]]) -> None:
+    def __init__(self, prom: ModuleType) -> None:
         self._family = prom.core.GaugeMetricFamily
-        self._statuses = statuses
+        # Nothing until a runner says where its plugins' status comes from (Observer.serving).
+        self.statuses: Callable[[], Sequence[PluginStatus]] = tuple
 
     def _families(self, statuses: Sequence[PluginStatus]) -> list[Any]:
         registered = self._family(
@@ -111,7 +112,7 @@ class _StatusCollector:
         yield from self._families(())
 
     def collect(self) -> Iterator[Any]:
-        yield from self._families(self._statuses())
+        yield from self._families(self.statuses())
 
 
 class PrometheusObserver:
@@ -125,32 +126,27 @@ class PrometheusObserver:
     ``devplugin_rpc_errors_total{rpc,code}``. A resource's series appear, at zero, on its first
     event, so ``rate()`` works from the start. State series, read from each plugin's status when
     scraped: ``devplugin_registered``, ``devplugin_list_and_watch_streams`` and
-    ``devplugin_list_pending_seconds``.
+    ``devplugin_list_pending_seconds``, for the plugins of the runner this observer serves
+    (the runner calls ``serving`` when it starts).
 
     Args:
         registry: Where the metrics are registered; prometheus_client's default ``REGISTRY``
-            (which ``healthz`` serves by default) when None. One observer per registry: a second
-            one on the same registry fails on the duplicate names.
-        statuses: Where the state series come from; every plugin ``serve`` runs in this process
-            by default.
+            (which the HTTP endpoints serve by default) when None. One observer per registry: a
+            second one on the same registry fails on the duplicate names.
 
     Raises:
         MissingDependencyError: prometheus-client is not installed (the ``metrics`` extra).
         ValueError: ``registry`` already holds these metric names.
     """
 
-    def __init__(
-        self,
-        registry: CollectorRegistry | None = None,
-        *,
-        statuses: Callable[[], Sequence[PluginStatus]] | None = None,
-    ) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
         prom = _prometheus()
         importlib.import_module("prometheus_client.core")
         self.registry: CollectorRegistry = prom.REGISTRY if registry is None else registry
         reg = self.registry
         # Registered first: a duplicate observer fails before it leaves half its metrics behind.
-        reg.register(_StatusCollector(prom, statuses or _lifecycle.statuses))
+        self._state = _StatusCollector(prom)
+        reg.register(self._state)
         self._registrations = prom.Counter(
             "devplugin_registrations",
             "Successful Register calls with the kubelet, first ones and re-registrations.",
@@ -233,6 +229,10 @@ class PrometheusObserver:
             self._reregistrations.labels(resource, reason)
         for health in _HEALTH_STATES:
             self._devices.labels(resource, health)
+
+    def serving(self, statuses: Callable[[], Sequence[PluginStatus]]) -> None:
+        """Read the state series from ``statuses`` (the runner's plugins) from now on."""
+        self._state.statuses = statuses
 
     def registered(self, resource: str, seconds: float) -> None:
         """Count a successful Register call and its duration."""

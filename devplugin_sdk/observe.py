@@ -1,12 +1,14 @@
 """What the SDK reports about itself while serving: the ``Observer`` protocol and plugin status.
 
 Pass an object with these methods as ``observer=`` to ``serve``/``run`` (metrics exporters do);
-every method is optional at run time (missing ones are skipped) and must not block. ``status()``
-of each served plugin feeds health endpoints.
+every method is optional at run time (missing ones are skipped) and must not block. The runner
+hands its status source to ``Observer.serving`` and to its HTTP endpoints: each reads the plugins
+of the runner it belongs to.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -15,6 +17,9 @@ __all__ = ["Observer", "PluginStatus"]
 
 class Observer(Protocol):
     """Receives lifecycle and RPC events; implement the methods you need."""
+
+    def serving(self, statuses: Callable[[], Sequence[PluginStatus]]) -> None:
+        """The runner started; ``statuses()`` reads the state of the plugins it serves."""
 
     def registered(self, resource: str, seconds: float) -> None:
         """A Register call succeeded after ``seconds``."""

@@ -1,23 +1,22 @@
-"""``DevicePlugin``: the abstract class a vendor subclasses, and ``serve``/``run`` to run plugins.
+"""``DevicePlugin``: the abstract class a vendor subclasses.
 
 The author supplies discovery, health and (optionally) allocation policy; the SDK owns the socket,
-registration, kubelet-restart recovery, ListAndWatch and the RPC plumbing (``_lifecycle``).
+registration, kubelet-restart recovery, ListAndWatch and the RPC plumbing. ``runner.serve`` and
+``runner.run`` (``devplugin_sdk.serve``/``run``) run plugins.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
+import enum
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from pathlib import PurePath
 
-from devplugin_sdk import _lifecycle, _names
+from devplugin_sdk import _names
 from devplugin_sdk.types import Allocation, Device, Health, HealthEvent, RescanEvent
 
-if TYPE_CHECKING:
-    from devplugin_sdk.observe import Observer
-    from devplugin_sdk.settings import Settings
-
-__all__ = ["DevicePlugin", "PluginEvent", "run", "serve"]
+__all__ = ["DevicePlugin", "PluginEvent"]
 
 PluginEvent = HealthEvent | RescanEvent
 
@@ -39,9 +38,12 @@ class DevicePlugin(abc.ABC):
     ``anyio.to_thread.run_sync``. A hook that raises never stops the plugin: the error is logged
     and, in an RPC, returned to the kubelet as a gRPC status with its message.
 
-    A device's effective health is the worst of its discovered ``Device.health``, the latest
-    health pushed or polled for its ID, and the latest health pushed or polled for its
-    ``parent``. A device comes back to Healthy when those all say Healthy again.
+    Health has one owner, the SDK. A device's health is the latest report about it or about
+    its ``parent``: discovery's (when what ``discover`` says about the device changes),
+    ``check_health``'s (when it changes) or a pushed ``HealthEvent``. Nothing is sticky: a
+    device discovered Unhealthy is Healthy again after a later Healthy report, and a rescan that
+    still sees a device as Healthy does not clear a fault pushed since. Report each signal one
+    way (push or poll) and never keep a copy of the SDK's view.
 
     Attributes:
         resource_name: The extended resource name, e.g. ``"acme.com/widget"``; a class attribute
@@ -188,46 +190,28 @@ class DevicePlugin(abc.ABC):
         """What identifies this plugin's configuration.
 
         On a configuration reload a resource is restarted only when its new plugin's
-        fingerprint differs from the running one's. The default is the class and the repr of
-        every public instance attribute (backends keep their configuration there); override
-        it when the configuration lives elsewhere.
+        fingerprint differs from the running one's. The default is the class and a canonical
+        form of every public instance attribute (backends keep their configuration there: sets
+        are sorted, mappings ordered by key, dataclasses taken field by field, so equal
+        configurations always give equal fingerprints); override it when the configuration
+        lives elsewhere.
         """
-        public = sorted((k, v) for k, v in vars(self).items() if not k.startswith("_"))
-        return f"{type(self).__module__}.{type(self).__qualname__}{public!r}"
-
-    # ----------------------------------------------------------------------------- running
-
-    async def serve(self, settings: Settings | None = None) -> None:
-        """Serve this plugin until cancelled (see module-level ``serve``)."""
-        await serve(self, settings=settings)
-
-    def run(self, settings: Settings | None = None) -> None:
-        """Serve this plugin until SIGTERM or SIGINT (see module-level ``run``)."""
-        run(self, settings=settings)
+        public = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        return f"{type(self).__module__}.{type(self).__qualname__}{_canonical(public)}"
 
 
-async def serve(
-    *plugins: DevicePlugin, settings: Settings | None = None, observer: Observer | None = None
-) -> None:
-    """Serve several plugins concurrently in the running event loop, until cancelled.
-
-    Each plugin gets its own socket, registration and ListAndWatch streams; the kubelet-restart
-    watcher is shared. On cancellation every ListAndWatch stream ends cleanly, the servers stop
-    and the sockets are removed. Must run on the asyncio backend (grpc.aio requires it).
-
-    Raises:
-        RegistrationRejectedError: the kubelet rejected a plugin for good.
-        SocketInUseError: another live server answers on a plugin's socket.
-        ValueError: bad names, or two plugins for one resource or socket.
-    """
-    await _lifecycle.serve(plugins, settings, observer)
-
-
-def run(
-    *plugins: DevicePlugin, settings: Settings | None = None, observer: Observer | None = None
-) -> None:
-    """Serve plugins in a new asyncio event loop until SIGTERM or SIGINT, then clean up.
-
-    ``observer`` receives lifecycle and RPC events (see ``devplugin_sdk.observe``).
-    """
-    _lifecycle.run(plugins, settings, observer)
+def _canonical(value: object) -> str:
+    """A text form of ``value`` that is equal for equal values (set order never shows)."""
+    if isinstance(value, Mapping):
+        items = sorted((_canonical(k), _canonical(v)) for k, v in value.items())
+        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(_canonical(v) for v in value)) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_canonical(v) for v in value) + "]"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return f"{type(value).__qualname__}{_canonical(fields)}"
+    if isinstance(value, (enum.Enum, PurePath)):
+        return repr(str(value.value if isinstance(value, enum.Enum) else value))
+    return repr(value)

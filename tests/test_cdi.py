@@ -19,7 +19,6 @@ from devplugin_sdk import (
     DeviceNode,
     Health,
     Mount,
-    PluginEvent,
     replicate,
 )
 from devplugin_sdk.cdi import (
@@ -33,6 +32,7 @@ from devplugin_sdk.cdi import (
     validate_kind,
     write_spec,
 )
+from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.testing import FakeKubelet, StaticPlugin, serving
 
 KIND = "acme.com/widget"

@@ -6,6 +6,10 @@ tests drive the state directly, as the engine does, and read what the kubelet wo
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from devplugin_sdk import Device, Health
 from devplugin_sdk._state import DeviceState
 
@@ -112,3 +116,22 @@ def test_unchanged_list_is_not_a_new_version() -> None:
     assert not state.set_devices([Device("a"), Device("b", health=U)])
     assert state.report_health({"a": H}) == []
     assert state.version == version
+
+
+def test_many_flips_at_once_are_logged_as_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    """A reload that drops 56 shares logs one summary, not 56 lines; a few flips log one each."""
+    state = DeviceState("example.com/w")
+    state.set_devices([Device(f"d{n}") for n in range(60)])
+    with caplog.at_level(logging.INFO, logger="devplugin_sdk"):
+        state.set_devices([Device(f"d{n}", health=U if n >= 4 else H) for n in range(60)])
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1
+    assert lines[0].startswith("example.com/w: 56 devices are now Unhealthy (discovered): d10, ")
+    assert lines[0].endswith("and 46 more")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="devplugin_sdk"):
+        state.set_devices([Device(f"d{n}", health=U if n >= 2 else H) for n in range(60)])
+    assert [r.getMessage() for r in caplog.records] == [
+        "example.com/w: device d2 is now Unhealthy (discovered)",
+        "example.com/w: device d3 is now Unhealthy (discovered)",
+    ]

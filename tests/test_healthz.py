@@ -17,8 +17,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from sdk_helpers import RESOURCE, widgets
 
-from devplugin_sdk import Health, _lifecycle, healthz
+from devplugin_sdk import Health, healthz
 from devplugin_sdk.observe import PluginStatus
+from devplugin_sdk.runner import Http, serve
 from devplugin_sdk.testing import FakeKubelet, StaticPlugin, serving
 
 OTHER = "acme.com/gadget"
@@ -50,7 +51,7 @@ async def request(port: int, path: str, method: str = "GET") -> Reply:
 @asynccontextmanager
 async def http_server(
     *,
-    statuses: healthz.StatusSource | None = None,
+    statuses: healthz.StatusSource,
     registry: CollectorRegistry | None = None,
     stuck_after: float = healthz.DEFAULT_STUCK_AFTER,
 ) -> AsyncIterator[int]:
@@ -82,9 +83,16 @@ def statuses_of(*items: PluginStatus) -> healthz.StatusSource:
 # ----------------------------------------------------------------------------- against FakeKubelet
 
 
+def local_http(**fields: Any) -> Http:
+    """The runner's HTTP endpoints on a free loopback port, with their own metrics registry."""
+    return Http(port=0, host="127.0.0.1", registry=CollectorRegistry(), **fields)
+
+
 async def test_healthz_is_ok_when_every_plugin_is_registered(kubelet: FakeKubelet) -> None:
     plugins = StaticPlugin(RESOURCE, widgets(2)), StaticPlugin(OTHER, widgets(1))
-    async with serving(*plugins, settings=kubelet.settings()), http_server() as port:
+    async with serving(*plugins, settings=kubelet.settings(), http=local_http()) as running:
+        port = running.http_port
+        assert port is not None
         await kubelet.wait_for_allocatable(RESOURCE, 2)
         await kubelet.wait_for_allocatable(OTHER, 1)
         reply = await request(port, "/healthz")
@@ -96,18 +104,20 @@ async def test_healthz_fails_naming_the_resource_while_the_kubelet_is_away(
     kubelet: FakeKubelet,
 ) -> None:
     plugins = StaticPlugin(RESOURCE, widgets(2)), StaticPlugin(OTHER, widgets(1))
-    async with serving(*plugins, settings=kubelet.settings()), http_server() as port:
+    async with serving(*plugins, settings=kubelet.settings(), http=local_http()) as running:
+        port = running.http_port
+        assert port is not None
         await kubelet.wait_for_allocatable(RESOURCE, 2)
         await kubelet.wait_for_allocatable(OTHER, 1)
         await kubelet.stop()
         await kubelet.wait_for(
-            lambda: not any(r.status().registered for r in _lifecycle.RUNTIMES),
+            lambda: not any(s.registered for s in running.statuses()),
             what="both plugins unregistered",
         )
         away = await request(port, "/healthz")
         await kubelet.start()
         await kubelet.wait_for(
-            lambda: all(r.status().registered for r in _lifecycle.RUNTIMES),
+            lambda: all(s.registered for s in running.statuses()),
             what="both plugins registered again",
         )
         back = await request(port, "/healthz")
@@ -119,7 +129,9 @@ async def test_healthz_fails_naming_the_resource_while_the_kubelet_is_away(
 
 async def test_an_unhealthy_device_does_not_fail_healthz(kubelet: FakeKubelet) -> None:
     plugin = StaticPlugin(RESOURCE, widgets(2))
-    async with serving(plugin, settings=kubelet.settings()), http_server() as port:
+    async with serving(plugin, settings=kubelet.settings(), http=local_http()) as running:
+        port = running.http_port
+        assert port is not None
         await kubelet.wait_for_allocatable(RESOURCE, 2)
         plugin.set_health("w1", Health.UNHEALTHY)
         await kubelet.wait_for_allocatable(RESOURCE, 1)
@@ -133,28 +145,23 @@ async def test_an_unhealthy_device_does_not_fail_healthz(kubelet: FakeKubelet) -
     assert entry["devices"] == {"Healthy": 1, "Unhealthy": 1}
 
 
-async def test_serve_with_http_serves_plugins_metrics_and_health_together(
+async def test_the_runner_serves_plugins_metrics_and_health_together(
     kubelet: FakeKubelet,
 ) -> None:
-    registry = CollectorRegistry()
     plugin = StaticPlugin(RESOURCE, widgets(3))
     async with anyio.create_task_group() as tg:
-        port = await tg.start(
-            partial(
-                healthz.serve_with_http,
-                [plugin],
-                host="127.0.0.1",
-                port=0,
-                settings=kubelet.settings(),
-                registry=registry,
-            )
+        running = await tg.start(
+            partial(serve, plugin, settings=kubelet.settings(), http=local_http())
         )
+        port = running.http_port
         await kubelet.wait_for_allocatable(RESOURCE, 3)
         await kubelet.allocate(RESOURCE, 1)
         health = await request(port, "/healthz")
         metrics = await request(port, "/metrics")
         tg.cancel_scope.cancel()
     assert health.status == 200
+    # The state series read this runner's plugins (Observer.serving), not a global.
+    assert f'devplugin_registered{{resource="{RESOURCE}"}} 1.0' in metrics.body
     assert metrics.status == 200
     assert f'devplugin_registrations_total{{resource="{RESOURCE}"}} 1.0' in metrics.body
     assert f'devplugin_allocations_total{{resource="{RESOURCE}"}} 1.0' in metrics.body
@@ -208,7 +215,7 @@ def test_problems_name_only_registration_and_stuck_lists(
 
 async def test_stuck_after_must_be_positive() -> None:
     with pytest.raises(ValueError, match="stuck_after"):
-        await healthz.serve_http("127.0.0.1", 0, stuck_after=0)
+        await healthz.serve_http("127.0.0.1", 0, statuses=list, stuck_after=0)
 
 
 # ----------------------------------------------------------------------------- HTTP details
@@ -279,4 +286,4 @@ async def test_a_taken_port_fails_at_start() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(OSError, match="in use"):
-            await healthz.serve_http("127.0.0.1", port)
+            await healthz.serve_http("127.0.0.1", port, statuses=list)

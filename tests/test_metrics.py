@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import sys
 from collections.abc import Sequence
-from functools import partial
 
 import anyio
 import anyio.to_thread
@@ -13,8 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from sdk_helpers import RESOURCE, widgets
 
-from devplugin_sdk import Allocation, Device, Health, MissingDependencyError, healthz
+from devplugin_sdk import Allocation, Device, Health, MissingDependencyError
 from devplugin_sdk.metrics import PrometheusObserver, reregister_reason
+from devplugin_sdk.runner import Http
 from devplugin_sdk.testing import AdmissionError, FakeKubelet, StaticPlugin, serving
 
 
@@ -49,11 +49,12 @@ async def test_counts_registrations_restarts_sends_and_allocations(kubelet: Fake
     registry = CollectorRegistry()
     observer = PrometheusObserver(registry)
     plugin = _Refusing(RESOURCE, widgets(2))
-    async with (
-        serving(plugin, settings=kubelet.settings(), observer=observer),
-        anyio.create_task_group() as tg,
-    ):
-        port = await tg.start(partial(healthz.serve_http, "127.0.0.1", 0, registry=registry))
+    http = Http(port=0, host="127.0.0.1", registry=registry)
+    async with serving(
+        plugin, settings=kubelet.settings(), observer=observer, http=http
+    ) as running:
+        port = running.http_port
+        assert port is not None
         await kubelet.wait_for_allocatable(RESOURCE, 2)
         kubelet.release(await kubelet.allocate(RESOURCE, 1))
         plugin.refuse = True
@@ -66,7 +67,6 @@ async def test_counts_registrations_restarts_sends_and_allocations(kubelet: Fake
         )
         await kubelet.wait_for_allocatable(RESOURCE, 2)
         text = await scrape(port)
-        tg.cancel_scope.cancel()
 
     assert value(registry, "devplugin_kubelet_restarts_total") == 1
     assert value(registry, "devplugin_reregistrations_total", reason="kubelet_restart") == 1

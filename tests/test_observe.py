@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import pytest
 from sdk_helpers import RESOURCE, widgets
 
-from devplugin_sdk import Allocation, Device, Health, _lifecycle
+from devplugin_sdk import Allocation, Device, Health
 from devplugin_sdk.testing import AdmissionError, FakeKubelet, StaticPlugin
 from devplugin_sdk.testing import serving as _serving
 
@@ -63,37 +62,43 @@ async def test_observer_sees_registrations_lists_and_allocations(kubelet: FakeKu
 
 async def test_status_reports_registration_and_device_counts(kubelet: FakeKubelet) -> None:
     plugin = StaticPlugin(RESOURCE, widgets(3))
-    async with _serving(plugin, settings=kubelet.settings()):
+    async with _serving(plugin, settings=kubelet.settings()) as running:
         await kubelet.wait_for_allocatable(RESOURCE, 3)
         plugin.set_health("w0", Health.UNHEALTHY)
         await kubelet.wait_for_allocatable(RESOURCE, 2)
-        (runtime,) = [r for r in _lifecycle.RUNTIMES if r.plugin is plugin]
-        status = runtime.status()
+        (status,) = running.statuses()
+        assert status.resource == RESOURCE
         assert status.registered
         assert status.streams == 1
         assert status.pending_seconds == 0
         assert status.devices == {"Healthy": 2, "Unhealthy": 1}
         await kubelet.stop()
-        await kubelet.wait_for(lambda: not runtime.status().registered, what="unregistered status")
+        await kubelet.wait_for(
+            lambda: not running.statuses()[0].registered, what="unregistered status"
+        )
 
 
-def test_pending_time_keeps_growing_while_a_stream_lags_behind_changes(tmp_path: Path) -> None:
-    """A stream that never sends looks stuck even if the devices keep changing."""
-    from devplugin_sdk import Settings
-    from devplugin_sdk._kubelet_watch import DirectoryWatcher
+def test_pending_time_keeps_growing_while_a_stream_lags_behind_changes() -> None:
+    """A stream that never sends looks stuck even if the devices keep changing: the pending time
+    counts from the oldest version it has not sent, not from the newest change."""
+    from devplugin_sdk._served import pending_seconds
+    from devplugin_sdk._state import DeviceState
+    from devplugin_sdk._streams import Streams
 
-    runtime = _lifecycle.PluginRuntime(
-        StaticPlugin(RESOURCE, widgets(2)),
-        Settings(device_plugin_dir=tmp_path),
-        DirectoryWatcher([tmp_path], 1.0),
-    )
-    runtime.state.set_devices(widgets(2))
-    fast, slow = runtime.stream_started(), runtime.stream_started()
-    runtime.list_sent(runtime.state.snapshot(), fast)
-    first = runtime.status().pending_seconds  # the slow stream has sent nothing yet
-    runtime.state.set_devices(widgets(3))
-    runtime.list_sent(runtime.state.snapshot(), fast)
-    second = runtime.status().pending_seconds
-    assert second > first >= 0
-    runtime.list_sent(runtime.state.snapshot(), slow)
-    assert runtime.status().pending_seconds == 0
+    now = [100.0]
+    state = DeviceState(RESOURCE, clock=lambda: now[0])
+    streams = Streams(RESOURCE, on_change=lambda: None)
+    state.set_devices(widgets(2))  # version 1, at 100
+    fast, slow = streams.opened(), streams.opened()
+    streams.sent(fast, state.version)
+    now[0] = 110.0
+    assert pending_seconds(state, streams) == 10.0  # slow has sent nothing since 100
+    state.set_devices(widgets(3))  # version 2, at 110
+    streams.sent(fast, state.version)
+    now[0] = 130.0
+    assert pending_seconds(state, streams) == 30.0  # still counted from 100, not from 110
+    streams.sent(slow, state.version)
+    assert pending_seconds(state, streams) == 0.0
+    streams.ended(fast)
+    streams.ended(slow)
+    assert pending_seconds(state, streams) == 0.0

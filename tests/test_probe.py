@@ -24,9 +24,9 @@ from devplugin_sdk import (
     Health,
     HealthEvent,
     Mount,
-    PluginEvent,
     _cli_probe,
 )
+from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.probe import (
     NotADevicePluginError,
     NotAnsweringError,

@@ -11,11 +11,12 @@ import anyio
 import pytest
 from sdk_helpers import widgets
 
-from devplugin_sdk import DevicePlugin, _lifecycle
+from devplugin_sdk import DevicePlugin
 from devplugin_sdk.backends import generic
-from devplugin_sdk.config import RunConfig, parse_run_config
+from devplugin_sdk.config import ConfigReader, RunConfig, load_yaml, parse_run_config
 from devplugin_sdk.errors import ConfigError
-from devplugin_sdk.testing import FakeKubelet, StaticPlugin
+from devplugin_sdk.runner import Reload
+from devplugin_sdk.testing import FakeKubelet, StaticPlugin, serving
 
 
 def _write(path: Path, text: str) -> None:
@@ -42,17 +43,43 @@ resources:
 """
 
 
+def _generic_plugins(path: Path, root: Path) -> list[DevicePlugin]:
+    """GenericPlugins from a small file of this test's own (the runner is under test here,
+    not a backend's schema), re-rooted onto ``root``."""
+    plugins: list[DevicePlugin] = []
+    for entry in ConfigReader(load_yaml(path)).sections("resources", required=True):
+        entry.known("name", "paths", "share")
+        plugins.append(
+            generic.GenericPlugin(
+                entry.string("name"),
+                list(entry.strings("paths", required=True)),
+                entry.integer("share", 1, minimum=1),
+                root=root,
+            )
+        )
+    return plugins
+
+
 async def test_reload_changes_only_what_changed(tmp_path: Path) -> None:
     root = _tree(tmp_path)
     config = tmp_path / "config.yaml"
     _write(config, CONFIG)
 
-    def load() -> Sequence[DevicePlugin]:
-        return generic.from_config(generic.load_config(config), root=root, poll_interval=5)
+    failures = 0
 
-    reload = _lifecycle.Reload(load=load, config_path=config, sighup=False)
-    async with FakeKubelet() as kubelet, anyio.create_task_group() as tg:
-        tg.start_soon(_lifecycle.serve, load(), kubelet.settings(), None, reload)
+    def load() -> Sequence[DevicePlugin]:
+        nonlocal failures
+        try:
+            return _generic_plugins(config, root)
+        except ConfigError:
+            failures += 1
+            raise
+
+    reload = Reload(load=load, config_path=config, sighup=False)
+    async with (
+        FakeKubelet() as kubelet,
+        serving(*load(), settings=kubelet.settings(), reload=reload),
+    ):
         await kubelet.wait_for_allocatable("example.com/widget", 2)
         await kubelet.wait_for_allocatable("example.com/serial", 1)
         held = await kubelet.allocate("example.com/serial", 1)
@@ -75,7 +102,7 @@ async def test_reload_changes_only_what_changed(tmp_path: Path) -> None:
 
         # A broken file keeps everything running as it was.
         _write(config, CONFIG.replace("widget*", 'widget*"]\n    share: 0\n    x: ["'))
-        await anyio.sleep(0.3)
+        await kubelet.wait_for(lambda: failures == 1, what="the failed reload")
         assert kubelet.allocatable("example.com/fuse") == 3
         assert len(kubelet.successful_registrations("example.com/widget")) == 1
 
@@ -84,7 +111,6 @@ async def test_reload_changes_only_what_changed(tmp_path: Path) -> None:
         await kubelet.wait_for_allocatable("example.com/fuse", 0)
         assert not (kubelet.directory / "example.com_fuse.sock").exists()
         assert len(kubelet.successful_registrations("example.com/widget")) == 1
-        tg.cancel_scope.cancel()
 
 
 async def _sighup_handled(kubelet: FakeKubelet) -> None:
@@ -97,37 +123,38 @@ async def _sighup_handled(kubelet: FakeKubelet) -> None:
 
 async def test_sighup_reloads(kubelet: FakeKubelet) -> None:
     current: list[DevicePlugin] = [StaticPlugin("acme.com/a", widgets(1))]
-    reload = _lifecycle.Reload(load=lambda: list(current), sighup=True)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_lifecycle.serve, list(current), kubelet.settings(), None, reload)
+    reload = Reload(load=lambda: list(current), sighup=True)
+    async with serving(*current, settings=kubelet.settings(), reload=reload):
         await kubelet.wait_for_allocatable("acme.com/a", 1)
         await _sighup_handled(kubelet)
         current.append(StaticPlugin("acme.com/b", widgets(2)))
         os.kill(os.getpid(), signal.SIGHUP)
         await kubelet.wait_for_allocatable("acme.com/b", 2)
         assert len(kubelet.successful_registrations("acme.com/a")) == 1
-        tg.cancel_scope.cancel()
 
 
 async def test_a_reloaded_plugin_that_fails_does_not_stop_the_others(kubelet: FakeKubelet) -> None:
+    tried = anyio.Event()
+
     class Broken(StaticPlugin):
         async def discover(self):  # type: ignore[no-untyped-def,override]
+            tried.set()
             raise RuntimeError("no such device")
 
     current: list[DevicePlugin] = [StaticPlugin("acme.com/a", widgets(1))]
-    reload = _lifecycle.Reload(load=lambda: list(current), sighup=True)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_lifecycle.serve, list(current), kubelet.settings(), None, reload)
+    reload = Reload(load=lambda: list(current), sighup=True)
+    async with serving(*current, settings=kubelet.settings(), reload=reload) as running:
         await kubelet.wait_for_allocatable("acme.com/a", 1)
         await _sighup_handled(kubelet)
         current.append(Broken("acme.com/b", []))
         os.kill(os.getpid(), signal.SIGHUP)
-        await anyio.sleep(0.3)
+        with anyio.fail_after(5):
+            await tried.wait()
+        assert running.resources == ["acme.com/a"]  # the failed one is gone, a still served
         current[1] = StaticPlugin("acme.com/b", widgets(1))
         os.kill(os.getpid(), signal.SIGHUP)
         await kubelet.wait_for_allocatable("acme.com/b", 1)
         assert kubelet.is_registered("acme.com/a")
-        tg.cancel_scope.cancel()
 
 
 def test_fingerprint_follows_public_configuration() -> None:
@@ -137,6 +164,28 @@ def test_fingerprint_follows_public_configuration() -> None:
         a.fingerprint()
         != generic.GenericPlugin("example.com/w", ["/dev/w*"], share=2).fingerprint()
     )
+
+
+def test_fingerprint_is_equal_for_equal_sets_whatever_their_iteration_order() -> None:
+    """Equal configurations never restart a resource on reload, even when sets held in them
+    iterate in different orders (and so have different reprs)."""
+    first = {1, 9}  # 1 and 9 share a slot in an 8-slot table: insertion order decides
+    second: set[int] = set()
+    second.add(9)
+    second.add(1)
+    assert first == second
+    assert repr(first) != repr(second)
+
+    class Keyed(StaticPlugin):
+        def __init__(self, keys: set[int], env: dict[str, str]) -> None:
+            super().__init__("acme.com/k", [])
+            self.keys = keys
+            self.env = env
+
+    a = Keyed(first, {"A": "1", "B": "2"})
+    b = Keyed(second, {"B": "2", "A": "1"})
+    assert a.fingerprint() == b.fingerprint()
+    assert a.fingerprint() != Keyed({1}, {"A": "1", "B": "2"}).fingerprint()
 
 
 def test_run_config_splits_sdk_keys_from_backend_options() -> None:

@@ -6,6 +6,8 @@ module has ``from_config(mapping) -> list[DevicePlugin]``.
 
 from __future__ import annotations
 
+__all__ = ["BUILTIN"]
+
 BUILTIN: dict[str, str] = {
     "generic": "devplugin_sdk.backends.generic",
     "nvidia": "devplugin_sdk.backends.nvml",

@@ -1,7 +1,7 @@
 """Test tools for plugin authors: ``FakeKubelet``, ``serving`` and ``StaticPlugin``.
 
 ``FakeKubelet`` plays the kubelet over real gRPC on real unix sockets; ``serving`` runs plugins
-against it in the background of a test::
+against it in the background of a test, through the one runner (``devplugin_sdk.serve``)::
 
     async with FakeKubelet() as kubelet, serving(MyPlugin(), settings=kubelet.settings()):
         await kubelet.wait_for_allocatable("acme.com/widget", 4)
@@ -13,13 +13,13 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
 
 import anyio
 
-from devplugin_sdk import _lifecycle
-from devplugin_sdk.observe import Observer
 from devplugin_sdk.plugin import DevicePlugin
-from devplugin_sdk.settings import Settings
+from devplugin_sdk.runner import Running, raise_errors, serve
 from devplugin_sdk.testing._kubelet import (
     AdmissionError,
     ContainerAllocation,
@@ -48,20 +48,21 @@ __all__ = [
 
 
 @asynccontextmanager
-async def serving(
-    *plugins: DevicePlugin, settings: Settings, observer: Observer | None = None
-) -> AsyncIterator[None]:
-    """Serve ``plugins`` in the background for the body of the ``async with``.
+async def serving(*plugins: DevicePlugin, **options: Any) -> AsyncIterator[Running]:
+    """Run ``devplugin_sdk.serve`` in the background for the body of an ``async with``.
 
-    On exit the plugins shut down as on SIGTERM (streams end, servers stop, sockets removed).
-    An error that stops serving (a rejected registration) is raised from the ``async with``.
+    Takes ``serve``'s arguments (``settings=``, ``observer=``, ``http=``, ``reload=``) and
+    yields its ``runner.Running`` once every plugin has discovered its devices (and the HTTP
+    port, if any, is bound). On exit the plugins shut down as on SIGTERM (streams end, servers
+    stop, sockets removed). An error that stops serving (a rejected registration) is raised from
+    the ``async with``.
     """
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_lifecycle.serve, plugins, settings, observer)
+            running: Running = await tg.start(partial(serve, *plugins, **options))
             try:
-                yield
+                yield running
             finally:
                 tg.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        _lifecycle._reraise_single(group)
+        raise_errors(group)

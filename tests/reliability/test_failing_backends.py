@@ -20,9 +20,9 @@ from devplugin_sdk import (
     Device,
     DeviceNode,
     Health,
-    PluginEvent,
     RescanEvent,
 )
+from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.testing import (
     AdmissionError,
     ContainerStartError,

@@ -1,0 +1,202 @@
+"""Registration through ``kubelet.sock``: serve, register, wait for the loss, stop, again.
+
+The strategy for every kubelet (the plugin watcher is the other one, ``_plugin_watcher``). The
+kubelet deletes every socket in its directory when it starts and then creates a new
+``kubelet.sock``, so a loss is seen both ways, plus the kubelet closing our stream while it stays
+up. grpcio deletes a socket path when its server stops, so the old server always stops before a
+new one binds the same name.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import anyio
+import grpc
+
+from devplugin_sdk import _registration
+from devplugin_sdk._kubelet_watch import DirectoryWatcher, FileId, file_id
+from devplugin_sdk._link import Link
+from devplugin_sdk._server import SocketVanishedError, start_server
+from devplugin_sdk._servicer import DevicePluginServicer
+from devplugin_sdk.settings import Settings
+
+log = logging.getLogger("devplugin_sdk")
+
+__all__ = ["keep_registered"]
+
+
+async def keep_registered(
+    servicer: DevicePluginServicer, link: Link, settings: Settings, watcher: DirectoryWatcher
+) -> None:
+    """Keep ``servicer``'s plugin registered through ``kubelet.sock`` until cancelled.
+
+    Raises:
+        RegistrationRejectedError: the kubelet rejected the plugin for good.
+        SocketInUseError: another live server answers on the plugin's socket.
+    """
+    await _KubeletSockRegistration(servicer, link, settings, watcher).run()
+
+
+class _KubeletSockRegistration:
+    def __init__(
+        self,
+        servicer: DevicePluginServicer,
+        link: Link,
+        settings: Settings,
+        watcher: DirectoryWatcher,
+    ) -> None:
+        self.servicer = servicer
+        self.link = link
+        self.settings = settings
+        self.watcher = watcher
+        self.resource = servicer.resource
+        self.socket_path = settings.device_plugin_dir / servicer.plugin.effective_socket_name
+        self.server: grpc.aio.Server | None = None
+        self.own_id: FileId | None = None
+        self.registered_with: FileId | None = None  # the kubelet.sock we last registered with
+        self.stopped_at: float | None = None
+        self.backoff = settings.register_backoff_initial
+
+    async def run(self) -> None:
+        try:
+            while True:
+                kubelet = await self._kubelet_socket()
+                if not await self._serving():
+                    continue
+                await self._let_the_old_stream_end(kubelet)
+                if not await self._register(kubelet):
+                    continue
+                self.link.lost(await self._wait_for_loss(kubelet))
+                await self._stop_server()
+        finally:
+            self.link.down()
+            if self.server is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._stop_server()
+
+    async def _kubelet_socket(self) -> FileId:
+        """The identity of ``kubelet.sock``, once it exists."""
+        logged = False
+        while True:
+            generation = self.watcher.generation
+            kubelet = file_id(self.settings.kubelet_socket)
+            if kubelet is not None:
+                return kubelet
+            if not logged:
+                log.info(
+                    "%s: waiting for %s",
+                    self.resource,
+                    self.settings.kubelet_socket,
+                    extra={"resource": self.resource},
+                )
+                logged = True
+            await self.watcher.wait(generation)
+
+    async def _serving(self) -> bool:
+        """Make sure our server is up on our socket; False when it must be tried again."""
+        if self.server is not None and file_id(self.socket_path) == self.own_id:
+            return True
+        generation = self.watcher.generation
+        if self.server is not None:
+            await self._stop_server()
+        try:
+            self.server, self.own_id = await start_server(
+                self.socket_path, [self.servicer.handler()]
+            )
+        except SocketVanishedError:
+            # A starting kubelet deletes every file in its directory, ours included.
+            log.info(
+                "%s: socket removed as it was created (kubelet starting); again",
+                self.resource,
+                extra={"resource": self.resource},
+            )
+            with anyio.move_on_after(self.settings.register_backoff_initial):
+                await self.watcher.wait(generation)
+            return False
+        return True
+
+    async def _let_the_old_stream_end(self, kubelet: FileId) -> None:
+        """With the same kubelet as before, let it process the old stream's end first, or it may
+        tear down the new registration (kubelet issue #121994)."""
+        if self.registered_with != kubelet or self.stopped_at is None:
+            return
+        remaining = self.settings.reregister_delay - (time.monotonic() - self.stopped_at)
+        if remaining > 0:
+            await anyio.sleep(remaining)
+
+    async def _register(self, kubelet: FileId) -> bool:
+        """One Register call; on failure wait the backoff (or a directory change) and say so."""
+        started = time.perf_counter()
+        attempt = self.watcher.generation  # a new kubelet.sock during the call retries at once
+        outcome, why = await _registration.register_once(
+            self.settings.kubelet_socket,
+            resource_name=self.resource,
+            endpoint=self.socket_path.name,
+            pre_start_required=self.servicer.pre_start_required,
+            preferred_allocation=self.servicer.preferred_allocation,
+            timeout=self.settings.register_timeout,
+        )
+        if outcome is _registration.Outcome.TIMED_OUT and await self._stream_arrives():
+            # Kubelets up to v1.34 finish a registration the client gave up on; retrying at
+            # once would register twice.
+            outcome = _registration.Outcome.REGISTERED
+        if outcome is not _registration.Outcome.REGISTERED:
+            log.warning(
+                "%s: Register failed (%s); retrying in %.2gs",
+                self.resource,
+                why,
+                self.backoff,
+                extra={"resource": self.resource},
+            )
+            with anyio.move_on_after(self.backoff):
+                await self.watcher.wait(attempt)
+            self.backoff = min(self.backoff * 2, self.settings.register_backoff_max)
+            return False
+        self.backoff = self.settings.register_backoff_initial
+        self.registered_with = kubelet
+        if not len(self.servicer.streams):
+            self.servicer.streams.idle_since = time.monotonic()
+        seconds = time.perf_counter() - started
+        self.link.up(
+            seconds, f"with the kubelet as {self.socket_path.name} in {seconds * 1e3:.1f} ms"
+        )
+        return True
+
+    async def _stream_arrives(self) -> bool:
+        """Whether a ListAndWatch stream opens within the Register deadline."""
+        with anyio.move_on_after(self.settings.register_timeout):
+            while not len(self.servicer.streams):
+                await self.watcher.wait(self.watcher.generation)
+        return bool(len(self.servicer.streams))
+
+    async def _wait_for_loss(self, kubelet: FileId) -> str:
+        """Wait until the registration is lost; return why."""
+        streams = self.servicer.streams
+        grace = self.settings.stream_lost_grace
+        while True:
+            generation = self.watcher.generation
+            if file_id(self.socket_path) != self.own_id:
+                # The kubelet deletes every socket in its directory when it starts.
+                return "our socket was removed (kubelet restart)"
+            current = file_id(self.settings.kubelet_socket)
+            if current is not None and current != kubelet:
+                return "kubelet.sock was recreated (kubelet restart)"
+            timeout = math.inf
+            if not len(streams) and streams.idle_since is not None and current is not None:
+                # The kubelet never retries a closed ListAndWatch: only a new registration helps.
+                lost_for = time.monotonic() - streams.idle_since
+                if lost_for >= grace:
+                    return f"no ListAndWatch stream for {lost_for:.1f}s while the kubelet is up"
+                timeout = grace - lost_for
+            with anyio.move_on_after(timeout):
+                await self.watcher.wait(generation)
+
+    async def _stop_server(self) -> None:
+        # Dropped before stopping, so that a cancellation can never stop it twice.
+        server, self.server = self.server, None
+        if server is not None:
+            await self.servicer.stop(server, self.settings.stop_grace)
+            self.stopped_at = time.monotonic()

@@ -1,0 +1,129 @@
+"""One plugin while it is served: its state, streams, servicer, feed and registration, wired up.
+
+``ServedPlugin`` only assembles the small pieces (``_state``, ``_streams``, ``_servicer``,
+``_feed``, ``_link``) and runs the registration strategy the runner chose once for the process;
+each piece knows only what it is handed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+import anyio
+from anyio.abc import TaskStatus
+
+from devplugin_sdk._events import Events
+from devplugin_sdk._feed import DeviceFeed
+from devplugin_sdk._kubelet_watch import DirectoryWatcher
+from devplugin_sdk._link import Link
+from devplugin_sdk._servicer import DevicePluginServicer
+from devplugin_sdk._state import DeviceState
+from devplugin_sdk._streams import Streams
+from devplugin_sdk.observe import PluginStatus
+from devplugin_sdk.plugin import DevicePlugin
+from devplugin_sdk.settings import Settings
+from devplugin_sdk.types import Device, Health
+
+log = logging.getLogger("devplugin_sdk")
+
+__all__ = ["ServedPlugin", "Strategy", "pending_seconds"]
+
+#: How a plugin gets registered: ``_kubelet_sock.keep_registered`` or
+#: ``_plugin_watcher.keep_registered``.
+Strategy = Callable[[DevicePluginServicer, Link, Settings, DirectoryWatcher], Awaitable[None]]
+
+
+class ServedPlugin:
+    """Serves one plugin until cancelled.
+
+    Args:
+        plugin: The plugin.
+        settings: Lifecycle settings.
+        watcher: The process's directory watcher (wakes the registration loop).
+        events: Where events go.
+        strategy: How the plugin registers.
+        inherited: Devices of the resource's previous plugin (configuration reload), by ID.
+    """
+
+    def __init__(
+        self,
+        plugin: DevicePlugin,
+        settings: Settings,
+        watcher: DirectoryWatcher,
+        events: Events,
+        strategy: Strategy,
+        *,
+        inherited: Mapping[str, Device] | None = None,
+    ) -> None:
+        self.plugin = plugin
+        self.resource = plugin.resource_name
+        self.settings = settings
+        self.watcher = watcher
+        self.strategy = strategy
+        self.state = DeviceState(self.resource)
+        self.streams = Streams(self.resource, watcher.notify)
+        self.link = Link(self.resource, events)
+        self.servicer = DevicePluginServicer(
+            plugin,
+            self.state,
+            self.streams,
+            events,
+            hook_timeout=settings.hook_timeout,
+            prestart_timeout=settings.prestart_timeout,
+        )
+        self.feed = DeviceFeed(plugin, self.state, settings.health_interval, inherited)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Discover (then report started), feed health and keep registered until cancelled.
+
+        Raises:
+            Exception: whatever the first ``discover()`` raises, and the strategy's permanent
+                errors (``RegistrationRejectedError``, ``SocketInUseError``).
+        """
+        await self.feed.discover()
+        task_status.started()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.feed.run)
+                await self.strategy(self.servicer, self.link, self.settings, self.watcher)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.settings.stop_timeout):
+                try:
+                    await self.plugin.on_stop()
+                except Exception:
+                    log.exception(
+                        "%s: on_stop failed", self.resource, extra={"resource": self.resource}
+                    )
+
+    def status(self) -> PluginStatus:
+        """This plugin's state for liveness checks (see ``observe.PluginStatus``)."""
+        snapshot = self.state.snapshot()
+        counts = {
+            Health.HEALTHY.value: snapshot.healthy_count,
+            Health.UNHEALTHY.value: len(snapshot.devices) - snapshot.healthy_count,
+        }
+        return PluginStatus(
+            resource=self.resource,
+            registered=self.link.registered and bool(len(self.streams)),
+            streams=len(self.streams),
+            pending_seconds=pending_seconds(self.state, self.streams),
+            devices={health: n for health, n in counts.items() if n},
+        )
+
+    @property
+    def devices(self) -> list[Device]:
+        """The devices listed now (the previous plugin's that this one lacks included)."""
+        return self.state.devices
+
+
+def pending_seconds(state: DeviceState, streams: Streams) -> float:
+    """How long the newest device list has waited to go out on the slowest open stream.
+
+    Measured from when the oldest version that stream has not sent appeared, so a loop that
+    keeps changing still looks stuck; 0 when every open stream is up to date (or none is open).
+    """
+    oldest_sent = streams.oldest_sent()
+    if oldest_sent is None or oldest_sent >= state.version:
+        return 0.0
+    return state.clock() - state.changed_at(oldest_sent + 1)

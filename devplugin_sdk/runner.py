@@ -1,0 +1,299 @@
+"""The one way to run plugins: ``serve`` inside an event loop, ``run`` until SIGTERM/SIGINT.
+
+Everything else is an option of these two, as in kopf's ``operator()``/``run()``: the HTTP
+endpoints (``Http``), hot reload (``Reload``) and an ``Observer``. ``devplugin run`` calls
+``run``; ``devplugin_sdk.testing.serving`` runs ``serve`` in the background of a test. How
+plugins register (``kubelet.sock`` or the plugin watcher) is decided once, when ``serve`` starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import anyio
+from anyio.abc import TaskStatus
+
+from devplugin_sdk import _kubelet_sock, _plugin_watcher, fswatch, healthz
+from devplugin_sdk._events import Events
+from devplugin_sdk._kubelet_watch import DirectoryWatcher
+from devplugin_sdk._supervisor import Supervisor
+from devplugin_sdk.errors import MissingDependencyError
+from devplugin_sdk.observe import Observer, PluginStatus
+from devplugin_sdk.settings import Settings
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+if TYPE_CHECKING:
+    from devplugin_sdk.plugin import DevicePlugin
+
+log = logging.getLogger("devplugin_sdk")
+
+__all__ = ["Http", "Reload", "Running", "run", "serve"]
+
+
+@dataclass(frozen=True, slots=True)
+class Http:
+    """Serve ``/healthz``, ``/metrics`` and ``/status`` beside the plugins (``healthz``).
+
+    Args:
+        port: TCP port; 0 picks a free one (``Running.http_port`` tells which).
+        host: Address to bind; None binds every address, which is what the kubelet's httpGet
+            probes and Prometheus (both coming to the pod IP) need.
+        stuck_after: Seconds a newest device list may wait unsent on an open ListAndWatch
+            stream before ``/healthz`` fails.
+        registry: The prometheus_client ``CollectorRegistry`` behind ``/metrics`` (the
+            library's default registry when None). Without an ``observer``, the runner
+            registers a ``metrics.PrometheusObserver`` on it.
+    """
+
+    port: int
+    host: str | None = None
+    stuck_after: float = healthz.DEFAULT_STUCK_AFTER
+    registry: Any = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.port, bool) or not isinstance(self.port, int):
+            raise TypeError(f"Http.port must be an int, got {type(self.port).__name__}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"Http.port must be a TCP port (0-65535), got {self.port}")
+        if self.stuck_after <= 0:
+            raise ValueError(f"Http.stuck_after must be > 0, got {self.stuck_after}")
+
+
+@dataclass(frozen=True, slots=True)
+class Reload:
+    """Reload the served plugins on SIGHUP and when ``config_path`` changes.
+
+    A resource whose plugin is unchanged (same ``DevicePlugin.fingerprint``) keeps running; a
+    changed one is stopped before its replacement registers; a removed one stops. An error from
+    ``load`` keeps the running plugins and is logged.
+
+    Args:
+        load: Builds the new plugin list (reads and validates the configuration).
+        config_path: File whose content changes trigger a reload (its directory is watched, so a
+            Kubernetes ConfigMap's symlink swap counts); None for SIGHUP only.
+        sighup: Reload on SIGHUP (needs the main thread).
+    """
+
+    load: Callable[[], Sequence[DevicePlugin]]
+    config_path: Path | None = None
+    sighup: bool = True
+
+
+class Running:
+    """A running ``serve()``, as handed to ``task_status.started()``.
+
+    Attributes:
+        http_port: The bound HTTP port, or None without ``http``.
+    """
+
+    def __init__(self, supervisor: Supervisor, http_port: int | None) -> None:
+        self._supervisor = supervisor
+        self.http_port = http_port
+
+    @property
+    def resources(self) -> list[str]:
+        """The resources served now."""
+        return self._supervisor.resources
+
+    def statuses(self) -> list[PluginStatus]:
+        """The status of every plugin this runner serves (what ``/healthz`` reads)."""
+        return self._supervisor.statuses()
+
+
+async def serve(
+    *plugins: DevicePlugin,
+    settings: Settings | None = None,
+    observer: Observer | None = None,
+    http: Http | None = None,
+    reload: Reload | None = None,
+    task_status: TaskStatus[Running] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``plugins`` in the running event loop until cancelled.
+
+    Each plugin gets its own socket, registration and ListAndWatch streams; one directory
+    watcher serves them all. ``task_status.started(Running)`` is called once the HTTP port is
+    bound and every plugin has discovered its devices, so ``await tg.start(serve, ...)`` returns
+    a running set or raises why it could not start. On cancellation every ListAndWatch stream ends
+    cleanly, in-flight calls get ``Settings.stop_grace``, the servers stop, the sockets are
+    removed and each plugin's ``on_stop`` runs. Must run on the asyncio backend (grpc.aio).
+
+    Args:
+        plugins: The plugins, at least one, with distinct resource and socket names.
+        settings: Lifecycle settings (defaults: a production node).
+        observer: Receives lifecycle and RPC events (``observe.Observer``); with ``http`` and no
+            observer, a ``metrics.PrometheusObserver`` on ``http.registry`` (when the
+            ``metrics`` extra is installed).
+        http: Serve the HTTP endpoints.
+        reload: Reload the plugin set on SIGHUP and configuration changes.
+        task_status: Reports the ``Running`` set (``TaskGroup.start``).
+
+    Raises:
+        ValueError: no plugins, bad names, or two plugins for one resource or socket.
+        OSError: the HTTP address cannot be bound (before any plugin starts).
+        RegistrationRejectedError: the kubelet rejected a plugin for good.
+        SocketInUseError: another live server answers on a plugin's socket.
+        ExceptionGroup: several of the above at once (none is dropped).
+    """
+    if not plugins:
+        raise ValueError("serve() needs at least one plugin")
+    settings = settings or Settings()
+    # Decided once: the registration path does not change while the process runs.
+    if settings.uses_plugin_watcher():
+        strategy, watched = _plugin_watcher.keep_registered, settings.plugins_registry_dir
+    else:
+        strategy, watched = _kubelet_sock.keep_registered, settings.device_plugin_dir
+    if http is not None and observer is None:
+        observer = _prometheus_observer(http.registry)
+    events = Events(observer)
+    watcher = DirectoryWatcher([watched], settings.restart_poll_interval)
+    try:
+        async with anyio.create_task_group() as tg:
+            supervisor = Supervisor(tg, settings, watcher, events, strategy)
+            running = Running(supervisor, None)
+            if http is not None:
+                running.http_port = await tg.start(
+                    partial(
+                        healthz.serve_http,
+                        http.host,
+                        http.port,
+                        statuses=running.statuses,
+                        stuck_after=http.stuck_after,
+                        registry=http.registry,
+                    )
+                )
+            events.serving(running.statuses)
+            tg.start_soon(watcher.run)
+            await supervisor.apply(plugins, fatal=True)
+            if reload is not None:
+                tg.start_soon(_reload_loop, supervisor, reload)
+            task_status.started(running)
+    except BaseExceptionGroup as group:
+        raise_errors(group)
+
+
+def run(
+    *plugins: DevicePlugin,
+    settings: Settings | None = None,
+    observer: Observer | None = None,
+    http: Http | None = None,
+    reload: Reload | None = None,
+) -> None:
+    """Serve ``plugins`` in a new event loop until SIGTERM or SIGINT, then clean up.
+
+    The blocking twin of ``serve`` (same arguments, same errors), for a plugin's ``__main__``
+    and for ``devplugin run``.
+    """
+
+    async def main() -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_cancel_on_signal, tg.cancel_scope)
+                await serve(
+                    *plugins, settings=settings, observer=observer, http=http, reload=reload
+                )
+                tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            raise_errors(group)
+
+    anyio.run(main, backend="asyncio")
+
+
+async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s; shutting down", signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+def raise_errors(group: BaseExceptionGroup[BaseException]) -> NoReturn:
+    """Raise what a task group failed with: its one error as itself, several as one group.
+
+    Cancellations are dropped (they only say that the others were stopped); no real error is.
+    Call it in the event loop, in the ``except`` of the task group.
+    """
+    errors: list[BaseException] = []
+
+    def collect(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                collect(inner)
+        elif not isinstance(exc, anyio.get_cancelled_exc_class()):
+            errors.append(exc)
+
+    collect(group)
+    if len(errors) == 1:
+        raise errors[0]
+    if not errors:
+        raise group
+    raise BaseExceptionGroup(f"{len(errors)} errors while serving", errors)
+
+
+def _prometheus_observer(registry: Any) -> Observer | None:
+    from devplugin_sdk.metrics import PrometheusObserver  # noqa: PLC0415 - an optional extra
+
+    try:
+        return PrometheusObserver(registry)
+    except MissingDependencyError as exc:
+        log.warning("%s; /metrics answers 404, /healthz and /status still work", exc)
+        return None
+
+
+async def _reload_loop(supervisor: Supervisor, reload: Reload) -> None:
+    """Reload on SIGHUP and on changes of the configuration file's content."""
+    wakeup = anyio.Event()
+    reasons: list[str] = []
+
+    def trigger(reason: str) -> None:
+        reasons.append(reason)
+        wakeup.set()
+
+    async def on_sighup() -> None:
+        with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+            async for _ in signals:
+                trigger("SIGHUP")
+
+    async def on_file_change(path: Path) -> None:
+        digest = _digest(path)
+        async for _ in fswatch.watch([path.parent], poll_interval=5.0):
+            # ConfigMaps change by swapping symlinks in the directory: compare the content.
+            new = _digest(path)
+            if new != digest:
+                digest = new
+                trigger(f"{path} changed")
+
+    async with anyio.create_task_group() as tg:
+        if reload.sighup:
+            tg.start_soon(on_sighup)
+        if reload.config_path is not None:
+            tg.start_soon(on_file_change, reload.config_path)
+        while True:
+            await wakeup.wait()
+            wakeup = anyio.Event()
+            why = ", ".join(dict.fromkeys(reasons))
+            reasons.clear()
+            try:
+                plugins = reload.load()
+                await supervisor.apply(plugins, fatal=False)
+            except Exception as exc:
+                # A bad configuration is expected input: its message, not a traceback.
+                log.error("reload (%s) failed; keeping the running plugins: %s", why, exc)  # noqa: TRY400
+            else:
+                log.info("reloaded (%s): serving %s", why, ", ".join(supervisor.resources))
+
+
+def _digest(path: Path) -> bytes | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).digest()
+    except OSError:
+        return None

@@ -1,0 +1,83 @@
+"""The public face: a short, sorted, complete ``__all__`` at the top, each module's own ``__all__``,
+and the import-linter contract that keeps the layers (run by ./scripts/test) covering every private
+module."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+import types
+from pathlib import Path
+
+import devplugin_sdk
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_top_level_all_is_short_sorted_and_complete() -> None:
+    names = devplugin_sdk.__all__
+    assert len(names) <= 20
+    assert names == sorted(names, key=_isort_key)
+    assert len(set(names)) == len(names)
+    # Complete: every public object the package imports is exported, nothing else is.
+    public = {
+        name
+        for name, value in vars(devplugin_sdk).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert public == set(names)
+
+
+def test_top_level_names_report_where_they_are_documented() -> None:
+    for name in devplugin_sdk.__all__:
+        value = getattr(devplugin_sdk, name)
+        assert value.__module__.startswith("devplugin_sdk."), name
+
+
+def test_no_cli_error_or_engine_type_at_the_top() -> None:
+    assert "RegistrationError" not in devplugin_sdk.__all__  # the empty layer is gone
+    assert "PluginEvent" not in devplugin_sdk.__all__
+    assert not hasattr(devplugin_sdk.errors, "RegistrationError")
+
+
+def _isort_key(name: str) -> tuple[int, str]:
+    """The order ruff's RUF022 keeps ``__all__`` in: CONSTANTS, then Classes, then functions."""
+    return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
+
+
+def _public_modules() -> list[str]:
+    found = []
+    for info in pkgutil.walk_packages(devplugin_sdk.__path__, "devplugin_sdk."):
+        parts = info.name.split(".")
+        if any(p.startswith("_") for p in parts[1:]) or parts[1] == "api":
+            continue
+        found.append(info.name)
+    return sorted(found)
+
+
+def test_every_public_module_declares_a_sorted_all_of_names_it_defines() -> None:
+    for name in _public_modules():
+        module = importlib.import_module(name)
+        declared = getattr(module, "__all__", None)
+        assert declared is not None, f"{name} has no __all__"
+        assert list(declared) == sorted(declared, key=_isort_key), f"{name}.__all__ unsorted"
+        for item in declared:
+            assert hasattr(module, item), f"{name}.__all__ names {item!r}, which it lacks"
+
+
+def test_the_backend_contract_forbids_every_private_module() -> None:
+    """A new private module cannot slip past the "backends use the public API" contract."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["name"].startswith("Backends use")]
+    private = {
+        f"devplugin_sdk.{path.stem}"
+        for path in (ROOT / "devplugin_sdk").glob("_*.py")
+        if path.stem not in ("__init__", "__main__")
+    }
+    assert private <= set(contract["forbidden_modules"])
