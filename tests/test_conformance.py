@@ -296,20 +296,26 @@ def _rdma_backend(root: Path) -> list[DevicePlugin]:
 
     host = rdma_trees.connectx_host(root / "host")
     config = {
+        "sysfsRoot": str(host.sysfs_root),
+        "devRoot": str(host.dev_root),
         "resources": [
             {"resourceName": "example.com/ib", "selectors": {"linkTypes": ["infiniband"]}},
             {"resourceName": "example.com/roce", "mode": "shared", "shares": 3},
-        ]
+        ],
     }
-    return rdma.from_config(config, sysfs_root=host.sysfs_root, dev_root=host.dev_root)
+    return rdma.from_config(config)
 
 
 def _rdma_example(root: Path) -> list[DevicePlugin]:
+    from devplugin_sdk.config import load_yaml, parse_run_config
     from devplugin_sdk.testing import rdma_trees
 
     host = rdma_trees.connectx_host(root / "host")
-    plugins: list[DevicePlugin] = _load_example("rdma").load_plugins(
-        EXAMPLES / "rdma" / "config.yaml", sysfs_root=host.sysfs_root, dev_root=host.dev_root
+    # What `devplugin run plugin:RdmaExamplePlugin --config config.yaml` serves, re-rooted.
+    config = parse_run_config(load_yaml(EXAMPLES / "rdma" / "config.yaml")).backend_options
+    roots = {"sysfsRoot": str(host.sysfs_root), "devRoot": str(host.dev_root)}
+    plugins: list[DevicePlugin] = _load_example("rdma").RdmaExamplePlugin.from_config(
+        {**config, **roots}
     )
     return plugins
 

@@ -15,30 +15,22 @@ sriov-network-device-plugin ``pkg/infoprovider/rdmaInfoProvider.go``, ``pkg/util
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal
 
 import anyio
+from typing_extensions import Self
 
-from devplugin_sdk import fswatch
+from devplugin_sdk import cdi, fswatch
 from devplugin_sdk.backends import _sysfs
-from devplugin_sdk.config import ConfigReader
+from devplugin_sdk.config import ConfigReader, shown
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.plugin import DevicePlugin, PluginEvent
-from devplugin_sdk.types import (
-    Allocation,
-    Device,
-    DeviceNode,
-    Health,
-    HealthEvent,
-    RescanEvent,
-    replicate,
-)
+from devplugin_sdk.types import Allocation, Device, DeviceNode, Health, replicate
 
 __all__ = [
     "RdmaConfig",
@@ -67,7 +59,6 @@ _HOST_DEV = Path("/dev") / _DEV_SUBDIR
 _PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _HEX_ID = re.compile(r"^(0x)?[0-9a-fA-F]{1,4}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_CDI_KIND = re.compile(r"^[a-z0-9.-]+/[a-zA-Z0-9_.-]+$")
 _LINK_TYPES = {
     "infiniband": "InfiniBand",
     "ib": "InfiniBand",
@@ -470,8 +461,8 @@ class RdmaResource:
             raise ValueError("shares only applies to mode 'shared'")
         if any(p < 1 for p in self.ports):
             raise ValueError(f"port numbers start at 1, got {self.ports}")
-        if self.cdi_kind is not None and not _CDI_KIND.match(self.cdi_kind):
-            raise ValueError(f"cdi_kind must look like 'vendor.com/class', got {self.cdi_kind!r}")
+        if self.cdi_kind is not None:
+            cdi.validate_kind(self.cdi_kind)
         if not _ENV_NAME.match(self.env_prefix):
             raise ValueError(f"env_prefix must be a valid variable name, got {self.env_prefix!r}")
 
@@ -485,18 +476,20 @@ class RdmaResource:
 class RdmaPlugin(DevicePlugin):
     """Serves RDMA devices picked by an ``RdmaResource``.
 
-    Health is pushed: ``watch`` re-reads port state every ``health_interval`` seconds and at
-    once when ``/dev/infiniband`` changes (hot-plug, driver reload), yields ``HealthEvent`` on
-    every change in either direction (so devices recover), and ``RescanEvent`` when devices
-    appear, disappear or change. Events are keyed by RDMA device name, which is the device ID
-    in exclusive mode and the ``parent`` of every share in shared mode.
+    Every discovery reads each device's health as it is now (``evaluate_health``: port state
+    and device nodes). ``watch`` asks for a rescan at once when ``/dev/infiniband`` changes
+    (hot-plug, VFs, driver reload) and otherwise every ``rescan_interval`` seconds, because
+    sysfs (port state, devices) sends no inotify events; the SDK diffs the devices and their
+    health on every rescan, so faults and recoveries both reach the kubelet. In shared mode
+    every share of an RDMA device carries that device's health.
 
     Args:
         resource: What to serve.
         sysfs_root: Where sysfs is read.
         dev_root: Where device nodes are checked. Containers always get host paths under
             ``/dev/infiniband``: mount the host's ``/dev`` elsewhere only for reading.
-        health_interval: Seconds between port-state re-evaluations.
+        rescan_interval: Seconds between rescans when ``/dev/infiniband`` does not change
+            (the ``healthInterval`` key): how soon a port-state change is seen.
         socket_name: Overrides the default socket file name.
 
     Raises:
@@ -509,24 +502,42 @@ class RdmaPlugin(DevicePlugin):
         *,
         sysfs_root: Path | str = Path("/sys"),
         dev_root: Path | str = Path("/dev"),
-        health_interval: float = 5.0,
+        rescan_interval: float = 5.0,
         socket_name: str | None = None,
     ) -> None:
         super().__init__(resource_name=resource.resource_name, socket_name=socket_name)
-        if health_interval <= 0:
-            raise ValueError(f"health_interval must be > 0, got {health_interval}")
+        if not rescan_interval > 0:
+            raise ValueError(f"rescan_interval must be > 0, got {rescan_interval}")
         self.resource = resource
         self.sysfs_root = Path(sysfs_root)
         self.dev_root = Path(dev_root)
-        # DevicePlugin.health_interval is the same notion (seconds between health checks).
-        self.health_interval = self._interval = float(health_interval)
-        self._layout: tuple[Device, ...] | None = None
-        self._discovered: dict[str, Health] = {}
-        self._reported: dict[str, Health] = {}
-        self._recovery_rescan: set[str] = set()
-        self._layout_rescan: tuple[Device, ...] | None = None
+        self.rescan_interval = float(rescan_interval)
+        # Why each device is unhealthy, as last logged: the SDK logs each health flip, this
+        # logs the reason once per change instead of on every rescan. Only for the log.
+        self._logged_reasons: dict[str, str] = {}
 
-    # ------------------------------------------------------------------ discovery
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> list[Self]:
+        """One plugin of this class per configured resource (``devplugin run`` calls it).
+
+        Args:
+            config: The backend's keys (see ``load_config``).
+
+        Raises:
+            ConfigError: naming the dotted key and what is wrong with it.
+        """
+        loaded = load_config(config)
+        return [
+            cls(
+                resource,
+                sysfs_root=loaded.sysfs_root,
+                dev_root=loaded.dev_root,
+                rescan_interval=loaded.rescan_interval,
+            )
+            for resource in loaded.resources
+        ]
+
+    # ------------------------------------------------------------------ discovery and health
 
     def select(self, devices: Iterable[RdmaDeviceInfo]) -> list[RdmaDeviceInfo]:
         """The devices of this resource among ``devices``."""
@@ -567,93 +578,45 @@ class RdmaPlugin(DevicePlugin):
             "netdevs": ",".join(info.netdevs),
             "physfn": info.physfn or "",
         }
-        cdi: tuple[str, ...] = ()
+        cdi_devices: tuple[str, ...] = ()
         if self.resource.cdi_kind is not None:
-            cdi, nodes = (f"{self.resource.cdi_kind}={info.name}",), ()
+            cdi_devices, nodes = (f"{self.resource.cdi_kind}={info.name}",), ()
         return Device(
             id=info.name,
             health=health,
             numa_nodes=(info.numa_node,) if info.numa_node is not None else (),
             device_nodes=nodes,
             env={f"{prefix}_DEVICES": info.name, f"{prefix}_NETDEVS": ",".join(info.netdevs)},
-            cdi_devices=cdi,
+            cdi_devices=cdi_devices,
             attributes=attributes,
         )
 
-    def _snapshot(self) -> tuple[list[Device], dict[str, tuple[Health, str]], list[str]]:
+    def _scan(self) -> tuple[list[Device], dict[str, str]]:
         """Scan, select and build (blocking): the devices (one per RDMA device, or ``shares``
-        per device), health by RDMA device name, and the ``/dev/infiniband`` listing as it was
-        before the scan."""
-        listing = _sysfs.list_dir(self.dev_root / _DEV_SUBDIR)
-        selected = self.select(scan(self.sysfs_root))
-        health = {info.name: self.health_of(info) for info in selected}
+        per device, each with its RDMA device's health) and why each unhealthy one is."""
         devices: list[Device] = []
-        for info in selected:
-            devices.extend(
-                replicate([self._device(info, health[info.name][0])], self.resource.shares)
-            )
-        return devices, health, listing
+        reasons: dict[str, str] = {}
+        for info in self.select(scan(self.sysfs_root)):
+            health, reason = self.health_of(info)
+            if reason:
+                reasons[info.name] = reason
+            devices.extend(replicate([self._device(info, health)], self.resource.shares))
+        return devices, reasons
 
     async def discover(self) -> Sequence[Device]:
-        """Scan sysfs and return this resource's devices, health as of now."""
-        devices, health, _ = await anyio.to_thread.run_sync(self._snapshot)
-        for name, (value, reason) in health.items():
-            if reason:
-                log.info("%s: %s", self.resource_name, reason)
-            self._discovered[name] = value
-        self._layout = _layout(devices)
-        self._layout_rescan = None
-        self._recovery_rescan.clear()
+        """Scan sysfs and return this resource's devices, each with its health as of now."""
+        devices, reasons = await anyio.to_thread.run_sync(self._scan)
+        for name, reason in reasons.items():
+            if self._logged_reasons.get(name) != reason:
+                log.info("%s", reason, extra={"resource": self.resource_name, "device": name})
+        self._logged_reasons = reasons
         return devices
 
-    # ------------------------------------------------------------------ health
-
-    async def watch(self) -> AsyncIterator[PluginEvent]:
-        """Push health changes and rescans; see the class docstring."""
-        # sysfs emits no inotify events for device add/remove; udev's /dev/infiniband does.
-        # One task, no task group: a yield inside a task group breaks when the consumer is
-        # cancelled while the generator is suspended (anyio cancel scopes are per task).
-        directory = self.dev_root / _DEV_SUBDIR
-        while True:
-            devices, health, listing = await anyio.to_thread.run_sync(self._snapshot)
-            for event in self._changes(devices, health):
-                yield event
-            # A node created or removed since the scan would be in the watcher's first
-            # snapshot and never reported: look again right before arming it (no await in
-            # between; a devtmpfs listing takes microseconds).
-            if _sysfs.list_dir(directory) != listing:
-                continue
-            with anyio.move_on_after(self._interval):
-                # fswatch.watch is an async generator: close it here.
-                changes = fswatch.watch([directory], poll_interval=self._interval)
-                async with contextlib.aclosing(changes):
-                    async for _changed in changes:
-                        break
-
-    def _changes(
-        self, devices: Sequence[Device], health: Mapping[str, tuple[Health, str]]
-    ) -> list[PluginEvent]:
-        """Events that bring the SDK's view in line with a fresh scan (event-loop thread)."""
-        events: list[PluginEvent] = []
-        layout = _layout(devices)
-        if self._layout is not None and layout not in (self._layout, self._layout_rescan):
-            self._layout_rescan = layout
-            events.append(RescanEvent(f"{self.resource_name}: RDMA devices changed"))
-        for name, (value, reason) in health.items():
-            # The SDK treats an ID nobody reported on as Healthy; mirror that.
-            if self._reported.get(name, Health.HEALTHY) is not value:
-                self._reported[name] = value
-                events.append(HealthEvent(name, value, reason or f"{name}: ports up"))
-            # Discovered health is part of effective health, so recovering from an
-            # unhealthy discovery needs a rescan as well as the pushed Healthy.
-            if (
-                value is Health.HEALTHY
-                and self._discovered.get(name) is Health.UNHEALTHY
-                and name not in self._recovery_rescan
-            ):
-                self._recovery_rescan.add(name)
-                events.append(RescanEvent(f"{name} recovered"))
-        return events
+    def watch(self) -> AsyncIterator[PluginEvent]:
+        """Rescans: at once when ``/dev/infiniband`` changes, else every ``rescan_interval``."""
+        # udev creates and removes /dev/infiniband nodes (inotify sees them within a
+        # millisecond); sysfs sends no inotify events, so port state is read on every rescan.
+        return fswatch.watch_or_rescan([self.dev_root / _DEV_SUBDIR], self.rescan_interval)
 
     # ------------------------------------------------------------------ allocation
 
@@ -710,14 +673,7 @@ def _hca(device: Device) -> str:
     return device.parent or device.id
 
 
-def _layout(devices: Sequence[Device]) -> tuple[Device, ...]:
-    """The devices without their health: what, if it changes, needs a rescan."""
-    return tuple(replace(d, health=Health.HEALTHY) for d in devices)
-
-
 # ====================================================================== configuration
-
-_P = TypeVar("_P", bound=RdmaPlugin)
 
 
 @dataclass(frozen=True, slots=True)
@@ -726,50 +682,20 @@ class RdmaConfig:
 
     Args:
         resources: One per served resource, in config order.
-        sysfs_root: Where sysfs is read.
-        dev_root: Where device nodes are checked.
-        health_interval: Seconds between port-state re-evaluations.
+        sysfs_root: Where sysfs is read (``sysfsRoot``).
+        dev_root: Where device nodes are checked (``devRoot``).
+        rescan_interval: Seconds between rescans, which re-read port state
+            (``healthInterval``).
     """
 
     resources: tuple[RdmaResource, ...]
     sysfs_root: Path = Path("/sys")
     dev_root: Path = Path("/dev")
-    health_interval: float = 5.0
-
-    @overload
-    def plugins(self) -> list[RdmaPlugin]: ...
-    @overload
-    def plugins(self, plugin_class: type[_P]) -> list[_P]: ...
-
-    def plugins(self, plugin_class: type[RdmaPlugin] = RdmaPlugin) -> list[Any]:
-        """One plugin per resource.
-
-        Args:
-            plugin_class: ``RdmaPlugin`` or a subclass with the same constructor.
-        """
-        return [
-            plugin_class(
-                resource,
-                sysfs_root=self.sysfs_root,
-                dev_root=self.dev_root,
-                health_interval=self.health_interval,
-            )
-            for resource in self.resources
-        ]
+    rescan_interval: float = 5.0
 
 
-_TOP_KEYS = {"resources", "sysfsRoot", "devRoot", "healthInterval"}
-_RESOURCE_KEYS = {
-    "resourceName",
-    "mode",
-    "shares",
-    "selectors",
-    "ports",
-    "issm",
-    "rdmaCm",
-    "cdiKind",
-    "envPrefix",
-}
+_MODES: tuple[Mode, ...] = ("exclusive", "shared")
+# YAML key -> Selector field; the keys of the Mellanox and SR-IOV plugins' selectors.
 _SELECTOR_KEYS = {
     "vendors": "vendors",
     "deviceIDs": "device_ids",
@@ -779,11 +705,10 @@ _SELECTOR_KEYS = {
     "rdmaDevices": "rdma_devices",
     "pciAddresses": "pci_addresses",
 }
-_OVERRIDES = {"sysfs_root", "dev_root", "health_interval"}
 
 
-def load_config(config: Mapping[str, Any], **overrides: Any) -> RdmaConfig:
-    """Validate a YAML-loaded mapping (see ``examples/rdma/config.yaml``).
+def load_config(config: Mapping[str, Any]) -> RdmaConfig:
+    """Validate the backend's keys (see ``examples/rdma/config.yaml``).
 
     Each device goes to the first resource, in config order, whose selectors match it, so an
     HCA is never served twice by accident.
@@ -791,150 +716,121 @@ def load_config(config: Mapping[str, Any], **overrides: Any) -> RdmaConfig:
     Args:
         config: The mapping, with ``resources`` and optional ``sysfsRoot``, ``devRoot``,
             ``healthInterval``.
-        **overrides: ``sysfs_root``, ``dev_root``, ``health_interval`` replace the file's.
 
     Returns:
         The validated configuration.
 
     Raises:
         ConfigError: naming the dotted key and what is wrong with it.
-        ValueError: on an unknown override.
     """
-    unknown_overrides = set(overrides) - _OVERRIDES
-    if unknown_overrides:
-        raise ValueError(f"unknown overrides: {', '.join(sorted(unknown_overrides))}")
-    if not isinstance(config, Mapping):
-        raise ConfigError("<root>", f"must be a mapping, got {type(config).__name__}")
-    _check_keys(config, _TOP_KEYS, "")
-    sysfs_root = Path(overrides.get("sysfs_root") or _string(config, "sysfsRoot", "", "/sys"))
-    dev_root = Path(overrides.get("dev_root") or _string(config, "devRoot", "", "/dev"))
-    interval = overrides.get("health_interval") or config.get("healthInterval", 5.0)
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
-        raise ConfigError("healthInterval", f"must be a number of seconds > 0, got {interval!r}")
-    raw = config.get("resources")
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError("resources", "must be a non-empty list")
+    top = ConfigReader(config)
+    top.known("resources", "sysfsRoot", "devRoot", "healthInterval")
+    sysfs_root = top.path("sysfsRoot", "/sys")
+    dev_root = top.path("devRoot", "/dev")
+    interval = top.interval("healthInterval", 5.0)
     resources: list[RdmaResource] = []
-    names: set[str] = set()
     claimed: list[Selector] = []
-    for index, entry in enumerate(raw):
-        resource = _resource(entry, f"resources[{index}]", tuple(claimed))
-        if resource.resource_name in names:
+    for reader in top.sections("resources", required=True):
+        resource = _resource(reader, tuple(claimed))
+        if any(r.resource_name == resource.resource_name for r in resources):
             raise ConfigError(
-                f"resources[{index}].resourceName", f"duplicate {resource.resource_name!r}"
+                reader.key("resourceName"), f"duplicate {shown(resource.resource_name)}"
             )
-        names.add(resource.resource_name)
         claimed.extend(resource.selectors)
         resources.append(resource)
     return RdmaConfig(
         resources=tuple(resources),
         sysfs_root=sysfs_root,
         dev_root=dev_root,
-        health_interval=float(interval),
+        rescan_interval=interval,
     )
 
 
-def from_config(config: Mapping[str, Any], **overrides: Any) -> list[DevicePlugin]:
+def from_config(config: Mapping[str, Any]) -> list[DevicePlugin]:
     """One ``RdmaPlugin`` per configured resource (the backend contract of ``devplugin run``).
 
     Args:
         config: See ``load_config``.
-        **overrides: See ``load_config``.
 
     Raises:
         ConfigError: naming the dotted key and what is wrong with it.
     """
-    return list(load_config(config, **overrides).plugins())
+    return list(RdmaPlugin.from_config(config))
 
 
-def _resource(entry: Any, key: str, exclude: tuple[Selector, ...]) -> RdmaResource:
-    if not isinstance(entry, Mapping):
-        raise ConfigError(key, f"must be a mapping, got {type(entry).__name__}")
-    _check_keys(entry, _RESOURCE_KEYS, key)
-    name = entry.get("resourceName")
-    if not isinstance(name, str) or "/" not in name:
-        raise ConfigError(f"{key}.resourceName", "must be a fully qualified name like 'rdma/hca'")
-    mode = entry.get("mode", "exclusive")
-    if mode not in ("exclusive", "shared"):
-        raise ConfigError(f"{key}.mode", f"must be 'exclusive' or 'shared', got {mode!r}")
-    shares = entry.get("shares")
+def _resource(reader: ConfigReader, exclude: tuple[Selector, ...]) -> RdmaResource:
+    reader.known(
+        "resourceName",
+        "mode",
+        "shares",
+        "selectors",
+        "ports",
+        "issm",
+        "rdmaCm",
+        "cdiKind",
+        "envPrefix",
+    )
+    name = reader.resource_name("resourceName")
+    mode = reader.choice("mode", _MODES, "exclusive")
     if mode == "shared":
-        if isinstance(shares, bool) or not isinstance(shares, int) or shares < 1:
-            raise ConfigError(f"{key}.shares", f"shared mode needs an integer >= 1, got {shares!r}")
-    elif shares is not None:
-        raise ConfigError(f"{key}.shares", "only applies to mode 'shared'")
-    ports = entry.get("ports", [])
-    if not isinstance(ports, list) or not all(
-        isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in ports
-    ):
-        raise ConfigError(f"{key}.ports", f"must be a list of port numbers >= 1, got {ports!r}")
-    flags = {}
-    for flag in ("issm", "rdmaCm"):
-        value = entry.get(flag, True)
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}.{flag}", f"must be true or false, got {value!r}")
-        flags[flag] = value
-    cdi_kind = entry.get("cdiKind")
-    if cdi_kind is not None and (not isinstance(cdi_kind, str) or not _CDI_KIND.match(cdi_kind)):
-        raise ConfigError(f"{key}.cdiKind", f"must look like 'vendor.com/class', got {cdi_kind!r}")
-    prefix = entry.get("envPrefix", "RDMA")
-    if not isinstance(prefix, str) or not _ENV_NAME.match(prefix):
-        raise ConfigError(f"{key}.envPrefix", f"must be a valid variable name, got {prefix!r}")
-    try:
-        return RdmaResource(
-            resource_name=name,
-            selectors=_selectors(entry.get("selectors"), f"{key}.selectors"),
-            mode=mode,
-            shares=shares if isinstance(shares, int) else 1,
-            ports=tuple(ports),
-            issm=flags["issm"],
-            rdma_cm=flags["rdmaCm"],
-            cdi_kind=cdi_kind,
-            env_prefix=prefix,
-            exclude=exclude,
+        if not reader.has("shares"):
+            raise ConfigError(reader.key("shares"), "is required in mode 'shared'")
+        shares = reader.integer("shares", 1, minimum=1)
+    elif reader.has("shares"):
+        raise ConfigError(reader.key("shares"), "only applies to mode 'shared'")
+    else:
+        shares = 1
+    cdi_kind = reader.optional_string("cdiKind")
+    if cdi_kind is not None:
+        try:
+            cdi.validate_kind(cdi_kind)
+        except ValueError as exc:
+            raise ConfigError(reader.key("cdiKind"), str(exc)) from None
+    prefix = reader.string("envPrefix", "RDMA")
+    if not _ENV_NAME.match(prefix):
+        raise ConfigError(
+            reader.key("envPrefix"), f"must be a valid variable name, got {shown(prefix)}"
         )
-    except ValueError as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(key, str(exc)) from exc
+    return RdmaResource(
+        resource_name=name,
+        selectors=_selectors(reader),
+        mode="shared" if mode == "shared" else "exclusive",
+        shares=shares,
+        ports=tuple(sorted(reader.integers("ports", frozenset(), minimum=1))),
+        issm=reader.boolean("issm", True),
+        rdma_cm=reader.boolean("rdmaCm", True),
+        cdi_kind=cdi_kind,
+        env_prefix=prefix,
+        exclude=exclude,
+    )
 
 
-def _selectors(raw: Any, key: str) -> tuple[Selector, ...]:
+def _selectors(reader: ConfigReader) -> tuple[Selector, ...]:
+    """``selectors``: absent (every device), one group, or a non-empty list of groups."""
+    raw = reader.data.get("selectors")
     if raw is None:
         return (Selector(),)
-    groups = raw if isinstance(raw, list) else [raw]
-    if not groups:
-        raise ConfigError(key, "must not be an empty list (leave it out to select every device)")
-    out: list[Selector] = []
-    for index, group in enumerate(groups):
-        group_key = f"{key}[{index}]" if isinstance(raw, list) else key
-        if not isinstance(group, Mapping):
-            raise ConfigError(group_key, f"must be a mapping, got {type(group).__name__}")
-        _check_keys(group, set(_SELECTOR_KEYS), group_key)
-        kwargs: dict[str, tuple[str, ...]] = {}
-        for yaml_key, attr in _SELECTOR_KEYS.items():
-            values = group.get(yaml_key, [])
-            if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
+    if isinstance(raw, list):
+        groups = reader.sections("selectors", required=True)
+    else:
+        groups = [reader.section("selectors")]
+    return tuple(_selector(group) for group in groups)
+
+
+def _selector(group: ConfigReader) -> Selector:
+    """One selector group, every value checked here so that ``Selector`` never refuses it."""
+    group.known(*_SELECTOR_KEYS)
+    values = {key: group.strings(key) for key in _SELECTOR_KEYS}
+    for key in ("vendors", "deviceIDs"):
+        for i, value in enumerate(values[key]):
+            if not _HEX_ID.match(value):
                 raise ConfigError(
-                    f"{group_key}.{yaml_key}", f"must be a list of strings, got {values!r}"
+                    f"{group.key(key)}[{i}]", f"must be a 4-digit hex PCI ID, got {shown(value)}"
                 )
-            kwargs[attr] = tuple(values)
-        try:
-            out.append(Selector(**kwargs))
-        except ValueError as exc:
-            field_name = str(exc).split(":", 1)[0].removeprefix("Selector.")
-            yaml_key = next(k for k, a in _SELECTOR_KEYS.items() if a == field_name)
-            raise ConfigError(f"{group_key}.{yaml_key}", str(exc).split(": ", 1)[1]) from exc
-    return tuple(out)
-
-
-def _check_keys(mapping: Mapping[str, Any], allowed: set[str], key: str) -> None:
-    ConfigReader(mapping, key).known(*sorted(allowed))
-
-
-def _string(mapping: Mapping[str, Any], name: str, key: str, default: str) -> str:
-    value = mapping.get(name, default)
-    if not isinstance(value, str) or not value:
-        where = f"{key}.{name}" if key else name
-        raise ConfigError(where, f"must be a non-empty string, got {value!r}")
-    return value
+    for i, value in enumerate(values["linkTypes"]):
+        if value.lower() not in _LINK_TYPES:
+            raise ConfigError(
+                f"{group.key('linkTypes')}[{i}]",
+                f"must be one of {', '.join(sorted(_LINK_TYPES))}, got {shown(value)}",
+            )
+    return Selector(**{attr: values[key] for key, attr in _SELECTOR_KEYS.items()})

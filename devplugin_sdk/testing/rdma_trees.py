@@ -515,9 +515,20 @@ def _phys_text(phys_state: str) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    """Write an attribute the way sysfs shows it: the value and a newline."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n" if text else "", encoding="utf-8")
+    """Write an attribute the way sysfs shows it: the value and a newline.
+
+    A change replaces the file at once (a new file renamed over it), as a read of a real
+    attribute is atomic: a plugin rescanning while a test flips a port never reads a
+    half-written state.
+    """
+    content = text + "\n" if text else ""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content, encoding="utf-8")
+        return
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(content, encoding="utf-8")
+    os.replace(temporary, path)
 
 
 def _link(path: Path, target: str) -> None:

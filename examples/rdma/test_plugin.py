@@ -1,26 +1,41 @@
-"""The example RDMA plugin against FakeKubelet on a fake ConnectX host: two InfiniBand HCAs and a
-RoCE PF with two VFs, served as the three resources of config.yaml."""
+"""The example RDMA plugin on a fake ConnectX host (two InfiniBand HCAs, a RoCE PF and its VFs).
+
+Run as the image runs it, ``devplugin run plugin:RdmaExamplePlugin --config FILE`` in a real
+process against a FakeKubelet: registration, allocation, /healthz and /metrics, JSON logs, a hot
+reload and a bad config. Port faults and hot-plug in-process, through ``from_config``. And the
+image, the DaemonSet and the kustomize overlay agreeing on what runs.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
 import sys
-from functools import partial
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import anyio
-import pytest
+import anyio.abc
 import yaml
-from prometheus_client import CollectorRegistry
 
-from devplugin_sdk import healthz
+from devplugin_sdk import cli
 from devplugin_sdk.backends.rdma import load_config
+from devplugin_sdk.config import load_yaml, parse_run_config
 from devplugin_sdk.testing import FakeKubelet, serving
 from devplugin_sdk.testing.rdma_trees import RdmaHost, connectx_host
 
 HERE = Path(__file__).parent
+OVERLAY = HERE.parent.parent / "deploy" / "kustomize" / "overlays" / "rdma"
+TARGET = "plugin:RdmaExamplePlugin"
+RESOURCES = ("rdma/roce_vf", "rdma/ib", "rdma/roce_shared")
 
 
 def _example() -> ModuleType:
@@ -37,6 +52,35 @@ def _example() -> ModuleType:
 example = _example()
 
 
+def config_yaml(host: RdmaHost, *, shares: int | None = None) -> dict[str, Any]:
+    """config.yaml with its roots pointed at the fake host and quick rescans."""
+    config = dict(load_yaml(HERE / "config.yaml"))
+    config.update(sysfsRoot=str(host.sysfs_root), devRoot=str(host.dev_root), healthInterval=0.1)
+    if shares is not None:
+        [shared] = [r for r in config["resources"] if r["resourceName"] == "rdma/roce_shared"]
+        shared["shares"] = shares
+    return config
+
+
+def write_config(path: Path, config: Mapping[str, Any]) -> None:
+    """Replace the file at once, as a ConfigMap update does (a reader never sees half of it)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(yaml.safe_dump(dict(config)), encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def backend_keys(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What ``devplugin run`` hands to ``from_config``: the file less the SDK's keys."""
+    return parse_run_config(config).backend_options
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
 async def http_get(port: int, path: str) -> bytes:
     """One HTTP/1.1 request to the plugin's endpoint server, as a kubelet probe makes it."""
     async with await anyio.connect_tcp("127.0.0.1", port) as stream:
@@ -48,68 +92,131 @@ async def http_get(port: int, path: str) -> bytes:
     return reply
 
 
-def daemonset_container() -> tuple[dict[str, Any], dict[str, Any]]:
-    """The ConfigMap's config.yaml (parsed) and the plugin container of daemonset.yaml."""
-    config_map, daemonset = yaml.safe_load_all((HERE / "daemonset.yaml").read_text("utf-8"))
-    config: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"])
-    container: dict[str, Any] = daemonset["spec"]["template"]["spec"]["containers"][0]
-    return config, container
+def devplugin_command(*args: str) -> tuple[list[str], dict[str, str]]:
+    """``devplugin ARGS`` as this interpreter runs it, with plugin.py importable as ``plugin``."""
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+    return [sys.executable, "-m", "devplugin_sdk", *args], {**os.environ, "PYTHONPATH": path}
 
 
-def run_main_as_the_daemonset(
-    config: dict[str, Any],
-    container: dict[str, Any],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> tuple[list[Any], dict[str, Any]]:
-    """main() with the container's args and ``config`` in place of its --config file; returns
-    what it handed to ``healthz.run`` (which is stubbed: the real one blocks until SIGTERM)."""
-    config_file = tmp_path / "config.yaml"
-    config_file.write_text(yaml.safe_dump(config), encoding="utf-8")
-    args = [
-        f"--config={config_file}" if a.startswith("--config=") else a for a in container["args"]
-    ]
-    served: list[tuple[list[Any], dict[str, Any]]] = []
+class PluginProcess:
+    """A running ``devplugin run``, with its log (stderr) collected line by line."""
 
-    def no_endpoints(*plugins: Any, **kwargs: Any) -> None:
-        pytest.fail("served without /healthz although --metrics-port was given")
+    def __init__(self, process: anyio.abc.Process) -> None:
+        self.process = process
+        self.lines: list[str] = []
+        self._changed = anyio.Event()
 
-    monkeypatch.setattr(example, "run", no_endpoints)
-    monkeypatch.setattr(healthz, "run", lambda plugins, **kwargs: served.append((plugins, kwargs)))
-    assert example.main(args) == 0
-    [(plugins, kwargs)] = served
-    return plugins, kwargs
+    async def collect(self) -> None:
+        assert self.process.stderr is not None
+        pending = b""
+        async for chunk in self.process.stderr:
+            pending += chunk
+            *complete, pending = pending.split(b"\n")
+            self.lines.extend(line.decode(errors="replace") for line in complete)
+            self._changed.set()
+            self._changed = anyio.Event()
+
+    def records(self) -> list[dict[str, Any]]:
+        """The log so far, one JSON object per line (fails on any other line)."""
+        return [json.loads(line) for line in self.lines if line.strip()]
+
+    async def wait_for_record(
+        self, check: Callable[[dict[str, Any]], bool], timeout: float = 10
+    ) -> None:
+        with anyio.fail_after(timeout):
+            while not any(check(record) for record in self.records()):
+                await self._changed.wait()
+
+    async def stop(self, timeout: float = 15) -> int:
+        """SIGTERM, then wait for the exit status."""
+        self.process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(timeout):
+            return await self.process.wait()
 
 
-def load(host: RdmaHost) -> list[Any]:
-    """The plugins of config.yaml with the roots pointed at the fake host."""
-    plugins: list[Any] = example.load_plugins(
-        HERE / "config.yaml",
-        sysfs_root=host.sysfs_root,
-        dev_root=host.dev_root,
-        health_interval=0.05,
+@asynccontextmanager
+async def devplugin_run(
+    config_file: Path, kubelet: FakeKubelet, *args: str
+) -> AsyncIterator[PluginProcess]:
+    """``devplugin run plugin:RdmaExamplePlugin --config FILE`` registering with ``kubelet``;
+    stopped (SIGTERM, then SIGKILL) when the block ends."""
+    command, env = devplugin_command(
+        "run",
+        TARGET,
+        "--config",
+        str(config_file),
+        "--device-plugin-dir",
+        str(kubelet.directory),
+        "--registration",
+        "kubelet",
+        *args,
     )
-    return plugins
+    process = await anyio.open_process(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env
+    )
+    plugin = PluginProcess(process)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(plugin.collect)
+            try:
+                yield plugin
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if process.returncode is None:
+                        process.send_signal(signal.SIGTERM)
+                        with anyio.move_on_after(10):
+                            await process.wait()
+                    if process.returncode is None:
+                        process.kill()
+                        await process.wait()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await process.aclose()
 
 
-async def test_config_serves_vfs_ib_hcas_and_shared_roce_with_nccl_variables(
+# ----------------------------------------------------------------------------- as the image runs it
+
+
+async def test_devplugin_run_serves_the_config_with_nccl_variables_probes_and_reload(
     tmp_path: Path,
 ) -> None:
-    host = connectx_host(tmp_path)  # mlx5_0/1: IB; mlx5_2: RoCE PF; mlx5_3/4: its VFs
-    plugins = load(host)
-    assert [p.resource_name for p in plugins] == ["rdma/roce_vf", "rdma/ib", "rdma/roce_shared"]
+    host = connectx_host(tmp_path / "host")  # mlx5_0/1: IB; mlx5_2: RoCE PF; mlx5_3/4: its VFs
+    config_file = tmp_path / "config.yaml"
+    write_config(config_file, config_yaml(host))
+    port = free_port()
 
-    async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
-        await kubelet.wait_for_allocatable("rdma/roce_vf", 2)
-        await kubelet.wait_for_allocatable("rdma/ib", 2)
-        await kubelet.wait_for_allocatable("rdma/roce_shared", 64)
+    async with (
+        FakeKubelet() as kubelet,
+        devplugin_run(config_file, kubelet, f"--metrics-port={port}") as plugin,
+    ):
+        for resource, count in zip(RESOURCES, (2, 2, 64), strict=True):
+            await kubelet.wait_for_allocatable(resource, count, timeout=20)
         assert {d.id: d.numa_nodes for d in kubelet.devices("rdma/ib").values()} == {
             "mlx5_0": (0,),
             "mlx5_1": (1,),
         }
-
         ib = await kubelet.allocate("rdma/ib", 2)
         shared = await kubelet.allocate("rdma/roce_shared", 1)
+
+        # Registered as the plugin sees it, with the kubelet's streams open: /healthz is 200.
+        for resource in RESOURCES:
+            await plugin.wait_for_record(
+                lambda r, resource=resource: (
+                    r.get("resource") == resource and "registered" in r["message"]
+                )
+            )
+        healthz = await http_get(port, "/healthz")
+        metrics = await http_get(port, "/metrics")
+
+        # The subnet manager went away: the link is up, the port stays INIT.
+        host.set_port_state("mlx5_0", state="INIT", phys_state="LinkUp")
+        await kubelet.wait_for_health("rdma/ib", "mlx5_0", "Unhealthy", timeout=10)
+
+        write_config(config_file, config_yaml(host, shares=8))  # a ConfigMap edit
+        await kubelet.wait_for_allocatable("rdma/roce_shared", 8, timeout=20)
+        assert kubelet.allocatable("rdma/roce_vf") == 2
+
+        assert await plugin.stop() == 0
 
     assert sorted(ib.device_ids) == ["mlx5_0", "mlx5_1"]
     env = ib.allocation.env
@@ -134,11 +241,39 @@ async def test_config_serves_vfs_ib_hcas_and_shared_roce_with_nccl_variables(
         "/dev/infiniband/rdma_cm",
     ]
     assert shared.allocation.env["RDMA_NETDEVS"] == "ens3f0np0"
+    assert healthz.startswith(b"HTTP/1.1 200")
+    assert b"devplugin_registered{" in metrics
+    records = plugin.records()  # every line of the log is a JSON object
+    # Why mlx5_0 went Unhealthy, logged once although every rescan (0.1 s) sees it again.
+    [why] = [r for r in records if r["logger"] == "devplugin_sdk.backends.rdma"]
+    assert (why["resource"], why["device"], why["message"]) == (
+        "rdma/ib",
+        "mlx5_0",
+        "mlx5_0: port 1 is INIT/LinkUp",
+    )
+
+
+async def test_devplugin_run_refuses_a_bad_config_in_one_line_with_exit_2(tmp_path: Path) -> None:
+    config_file = tmp_path / "config.yaml"
+    config = dict(load_yaml(HERE / "config.yaml"))
+    del config["resources"][2]["shares"]  # rdma/roce_shared is mode: shared
+    write_config(config_file, config)
+    command, env = devplugin_command("run", TARGET, "--config", str(config_file))
+
+    with anyio.fail_after(30):
+        result = await anyio.run_process(command, env=env, check=False)
+
+    assert result.returncode == 2
+    [line] = result.stderr.decode().splitlines()
+    assert "resources[2].shares: is required in mode 'shared'" in line
+
+
+# ----------------------------------------------------------------------------- faults, in-process
 
 
 async def test_ports_going_down_leave_allocatable_and_come_back(tmp_path: Path) -> None:
     host = connectx_host(tmp_path, vfs=0)
-    plugins = load(host)
+    plugins = example.RdmaExamplePlugin.from_config(backend_keys(config_yaml(host)))
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable("rdma/ib", 2)
@@ -159,7 +294,7 @@ async def test_ports_going_down_leave_allocatable_and_come_back(tmp_path: Path) 
 
 async def test_vfs_created_and_destroyed_change_capacity(tmp_path: Path) -> None:
     host = connectx_host(tmp_path, vfs=1)
-    plugins = load(host)
+    plugins = example.RdmaExamplePlugin.from_config(backend_keys(config_yaml(host)))
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable("rdma/roce_vf", 1)
@@ -179,66 +314,64 @@ async def test_vfs_created_and_destroyed_change_capacity(tmp_path: Path) -> None
     assert set(kubelet.devices("rdma/roce_vf")) == {"mlx5_4"}
 
 
-def test_main_refuses_a_bad_config(tmp_path: Path) -> None:
-    config = tmp_path / "config.yaml"
-    config.write_text("resources:\n  - resourceName: rdma/ib\n    mode: shared\n", encoding="utf-8")
-
-    with pytest.raises(SystemExit) as exited:
-        example.main(["--config", str(config)])
-
-    assert exited.value.code == 2
+# ----------------------------------------------------------------------------- image and manifests
 
 
-def test_the_daemonset_configmap_is_a_valid_config() -> None:
-    documents = list(yaml.safe_load_all((HERE / "daemonset.yaml").read_text(encoding="utf-8")))
-    config = yaml.safe_load(documents[0]["data"]["config.yaml"])
-
-    loaded = load_config(config)
-
-    assert [r.resource_name for r in loaded.resources] == [
-        "rdma/roce_vf",
-        "rdma/ib",
-        "rdma/roce_shared",
+def dockerfile_instruction(name: str) -> list[str]:
+    """The exec-form (JSON) arguments of the Dockerfile's ``name`` instruction."""
+    [line] = [
+        line
+        for line in (HERE / "Dockerfile").read_text("utf-8").splitlines()
+        if line.startswith(f"{name} ")
     ]
-    assert (loaded.sysfs_root, loaded.dev_root) == (Path("/host/sys"), Path("/host/dev"))
+    words: list[str] = json.loads(line.removeprefix(f"{name} "))
+    return words
 
 
-async def test_main_with_the_daemonset_args_serves_healthz_on_its_host_port(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    config, container = daemonset_container()
+def test_image_daemonset_and_overlay_run_the_same_thing() -> None:
+    config_map, daemonset = yaml.safe_load_all((HERE / "daemonset.yaml").read_text("utf-8"))
+    pod: dict[str, Any] = daemonset["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    entrypoint = dockerfile_instruction("ENTRYPOINT")
+    assert entrypoint == ["devplugin", "run", TARGET]
+    dockerfile = (HERE / "Dockerfile").read_text("utf-8")
+    assert "COPY examples/rdma/plugin.py /app/plugin.py" in dockerfile
+    assert "ENV PYTHONPATH=/app " in dockerfile
+
+    # The image's CMD and the DaemonSet's args (which replace it) say the same to the CLI.
+    from_cmd = cli.build_parser().parse_args([*entrypoint[1:], *dockerfile_instruction("CMD")])
+    from_pod = cli.build_parser().parse_args([*entrypoint[1:], *container["args"]])
+    assert (from_cmd.target, from_cmd.config, from_cmd.metrics_port) == (
+        from_pod.target,
+        from_pod.config,
+        from_pod.metrics_port,
+    )
     [port] = container["ports"]
+    # hostNetwork: a port of the node, not the 9450 the other plugins take there.
+    assert from_pod.metrics_port == port["containerPort"] == 9452
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
-    host = connectx_host(tmp_path / "host")
-    config.update(sysfsRoot=str(host.sysfs_root), devRoot=str(host.dev_root))
 
-    plugins, kwargs = run_main_as_the_daemonset(config, container, tmp_path, monkeypatch)
-    # hostNetwork: not the 9450 the other plugins take on the node.
-    assert kwargs["port"] == port["containerPort"] == 9452
-    assert [p.resource_name for p in plugins] == ["rdma/roce_vf", "rdma/ib", "rdma/roce_shared"]
+    # The ConfigMap is mounted where --config points.
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/rdma-device-plugin"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    assert Path(from_pod.config).parent == Path(mount["mountPath"])
 
-    # What the probes then reach: those plugins and the endpoints, on a free port here (and
-    # a registry of its own: the default one takes each metric name once per process).
-    async with FakeKubelet() as kubelet, anyio.create_task_group() as tg:
-        bound = await tg.start(
-            partial(
-                healthz.serve_with_http,
-                plugins,
-                port=0,
-                settings=kubelet.settings(),
-                registry=CollectorRegistry(),
-            )
-        )
-        await kubelet.wait_for_allocatable("rdma/ib", 2)
-        # /healthz is 200 once every plugin is registered with its stream open, as the
-        # plugins see it (the kubelet records a registration before the plugin hears back).
-        await kubelet.wait_for(
-            lambda: not healthz.problems(healthz.served_statuses()), what="every plugin live"
-        )
-        reply = await http_get(bound, "/healthz")
-        metrics = await http_get(bound, "/metrics")
-        tg.cancel_scope.cancel()
+    # The image the kustomize overlay deploys is this one.
+    [image] = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text("utf-8"))["images"]
+    assert container["image"] == f"{image['newName']}:{image['newTag']}"
 
-    assert reply.startswith(b"HTTP/1.1 200")
-    assert b"devplugin_registered{" in metrics
+
+def test_configmap_and_overlay_serve_config_yaml_from_the_host_mounts() -> None:
+    # config.yaml, with the host's /sys and /dev where the DaemonSets mount them.
+    expected = dict(load_yaml(HERE / "config.yaml"))
+    expected.update(sysfsRoot="/host/sys", devRoot="/host/dev")
+    documents = list(yaml.safe_load_all((HERE / "daemonset.yaml").read_text(encoding="utf-8")))
+    config_map = yaml.safe_load(documents[0]["data"]["config.yaml"])
+    overlay = load_yaml(OVERLAY / "config.yaml")
+
+    for config in (config_map, overlay):
+        sdk_keys = dataclasses.replace(parse_run_config(config), backend_options={})
+        assert sdk_keys == dataclasses.replace(parse_run_config(expected), backend_options={})
+        assert load_config(backend_keys(config)) == load_config(backend_keys(expected))

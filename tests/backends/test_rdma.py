@@ -1,5 +1,5 @@
 """The RDMA backend on fake ConnectX hosts: sysfs layout, selectors, health, modes, allocation,
-config, and port flaps seen through watch() and a FakeKubelet."""
+config, and port flaps and hot-plug seen through rescans, watch() and a FakeKubelet."""
 
 from __future__ import annotations
 
@@ -24,12 +24,16 @@ from devplugin_sdk.testing.rdma_trees import (
     connectx_ib_host,
     connectx_roce_host,
 )
-from devplugin_sdk.types import Device, Health, HealthEvent, RescanEvent
+from devplugin_sdk.types import Device, Health, RescanEvent
+
+
+def roots(host: RdmaHost) -> dict[str, str]:
+    """The config keys that point the backend at the fake host."""
+    return {"sysfsRoot": str(host.sysfs_root), "devRoot": str(host.dev_root)}
 
 
 def plugins(host: RdmaHost, *resources: dict[str, Any], **top: Any) -> list[rdma.RdmaPlugin]:
-    config = {"resources": list(resources), **top}
-    return rdma.load_config(config, sysfs_root=host.sysfs_root, dev_root=host.dev_root).plugins()
+    return rdma.RdmaPlugin.from_config({**roots(host), "resources": list(resources), **top})
 
 
 def only(host: RdmaHost, **resource: Any) -> rdma.RdmaPlugin:
@@ -44,7 +48,7 @@ def info(host: RdmaHost, name: str) -> rdma.RdmaDeviceInfo:
 
 @contextlib.asynccontextmanager
 async def watching(plugin: rdma.RdmaPlugin) -> AsyncIterator[ObjectReceiveStream[PluginEvent]]:
-    """Run ``plugin.watch()`` in a task; yield once it is waiting, with its events as a stream."""
+    """Run ``plugin.watch()`` in a task, with its events as a stream."""
     send, receive = anyio.create_memory_object_stream[PluginEvent](100)
 
     async def pump() -> None:
@@ -56,19 +60,13 @@ async def watching(plugin: rdma.RdmaPlugin) -> AsyncIterator[ObjectReceiveStream
     with receive:
         async with anyio.create_task_group() as tg:
             tg.start_soon(pump)
-            await anyio.wait_all_tasks_blocked()
             yield receive
             tg.cancel_scope.cancel()
 
 
-async def next_of(
-    events: ObjectReceiveStream[PluginEvent], kind: type[Any], timeout: float = 5
-) -> Any:
+async def next_event(events: ObjectReceiveStream[PluginEvent], timeout: float = 5) -> PluginEvent:
     with anyio.fail_after(timeout):
-        while True:
-            event = await events.receive()
-            if isinstance(event, kind):
-                return event
+        return await events.receive()
 
 
 def paths(device: Device) -> list[str]:
@@ -420,52 +418,62 @@ async def test_preferred_allocation_keeps_to_the_numa_node_already_chosen(mixed:
     assert chosen == ["mlx5_1", "mlx5_2"]
 
 
-# ----------------------------------------------------------------------------- watch
+# ----------------------------------------------------------------------------- health over time
 
 
-async def test_port_flap_pushes_unhealthy_then_healthy_for_the_hca(tmp_path: Path) -> None:
+async def test_every_discovery_reads_port_state_as_it_is_now(tmp_path: Path) -> None:
     host = connectx_roce_host(tmp_path, vfs=0)
-    (plugin,) = plugins(
-        host, {"resourceName": "rdma/roce", "mode": "shared", "shares": 2}, healthInterval=0.05
-    )
-    await plugin.discover()
+    plugin = only(host, mode="shared", shares=2)
+    assert {d.health for d in await plugin.discover()} == {Health.HEALTHY}
+
+    host.set_port_state("mlx5_1", state="DOWN")
+    down = {d.id: d.health for d in await plugin.discover()}
+    host.set_port_state("mlx5_1", state="ACTIVE")
+    up = {d.id: d.health for d in await plugin.discover()}
+
+    assert down == {
+        "mlx5_0::0": Health.HEALTHY,
+        "mlx5_0::1": Health.HEALTHY,
+        "mlx5_1::0": Health.UNHEALTHY,
+        "mlx5_1::1": Health.UNHEALTHY,
+    }
+    assert set(up.values()) == {Health.HEALTHY}
+
+
+async def test_watch_asks_for_a_rescan_every_health_interval(tmp_path: Path) -> None:
+    host = connectx_ib_host(tmp_path)
+    (plugin,) = plugins(host, {"resourceName": "rdma/ib"}, healthInterval=0.05)
 
     async with watching(plugin) as events:
-        host.set_port_state("mlx5_1", state="DOWN")
-        down = await next_of(events, HealthEvent)
-        host.set_port_state("mlx5_1", state="ACTIVE")
-        up = await next_of(events, HealthEvent)
+        first, second, third = [await next_event(events) for _ in range(3)]
 
-    assert (down.device_id, down.health, down.reason) == (
-        "mlx5_1",
-        Health.UNHEALTHY,
-        "mlx5_1: port 1 is DOWN/Disabled",
-    )
-    assert (up.device_id, up.health) == ("mlx5_1", Health.HEALTHY)
+    assert all(isinstance(e, RescanEvent) for e in (first, second, third))
+    assert "periodic" in third.reason
 
 
-async def test_device_discovered_unhealthy_asks_for_a_rescan_when_it_recovers(
+async def test_dev_node_change_asks_for_a_rescan_without_waiting_for_the_interval(
     tmp_path: Path,
 ) -> None:
     host = connectx_ib_host(tmp_path)
-    host.set_port_state("mlx5_0", state="INIT")  # no subnet manager yet
-    (plugin,) = plugins(host, {"resourceName": "rdma/ib"}, healthInterval=0.05)
-    assert [d.health for d in await plugin.discover()] == [Health.UNHEALTHY, Health.HEALTHY]
+    (plugin,) = plugins(host, {"resourceName": "rdma/ib"}, healthInterval=600)
 
     async with watching(plugin) as events:
-        host.set_port_state("mlx5_0", state="ACTIVE")
-        rescan = await next_of(events, RescanEvent)
+        armed = await next_event(events)  # the watch is armed before this rescan
+        host.remove_dev_node("uverbs1")  # driver unloading: udev removes the node
+        changed = await next_event(events, timeout=10)
 
-    assert rescan.reason == "mlx5_0 recovered"
-    assert [d.health for d in await plugin.discover()] == [Health.HEALTHY, Health.HEALTHY]
+    assert isinstance(armed, RescanEvent)
+    assert isinstance(changed, RescanEvent)
+    assert "uverbs1" in changed.reason
+    assert [d.health for d in await plugin.discover()] == [Health.HEALTHY, Health.UNHEALTHY]
 
 
 async def test_vfs_appearing_and_disappearing_ask_for_a_rescan(tmp_path: Path) -> None:
     host = connectx_roce_host(tmp_path, vfs=1)
-    (plugin,) = plugins(host, {"resourceName": "rdma/vf"}, healthInterval=0.05)
-    await plugin.discover()
+    (plugin,) = plugins(host, {"resourceName": "rdma/vf"}, healthInterval=600)
 
     async with watching(plugin) as events:
+        await next_event(events)
         host.add_function(
             "0000:3b:00.3",
             ibdev="mlx5_3",
@@ -473,48 +481,12 @@ async def test_vfs_appearing_and_disappearing_ask_for_a_rescan(tmp_path: Path) -
             device="0x101e",
             physfn="0000:3b:00.0",
         )
-        await next_of(events, RescanEvent)
+        assert isinstance(await next_event(events, timeout=10), RescanEvent)
         assert [d.id for d in await plugin.discover()][-1] == "mlx5_3"
         host.remove_function("0000:3b:00.2")
-        await next_of(events, RescanEvent)
+        assert isinstance(await next_event(events, timeout=10), RescanEvent)
 
     assert [d.id for d in await plugin.discover()] == ["mlx5_0", "mlx5_1", "mlx5_3"]
-
-
-async def test_dev_node_removal_is_seen_without_waiting_for_the_interval(tmp_path: Path) -> None:
-    host = connectx_ib_host(tmp_path)
-    (plugin,) = plugins(host, {"resourceName": "rdma/ib"}, healthInterval=600)
-    await plugin.discover()
-
-    async with watching(plugin) as events:
-        host.remove_dev_node("uverbs1")  # driver unloading: udev removes the node
-        event = await next_of(events, HealthEvent, timeout=10)
-
-    assert (event.device_id, event.health) == ("mlx5_1", Health.UNHEALTHY)
-
-
-async def test_node_removed_between_scan_and_waiting_is_not_missed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    host = connectx_ib_host(tmp_path)
-    (plugin,) = plugins(host, {"resourceName": "rdma/ib"}, healthInterval=600)
-    await plugin.discover()
-    scan_once = plugin._snapshot
-    calls = 0
-
-    def scan_then_unplug() -> Any:
-        nonlocal calls
-        calls += 1
-        result = scan_once()
-        if calls == 1:
-            host.remove_dev_node("uverbs0")  # after the scan, before the watcher is armed
-        return result
-
-    monkeypatch.setattr(plugin, "_snapshot", scan_then_unplug)
-    async with watching(plugin) as events:
-        event = await next_of(events, HealthEvent, timeout=10)
-
-    assert (event.device_id, event.health) == ("mlx5_0", Health.UNHEALTHY)
 
 
 async def test_a_port_going_down_takes_every_share_out_of_allocatable(tmp_path: Path) -> None:
@@ -536,12 +508,51 @@ async def test_a_port_going_down_takes_every_share_out_of_allocatable(tmp_path: 
     assert got.allocation.env["RDMA_DEVICES"] == "mlx5_1"
 
 
+async def test_a_device_discovered_unhealthy_recovers_without_a_restart(tmp_path: Path) -> None:
+    host = connectx_ib_host(tmp_path)
+    host.set_port_state("mlx5_0", state="INIT")  # no subnet manager yet
+    (plugin,) = plugins(host, {"resourceName": "rdma/ib"}, healthInterval=0.05)
+
+    async with FakeKubelet() as kubelet, serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_health("rdma/ib", "mlx5_0", "Unhealthy")
+        assert kubelet.allocatable("rdma/ib") == 1
+        host.set_port_state("mlx5_0", state="ACTIVE")  # the subnet manager came up
+        await kubelet.wait_for_allocatable("rdma/ib", 2)
+        host.set_port_state("mlx5_0", state="DOWN")  # and the cable is pulled
+        await kubelet.wait_for_health("rdma/ib", "mlx5_0", "Unhealthy")
+
+
+async def test_a_removed_dev_node_reaches_the_kubelet_before_the_interval(tmp_path: Path) -> None:
+    host = connectx_ib_host(tmp_path)
+    (plugin,) = plugins(host, {"resourceName": "rdma/ib"}, healthInterval=600)
+
+    async with FakeKubelet() as kubelet, serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable("rdma/ib", 2)
+        host.remove_dev_node("uverbs1")
+        await kubelet.wait_for_health("rdma/ib", "mlx5_1", "Unhealthy", timeout=10)
+        host.add_dev_node("uverbs1")  # the driver is back
+        await kubelet.wait_for_allocatable("rdma/ib", 2, timeout=10)
+
+
+def test_health_interval_paces_rescans_and_nothing_polls(tmp_path: Path) -> None:
+    # It used to set DevicePlugin.health_interval, which only paces check_health polls, a
+    # hook this backend does not have: the setting did nothing.
+    host = connectx_ib_host(tmp_path)
+    (plugin,) = plugins(host, {"resourceName": "rdma/ib"}, healthInterval=2)
+
+    assert plugin.rescan_interval == 2.0
+    assert plugin.health_interval is None
+    assert not plugin.overrides("check_health")
+    assert plugin.overrides("watch")
+
+
 # ----------------------------------------------------------------------------- config
 
 
 def test_from_config_makes_one_plugin_per_resource(mixed: RdmaHost) -> None:
     host = mixed
     config = {
+        **roots(host),
         "healthInterval": 2,
         "resources": [
             {"resourceName": "example.com/ib", "selectors": {"linkTypes": ["infiniband"]}},
@@ -554,29 +565,89 @@ def test_from_config_makes_one_plugin_per_resource(mixed: RdmaHost) -> None:
         ],
     }
 
-    found = rdma.from_config(config, sysfs_root=host.sysfs_root, dev_root=host.dev_root)
+    found = rdma.from_config(config)
 
     assert [p.resource_name for p in found] == ["example.com/ib", "example.com/roce"]
     roce = found[1]
     assert isinstance(roce, rdma.RdmaPlugin)
-    assert (roce.resource.mode, roce.resource.shares, roce.health_interval) == ("shared", 100, 2.0)
+    assert (roce.resource.mode, roce.resource.shares, roce.rescan_interval) == ("shared", 100, 2.0)
     assert len(roce.resource.selectors) == 2
-    assert roce.sysfs_root == host.sysfs_root
+    assert (roce.sysfs_root, roce.dev_root) == (host.sysfs_root, host.dev_root)
+
+
+def test_defaults_are_the_hosts_roots_and_every_device_whole() -> None:
+    loaded = rdma.load_config({"resources": [{"resourceName": "rdma/a"}]})
+
+    assert (loaded.sysfs_root, loaded.dev_root, loaded.rescan_interval) == (
+        Path("/sys"),
+        Path("/dev"),
+        5.0,
+    )
+    assert loaded.resources == (rdma.RdmaResource("rdma/a"),)
+
+
+def test_configured_falsy_values_are_kept_never_replaced_by_defaults() -> None:
+    (resource,) = rdma.load_config(
+        {"resources": [{"resourceName": "rdma/a", "issm": False, "rdmaCm": False, "ports": []}]}
+    ).resources
+
+    assert (resource.issm, resource.rdma_cm, resource.ports) == (False, False, ())
+
+
+@pytest.mark.parametrize(
+    ("top", "key"),
+    [
+        ({"healthInterval": 0}, "healthInterval"),
+        ({"healthInterval": 0.0}, "healthInterval"),
+        ({"sysfsRoot": ""}, "sysfsRoot"),
+        ({"devRoot": ""}, "devRoot"),
+        ({"sysfsRoot": None}, "sysfsRoot"),
+    ],
+)
+def test_configured_falsy_values_are_refused_never_replaced_by_defaults(
+    top: dict[str, Any], key: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        rdma.load_config({"resources": [{"resourceName": "rdma/a"}], **top})
+
+    assert caught.value.key == key
+
+
+def test_cdi_kind_follows_the_cdi_rules() -> None:
+    # The old pattern took a class ending in '-', which CDI (and cdi.validate_kind) refuses.
+    config = {"resources": [{"resourceName": "rdma/a", "cdiKind": "vendor.com/gpu-"}]}
+
+    with pytest.raises(ConfigError) as caught:
+        rdma.load_config(config)
+    with pytest.raises(ValueError, match="CDI"):
+        rdma.RdmaResource("rdma/a", cdi_kind="vendor.com/gpu-")
+
+    assert caught.value.key == "resources[0].cdiKind"
+    assert "vendor.com/gpu-" in caught.value.reason
 
 
 @pytest.mark.parametrize(
     ("config", "key", "reason"),
     [
         ({}, "resources", "non-empty list"),
-        ({"resources": [{"resourceName": "rdma/a"}], "sysfs": "/sys"}, "sysfs", "unknown key"),
-        ({"resources": [{"resourceName": "a"}]}, "resources[0].resourceName", "fully qualified"),
+        ({"resources": []}, "resources", "non-empty list"),
+        ({"resources": ["rdma/a"]}, "resources[0]", "must be a mapping"),
+        ({"resources": [{"resourceName": "rdma/a"}], "sysfs": "/sys"}, "sysfs", "sysfsRoot"),
+        ({"resources": [{"resourceName": "rdma/a"}], "sysfsRoot": "sys"}, "sysfsRoot", "absolute"),
+        ({"resources": [{"mode": "shared"}]}, "resources[0].resourceName", "required"),
+        ({"resources": [{"resourceName": "a"}]}, "resources[0].resourceName", "no '/'"),
         (
             {"resources": [{"resourceName": "rdma/a", "mode": "spread"}]},
             "resources[0].mode",
-            "'shared'",
+            "exclusive, shared",
         ),
         (
             {"resources": [{"resourceName": "rdma/a", "mode": "shared"}]},
+            "resources[0].shares",
+            "required",
+        ),
+        (
+            {"resources": [{"resourceName": "rdma/a", "mode": "shared", "shares": 0}]},
             "resources[0].shares",
             ">= 1",
         ),
@@ -586,9 +657,9 @@ def test_from_config_makes_one_plugin_per_resource(mixed: RdmaHost) -> None:
             "only applies",
         ),
         (
-            {"resources": [{"resourceName": "rdma/a", "ports": [0]}]},
-            "resources[0].ports",
-            "port numbers",
+            {"resources": [{"resourceName": "rdma/a", "ports": [1, 0]}]},
+            "resources[0].ports[1]",
+            ">= 1",
         ),
         (
             {"resources": [{"resourceName": "rdma/a", "issm": "yes"}]},
@@ -601,6 +672,11 @@ def test_from_config_makes_one_plugin_per_resource(mixed: RdmaHost) -> None:
             "vendor.com",
         ),
         (
+            {"resources": [{"resourceName": "rdma/a", "cdiKind": ""}]},
+            "resources[0].cdiKind",
+            "non-empty string",
+        ),
+        (
             {"resources": [{"resourceName": "rdma/a", "envPrefix": "1X"}]},
             "resources[0].envPrefix",
             "variable",
@@ -608,17 +684,22 @@ def test_from_config_makes_one_plugin_per_resource(mixed: RdmaHost) -> None:
         (
             {"resources": [{"resourceName": "rdma/a", "selectors": {"vendor": ["15b3"]}}]},
             "resources[0].selectors.vendor",
-            "unknown key",
+            "did you mean 'vendors'",
         ),
         (
             {"resources": [{"resourceName": "rdma/a", "selectors": {"vendors": ["nvidia"]}}]},
-            "resources[0].selectors.vendors",
+            "resources[0].selectors.vendors[0]",
             "hex PCI ID",
         ),
         (
+            {"resources": [{"resourceName": "rdma/a", "selectors": {"deviceIDs": ["101d", 5]}}]},
+            "resources[0].selectors.deviceIDs[1]",
+            "non-empty string",
+        ),
+        (
             {"resources": [{"resourceName": "rdma/a", "selectors": [{}, {"linkTypes": ["opa"]}]}]},
-            "resources[0].selectors[1].linkTypes",
-            "is not one of",
+            "resources[0].selectors[1].linkTypes[0]",
+            "must be one of",
         ),
         (
             {"resources": [{"resourceName": "rdma/a", "selectors": {"ifNames": "ib0"}}]},
@@ -626,20 +707,81 @@ def test_from_config_makes_one_plugin_per_resource(mixed: RdmaHost) -> None:
             "list of strings",
         ),
         (
+            {"resources": [{"resourceName": "rdma/a", "selectors": []}]},
+            "resources[0].selectors",
+            "non-empty list",
+        ),
+        (
+            {"resources": [{"resourceName": "rdma/a", "selectors": "all"}]},
+            "resources[0].selectors",
+            "must be a mapping",
+        ),
+        (
             {"resources": [{"resourceName": "rdma/a"}, {"resourceName": "rdma/a"}]},
             "resources[1].resourceName",
             "duplicate",
         ),
         ({"resources": [{"resourceName": "rdma/a"}], "healthInterval": 0}, "healthInterval", "> 0"),
+        (
+            {"resources": [{"resourceName": "rdma/a"}], "healthInterval": "5s"},
+            "healthInterval",
+            "number of seconds",
+        ),
     ],
 )
 def test_config_errors_name_the_dotted_key(config: dict[str, Any], key: str, reason: str) -> None:
     with pytest.raises(ConfigError, match=reason) as caught:
-        rdma.load_config(config)
+        rdma.from_config(config)
 
     assert caught.value.key == key
 
 
-def test_unknown_override_is_refused() -> None:
-    with pytest.raises(ValueError, match="sysfs"):
-        rdma.from_config({"resources": [{"resourceName": "rdma/a"}]}, sysfs="/sys")
+_ODD_VALUES = [None, 0, -1, 0.5, "", "x", True, [], [None], [0], ["x"], [{}], {}, {"x": 1}]
+_RESOURCE_KEYS = [
+    "resourceName",
+    "mode",
+    "shares",
+    "selectors",
+    "ports",
+    "issm",
+    "rdmaCm",
+    "cdiKind",
+    "envPrefix",
+]
+
+
+@pytest.mark.parametrize("key", ["resources", "sysfsRoot", "devRoot", "healthInterval"])
+@pytest.mark.parametrize("value", _ODD_VALUES, ids=repr)
+def test_any_top_level_value_is_taken_or_refused_with_a_config_error(key: str, value: Any) -> None:
+    config = {"resources": [{"resourceName": "rdma/a"}], key: value}
+    with contextlib.suppress(ConfigError):
+        rdma.from_config(config)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        *_RESOURCE_KEYS,
+        *(
+            f"selectors.{k}"
+            for k in (
+                "vendors",
+                "deviceIDs",
+                "drivers",
+                "ifNames",
+                "linkTypes",
+                "rdmaDevices",
+                "pciAddresses",
+            )
+        ),
+    ],
+)
+@pytest.mark.parametrize("value", _ODD_VALUES, ids=repr)
+def test_any_resource_value_is_taken_or_refused_with_a_config_error(key: str, value: Any) -> None:
+    resource: dict[str, Any] = {"resourceName": "rdma/a", "mode": "shared", "shares": 2}
+    if key.startswith("selectors."):
+        resource["selectors"] = {key.removeprefix("selectors."): value}
+    else:
+        resource[key] = value
+    with contextlib.suppress(ConfigError):
+        rdma.from_config({"resources": [resource]})
