@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 import yaml
 
 from devplugin_sdk import backends
+from devplugin_sdk.config import SDK_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "deploy" / "kustomize"
@@ -200,6 +202,16 @@ def test_overlay_config_is_mounted_where_the_plugin_reads_it_and_is_valid(
     assert plugins, f"{overlay}: the config yields no plugin"
 
 
+def image_target(example: str) -> str | None:
+    """The ``devplugin run`` target of an example's image (its Dockerfile ENTRYPOINT), if any."""
+    for line in (ROOT / "examples" / example / "Dockerfile").read_text("utf-8").splitlines():
+        if line.startswith("ENTRYPOINT "):
+            argv = json.loads(line.removeprefix("ENTRYPOINT "))
+            if argv[:2] == ["devplugin", "run"] and len(argv) > 2:
+                return str(argv[2])
+    return None
+
+
 def load_with_entry_point(overlay: str, config_file: Path) -> list[Any]:
     example = ROOT / "examples" / overlay / "plugin.py"
     if example.exists():
@@ -208,6 +220,12 @@ def load_with_entry_point(overlay: str, config_file: Path) -> list[Any]:
         assert spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        target = image_target(overlay)
+        if target is not None and target.startswith("plugin:"):
+            # `devplugin run plugin:CLASS --config FILE`: the file less the SDK's own keys.
+            data = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+            options = {k: v for k, v in data.items() if k not in SDK_KEYS}
+            return list(getattr(module, target.removeprefix("plugin:")).from_config(options))
         return list(module.load_plugins(config_file))
     backend = importlib.import_module(backends.BUILTIN[overlay])
     return list(backend.from_config(yaml.safe_load(config_file.read_text(encoding="utf-8"))))
