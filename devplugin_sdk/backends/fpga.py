@@ -1,8 +1,8 @@
 """FPGA boards from sysfs: AMD/Xilinx Alveo cards under XRT, Intel FPGAs under the Linux DFL driver.
 
 Owns discovery, per-board health from the drivers' own attributes, resource naming (shell VBNV,
-AFU ID or interface ID; sanitised, renameable) and hot-plug (``fswatch.watch_or_rescan``: a
-rescan is the whole health job, the SDK diffs devices and health). Layouts learned from the kernel's
+AFU ID or interface ID; sanitised, renameable) and hot-plug (``fswatch.watch_or_rescan``: the
+SDK diffs devices and health on each rescan). Layouts learned from the kernel's
 Documentation/fpga/dfl.rst ("Device enumeration"), Documentation/ABI/testing/
 sysfs-class-fpga-region, sysfs-platform-dfl-port, sysfs-platform-dfl-fme, drivers/fpga/dfl.c
 and dfl-fme-pr.c; Xilinx/XRT src/runtime_src/core/pcie/driver/linux/xocl/
@@ -649,10 +649,11 @@ class FpgaPlugin(DevicePlugin):
         """Validate ``config`` (``CONFIG_KEYS``); scan the host; one plugin per resource.
 
         Resources are those of the boards found now (named by ``rename`` or from the key) plus
-        every resource named in ``rename``, found or not: the process serves a fixed set of
-        plugins, so a key that first appears after start (a board reprogrammed with a new shell
-        or AFU) is only served if it was declared there. Boards whose key cannot be read at
-        start are logged and left out. Subclasses get plugins of their own class.
+        every resource named in ``rename``, found or not: the set of plugins stays fixed until
+        a configuration reload calls this again, so a key that first appears after start (a
+        board reprogrammed with a new shell or AFU) is only served if it was declared there.
+        Boards whose key cannot be read now are logged and left out. Subclasses get plugins
+        of their own class.
 
         Returns:
             Plugins sorted by resource name; empty when nothing is found or declared.
