@@ -281,12 +281,27 @@ class ConfigReader:
             raise ConfigError(self.key(name), "must not contain NUL")
         return Path(value)
 
-    def resource_name(self, name: str, default: str = _UNSET) -> str:
-        """An extended resource name the kubelet accepts (``vendor.com/thing``)."""
+    def resource_name(self, name: str, default: str = _UNSET, *, domain: str | None = None) -> str:
+        """An extended resource name the kubelet accepts (``vendor.com/thing``).
+
+        With ``domain``, a bare name (no ``/``) stands for ``<domain>/<name>``, which is returned.
+        """
         value = self.string(name, default)
+        if domain is not None and "/" not in value:
+            value = f"{domain}/{value}"
         problem = _names.resource_name_problem(value)
         if problem is not None:
             raise ConfigError(self.key(name), f"invalid resource name {shown(value)}: {problem}")
+        return value
+
+    def domain(self, name: str, default: str = _UNSET) -> str:
+        """The domain part of extended resource names (``vendor.com``), as the kubelet takes it."""
+        value = self.string(name, default)
+        problem = _names.resource_name_problem(f"{value}/x")
+        if problem is not None:
+            raise ConfigError(
+                self.key(name), f"invalid resource-name domain {shown(value)}: {problem}"
+            )
         return value
 
 

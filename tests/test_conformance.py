@@ -280,12 +280,14 @@ def _generic_example(root: Path) -> list[DevicePlugin]:
 
 
 def _fpga_example(root: Path, config: str) -> list[DevicePlugin]:
+    from devplugin_sdk.config import load_yaml
     from devplugin_sdk.testing import fpga_trees
 
     make_host = fpga_trees.alveo_u250_host if config == "config.yaml" else fpga_trees.dfl_pac_host
     host, _ = make_host(root / "host")
-    plugins: list[DevicePlugin] = _load_example("fpga").load_plugins(
-        EXAMPLES / "fpga" / config, sysfs_root=host.sysfs_root, dev_root=host.dev_root
+    options = load_yaml(EXAMPLES / "fpga" / config)
+    plugins: list[DevicePlugin] = _load_example("fpga").FpgaExamplePlugin.from_config(
+        {**options, "sysfsRoot": str(host.sysfs_root), "devRoot": str(host.dev_root)}
     )
     return plugins
 

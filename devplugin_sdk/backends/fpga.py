@@ -1,7 +1,8 @@
 """FPGA boards from sysfs: AMD/Xilinx Alveo cards under XRT, Intel FPGAs under the Linux DFL driver.
 
 Owns discovery, per-board health from the drivers' own attributes, resource naming (shell VBNV,
-AFU ID or interface ID; sanitised, renameable) and hot-plug. Layouts learned from the kernel's
+AFU ID or interface ID; sanitised, renameable) and hot-plug (``fswatch.watch_or_rescan``: the
+SDK diffs devices and health on each rescan). Layouts learned from the kernel's
 Documentation/fpga/dfl.rst ("Device enumeration"), Documentation/ABI/testing/
 sysfs-class-fpga-region, sysfs-platform-dfl-port, sysfs-platform-dfl-fme, drivers/fpga/dfl.c
 and dfl-fme-pr.c; Xilinx/XRT src/runtime_src/core/pcie/driver/linux/xocl/
@@ -12,8 +13,6 @@ k8s-device-plugin/fpga.go.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import glob
 import logging
 import os
@@ -21,22 +20,23 @@ import re
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Literal, cast
 
 import anyio
+from typing_extensions import Self
 
-from devplugin_sdk import _names, fswatch
+from devplugin_sdk import fswatch
 from devplugin_sdk.backends import _sysfs
-from devplugin_sdk.config import ConfigReader
+from devplugin_sdk.config import ConfigReader, shown
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.plugin import DevicePlugin, PluginEvent
-from devplugin_sdk.types import Device, DeviceNode, Health, HealthEvent, RescanEvent
+from devplugin_sdk.types import Device, DeviceNode, Health
 
 __all__ = [
+    "CONFIG_KEYS",
     "Board",
     "FpgaConfig",
     "FpgaPlugin",
-    "build_plugins",
     "from_config",
     "sanitize_name_part",
     "scan",
@@ -122,9 +122,25 @@ def _valid_uuid_key(key: str | None) -> bool:
 # ----------------------------------------------------------------------------- config
 
 
+#: The backend's keys, as ``from_config`` takes them.
+CONFIG_KEYS = (
+    "family",
+    "mode",
+    "domain",
+    "rename",
+    "vendors",
+    "includeMgmt",
+    "includeFme",
+    "healthInterval",
+    "sysfsRoot",
+    "devRoot",
+    "hostDevRoot",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class FpgaConfig:
-    """Validated backend settings (the YAML ``config`` of ``devplugin run fpga``).
+    """Validated backend settings (the backend's keys of a ``devplugin run`` file).
 
     Args:
         family: ``"xrt"`` (AMD/Xilinx Alveo) or ``"dfl"`` (Intel, Linux DFL driver).
@@ -134,18 +150,18 @@ class FpgaConfig:
         rename: Key (VBNV, AFU ID or interface ID) to resource name. A bare name gets
             ``domain/`` prepended. Every key listed here is served even when no board has it
             at start, so boards programmed later are picked up; several keys may share a name.
-        sysfs_root: Where sysfs is read.
-        dev_root: Where /dev is read (existence of nodes, hot-plug).
-        host_dev_root: /dev as the kubelet's host sees it; device node paths given to the
-            kubelet are under it (differs from ``dev_root`` when the plugin runs with the host
-            /dev mounted elsewhere).
-        include_mgmt: XRT: also give the management node ``/dev/xclmgmt<N>`` (it can reflash
-            the card: off by default).
-        include_fme: DFL region mode: also give the FME node (partial reconfiguration from
-            inside the container, like Intel's ``regiondevel`` mode).
+        sysfs_root: Where sysfs is read (``sysfsRoot``).
+        dev_root: Where /dev is read and watched (``devRoot``).
+        host_dev_root: /dev as the kubelet's host sees it (``hostDevRoot``); device node paths
+            given to the kubelet are under it (differs from ``dev_root`` when the plugin runs
+            with the host /dev mounted elsewhere).
+        include_mgmt: XRT: also give the management node ``/dev/xclmgmt<N>`` (``includeMgmt``;
+            it can reflash the card: off by default).
+        include_fme: DFL region mode: also give the FME node (``includeFme``; partial
+            reconfiguration from inside the container, like Intel's ``regiondevel`` mode).
         vendors: XRT: PCI vendor IDs to consider.
-        health_interval: Seconds between sysfs re-reads in ``watch()`` (health, hot-plug that
-            /dev does not show).
+        health_interval: Seconds between rescans of sysfs when /dev shows no change
+            (``healthInterval``): the pace at which health read from sysfs is refreshed.
     """
 
     family: Family
@@ -167,76 +183,49 @@ class FpgaConfig:
             object.__setattr__(self, name, Path(getattr(self, name)))
 
     @classmethod
-    def from_mapping(cls, config: Mapping[str, Any], **overrides: Any) -> FpgaConfig:
-        """Validate a YAML-loaded mapping (``overrides`` win over its keys).
+    def from_mapping(cls, config: Mapping[str, Any]) -> FpgaConfig:
+        """Validate the backend's keys (``CONFIG_KEYS``) as loaded from YAML.
 
         Raises:
-            ConfigError: naming the key and the reason.
+            ConfigError: naming the full dotted key and the reason.
         """
-        if not isinstance(config, Mapping):
-            raise ConfigError("config", f"must be a mapping, got {type(config).__name__}")
-        raw: dict[str, Any] = {**config, **overrides}
-        ConfigReader(raw, "").known(*sorted(f.name for f in dataclasses.fields(cls)))
-        family = raw.get("family")
-        if family not in ("xrt", "dfl"):
-            raise ConfigError("family", f"must be 'xrt' or 'dfl', got {family!r}")
-        mode = raw.get("mode", "af")
-        if mode not in ("af", "region"):
-            raise ConfigError("mode", f"must be 'af' or 'region', got {mode!r}")
-        if family == "xrt" and "mode" in raw:
-            raise ConfigError("mode", "only applies to family 'dfl'")
-        domain = raw.get("domain") or DEFAULT_DOMAIN[family]
-        if not isinstance(domain, str) or _names.resource_name_problem(f"{domain}/x") is not None:
-            raise ConfigError("domain", f"not a valid resource-name domain: {domain!r}")
-        for name in ("include_mgmt", "include_fme"):
-            if not isinstance(raw.get(name, False), bool):
-                raise ConfigError(name, f"must be true or false, got {raw[name]!r}")
-        paths: dict[str, Path] = {}
-        defaults = {"sysfs_root": "/sys", "dev_root": "/dev", "host_dev_root": "/dev"}
-        for name, default in defaults.items():
-            value = raw.get(name, default)
-            if not isinstance(value, (str, os.PathLike)) or not str(value):
-                raise ConfigError(name, f"must be a path, got {value!r}")
-            paths[name] = Path(value)
-        interval = raw.get("health_interval", 5.0)
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
-            raise ConfigError(
-                "health_interval", f"must be a number of seconds > 0, got {interval!r}"
-            )
-        vendors_raw = raw.get("vendors", [XILINX_VENDOR])
-        if isinstance(vendors_raw, str) or not isinstance(vendors_raw, Sequence):
-            raise ConfigError("vendors", "must be a list of PCI vendor IDs like '0x10ee'")
+        reader = ConfigReader(config)
+        reader.known(*CONFIG_KEYS)
+        family = cast("Family", reader.choice("family", ("xrt", "dfl")))
+        if family == "xrt" and reader.has("mode"):
+            raise ConfigError(reader.key("mode"), "only applies to family 'dfl'")
+        mode = cast("DflMode", reader.choice("mode", ("af", "region"), "af"))
+        domain = reader.domain("domain", DEFAULT_DOMAIN[family])
         vendors: list[str] = []
-        for i, vendor in enumerate(vendors_raw):
-            if not isinstance(vendor, str) or re.fullmatch(r"0x[0-9a-fA-F]{4}", vendor) is None:
-                raise ConfigError(f"vendors[{i}]", f"must look like '0x10ee', got {vendor!r}")
+        for i, vendor in enumerate(reader.strings("vendors", (XILINX_VENDOR,))):
+            if re.fullmatch(r"0x[0-9a-fA-F]{4}", vendor) is None:
+                raise ConfigError(
+                    f"{reader.key('vendors')}[{i}]", f"must look like '0x10ee', got {shown(vendor)}"
+                )
             vendors.append(vendor.lower())
-        rename_raw = raw.get("rename") or {}
-        if not isinstance(rename_raw, Mapping):
-            raise ConfigError("rename", "must be a mapping of key to resource name")
+        names = reader.section("rename")
         rename: dict[str, str] = {}
-        for key, value in rename_raw.items():
-            where = f"rename.{key}"
+        for key in names.data:
             if not isinstance(key, str) or not key:
-                raise ConfigError(where, "keys must be non-empty strings")
-            if not isinstance(value, str) or not value:
-                raise ConfigError(where, "must be a resource name")
-            name = value if "/" in value else f"{domain}/{value}"
-            problem = _names.resource_name_problem(name)
-            if problem is not None:
-                raise ConfigError(where, f"invalid resource name {name!r}: {problem}")
+                # An AFU ID of decimal digits only is a number to YAML.
+                raise ConfigError(
+                    names.key(shown(key)), "must be a non-empty string (quote IDs in YAML)"
+                )
             # AFU and interface IDs are compared in the driver's canonical form.
-            rename[key if family == "xrt" else _canonical_id(key)] = name
+            canonical = key if family == "xrt" else _canonical_id(key)
+            rename[canonical] = names.resource_name(key, domain=domain)
         return cls(
             family=family,
             mode=mode,
             domain=domain,
             rename=rename,
-            include_mgmt=raw.get("include_mgmt", False),
-            include_fme=raw.get("include_fme", False),
+            sysfs_root=reader.path("sysfsRoot", "/sys"),
+            dev_root=reader.path("devRoot", "/dev"),
+            host_dev_root=reader.path("hostDevRoot", "/dev"),
+            include_mgmt=reader.boolean("includeMgmt", False),
+            include_fme=reader.boolean("includeFme", False),
             vendors=tuple(vendors),
-            health_interval=float(interval),
-            **paths,
+            health_interval=reader.interval("healthInterval", 5.0),
         )
 
     def resource_name_for(self, key: str) -> str:
@@ -417,25 +406,17 @@ def _dfl_interface_id(region_dir: Path, fmes: Sequence[str], pci_dir: Path | Non
     # The FME's PR sub-feature creates one FPGA region per port under the FME
     # (dfl-fme-pr.c: dfl-fme-region.<n>/fpga_region/region<m>); its compat_id is the interface
     # ID a PR bitstream must match (Documentation/fpga/dfl.rst "Partial Reconfiguration").
+    # The roots come from configuration: escape them, only the wildcards below are patterns.
     patterns = [
-        str(region_dir / fme / "dfl-fme-region.*" / "fpga_region" / "region*" / "compat_id")
+        glob.escape(str(region_dir / fme)) + "/dfl-fme-region.*/fpga_region/region*/compat_id"
         for fme in fmes
     ]
     if not fmes and pci_dir is not None:
         # A port on an SR-IOV VF has no FME; the PF's FME holds the interface ID
         # (Documentation/fpga/dfl.rst "FPGA virtualization - PCIe SRIOV").
         patterns.append(
-            str(
-                pci_dir
-                / "physfn"
-                / "fpga_region"
-                / "region*"
-                / "dfl-fme.*"
-                / "dfl-fme-region.*"
-                / "fpga_region"
-                / "region*"
-                / "compat_id"
-            )
+            glob.escape(str(pci_dir / "physfn" / "fpga_region"))
+            + "/region*/dfl-fme.*/dfl-fme-region.*/fpga_region/region*/compat_id"
         )
     for pattern in patterns:
         for path in sorted(glob.glob(pattern)):
@@ -628,18 +609,18 @@ def scan(config: FpgaConfig) -> list[Board]:
 class FpgaPlugin(DevicePlugin):
     """Serve the FPGA boards of one resource (one shell, AFU ID or interface ID, or a rename).
 
-    Discovery reads sysfs; each board's health comes from the driver's own attributes (XRT:
-    driver bound, ``dev_offline``, ``ready``, render node present; DFL: all-f IDs, driver
-    bound, port node present). ``watch()`` pushes changes: a RescanEvent as soon as a relevant
-    /dev entry appears or disappears (inotify), and every ``health_interval`` seconds a
-    re-read of sysfs that yields HealthEvents for health changes (recovery included) and a
-    RescanEvent when boards came, went or changed. ``check_health`` reads the same attributes
-    for the SDK's own polling.
+    ``discover()`` reads sysfs and returns the resource's boards, each with its health as the
+    driver's own attributes show it now (XRT: driver bound, ``dev_offline``, ``ready``, render
+    node present; DFL: all-f IDs, driver bound, port node present). ``watch()`` asks for a
+    rescan at once when a relevant /dev entry appears or disappears (inotify) and every
+    ``healthInterval`` seconds otherwise (sysfs sends no events); the SDK diffs devices and
+    health on every rescan, so faults and recoveries both reach the kubelet that way. Nothing
+    is polled besides: health has one source.
 
     A board whose key stops being readable (driver offline, all-f crash marker) stays in the
     resource that served it, as Unhealthy; a board reprogrammed to another valid key leaves
     this resource at the next rescan and joins the plugin serving that key, if this process
-    runs one (see ``build_plugins``).
+    runs one (see ``from_config``).
 
     Args:
         resource_name: The extended resource name.
@@ -658,56 +639,65 @@ class FpgaPlugin(DevicePlugin):
     ) -> None:
         super().__init__(resource_name=resource_name, socket_name=socket_name)
         self.config = config
-        self.keys = frozenset(keys)
+        # Sorted: the plugin's fingerprint (reload) must not depend on set order.
+        self.keys: tuple[str, ...] = tuple(sorted(set(keys)))
+        # The boards the last discover() returned: a board whose key turns unreadable stays.
         self._served: dict[str, Board] = {}
-        self._reported: dict[str, Health] = {}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> list[Self]:
+        """Validate ``config`` (``CONFIG_KEYS``); scan the host; one plugin per resource.
+
+        Resources are those of the boards found now (named by ``rename`` or from the key) plus
+        every resource named in ``rename``, found or not: the set of plugins stays fixed until
+        a configuration reload calls this again, so a key that first appears after start (a
+        board reprogrammed with a new shell or AFU) is only served if it was declared there.
+        Boards whose key cannot be read now are logged and left out. Subclasses get plugins
+        of their own class.
+
+        Returns:
+            Plugins sorted by resource name; empty when nothing is found or declared.
+
+        Raises:
+            ConfigError: naming the full dotted key and the reason.
+        """
+        settings = FpgaConfig.from_mapping(config)
+        keys_by_name: dict[str, set[str]] = {}
+        for key, name in settings.rename.items():
+            keys_by_name.setdefault(name, set()).add(key)
+        for board in scan(settings):
+            if board.key is None:
+                log.warning("FPGA %s skipped: %s", board.id, board.reason or "no key readable")
+                continue
+            try:
+                name = settings.resource_name_for(board.key)
+            except ValueError:
+                log.warning("FPGA %s skipped: cannot name a resource after %r", board.id, board.key)
+                continue
+            keys_by_name.setdefault(name, set()).add(board.key)
+        return [
+            cls(resource_name=name, keys=keys, config=settings)
+            for name, keys in sorted(keys_by_name.items())
+        ]
 
     # ------------------------------------------------------------------ hooks
 
     async def discover(self) -> Sequence[Device]:
         """Read sysfs and return this resource's boards with the health read now."""
         boards = self._select(await anyio.to_thread.run_sync(scan, self.config))
-        self._served = {b.id: b for b in boards}
-        # _reported mirrors the SDK's latest pushed/polled health per ID, which a rescan does
-        # not reset: keep it, so a recovery seen first by this rescan is still pushed.
         for board in boards:
-            self._reported.setdefault(board.id, board.health)
-        for board in boards:
-            if board.health is Health.UNHEALTHY:
+            before = self._served.get(board.id)
+            # Rescans come every interval: log a fault when it is new or different, not each time.
+            if board.reason and (before is None or before.reason != board.reason):
                 log.warning("%s: %s is unhealthy: %s", self.resource_name, board.id, board.reason)
+        self._served = {b.id: b for b in boards}
         return [self._device(b) for b in boards]
 
-    async def check_health(self, devices: Sequence[Device]) -> Mapping[str, Health]:
-        """Re-read the health of ``devices`` from sysfs."""
-        current = {b.id: b for b in self._select(await anyio.to_thread.run_sync(scan, self.config))}
-        out: dict[str, Health] = {}
-        for device in devices:
-            board = current.get(device.id)
-            out[device.id] = board.health if board is not None else Health.UNHEALTHY
-            self._reported[device.id] = out[device.id]
-        return out
-
-    async def watch(self) -> AsyncIterator[PluginEvent]:
-        """Push hot-plug rescans and health changes for the plugin's whole life."""
-        interval = self.config.health_interval
-        directories = self._watch_dirs()
-        while True:
-            changed: set[Path] = set()
-            # One fswatch per round: a timeout ends it (the next round starts a fresh one);
-            # what changed in /dev between rounds is caught by the sysfs re-read below.
-            with anyio.move_on_after(interval):
-                stream = fswatch.watch(directories, poll_interval=interval)
-                async with contextlib.aclosing(stream) as batches:
-                    async for batch in batches:
-                        changed = {p for p in batch if self._relevant(p, directories)}
-                        if changed:
-                            break
-            if changed:
-                names = ", ".join(sorted(p.name for p in changed))
-                yield RescanEvent(f"hot-plug: {names}")
-                continue
-            for event in await self._reevaluate():
-                yield event
+    def watch(self) -> AsyncIterator[PluginEvent]:
+        """Ask for a rescan when a relevant /dev entry changes, and every ``healthInterval``."""
+        return fswatch.watch_or_rescan(
+            self._watch_dirs(), self.config.health_interval, relevant=self._relevant
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -734,36 +724,15 @@ class FpgaPlugin(DevicePlugin):
             attributes=board.attributes,
         )
 
-    async def _reevaluate(self) -> list[PluginEvent]:
-        boards = self._select(await anyio.to_thread.run_sync(scan, self.config))
-        events: list[PluginEvent] = []
-        current = {b.id: b for b in boards}
-        structure = {i: (b.device_nodes, b.numa_node) for i, b in current.items()}
-        served = {i: (b.device_nodes, b.numa_node) for i, b in self._served.items()}
-        rescan = structure != served
-        for board_id, board in sorted(current.items()):
-            if board_id not in self._served:
-                continue  # new to this resource: the rescan brings it in with its health
-            if board.health is not self._reported.get(board_id, Health.HEALTHY):
-                events.append(HealthEvent(board_id, board.health, board.reason or "recovered"))
-                self._reported[board_id] = board.health
-            old = self._served.get(board_id)
-            # Discovered health only gets better through a rescan.
-            recovered = board.health is Health.HEALTHY
-            if old is not None and old.health is Health.UNHEALTHY and recovered:
-                rescan = True
-        if rescan:
-            events.append(RescanEvent("sysfs changed"))
-        return events
-
     def _watch_dirs(self) -> list[Path]:
         dev = self.config.dev_root
         if self.config.family == "xrt":
             return [dev, dev / "dri", dev / "xfpga"]
         return [dev]
 
-    def _relevant(self, path: Path, directories: Sequence[Path]) -> bool:
-        if path in directories:
+    def _relevant(self, path: Path) -> bool:
+        """A /dev entry the boards' nodes live in or are named like (not ttys, loops, ...)."""
+        if path in self._watch_dirs():
             return True
         prefixes = (
             ("renderD", "xclmgmt", "dma.qdma.")
@@ -773,59 +742,10 @@ class FpgaPlugin(DevicePlugin):
         return path.name.startswith(prefixes)
 
 
-# ----------------------------------------------------------------------------- entry points
-
-
-_P = TypeVar("_P", bound=FpgaPlugin)
-
-
-@overload
-def build_plugins(config: FpgaConfig) -> list[FpgaPlugin]: ...
-@overload
-def build_plugins(config: FpgaConfig, *, plugin_class: type[_P]) -> list[_P]: ...
-def build_plugins(config: FpgaConfig, *, plugin_class: type[Any] = FpgaPlugin) -> list[Any]:
-    """Scan the host once and return one plugin per resource.
-
-    Resources are those of the boards found now (named by ``config.rename`` or from the key)
-    plus every resource named in ``config.rename``, found or not: ``serve()`` runs a fixed
-    set of plugins, so a key that first appears after start (a board reprogrammed with a new
-    shell or AFU) is only served if it was declared there. Boards whose key cannot be read
-    at start are logged and left out.
-
-    Args:
-        config: Backend settings.
-        plugin_class: ``FpgaPlugin`` or a subclass (custom allocation, say).
-
-    Returns:
-        Plugins sorted by resource name; empty when nothing is found or declared.
-    """
-    keys_by_name: dict[str, set[str]] = {}
-    for key, name in config.rename.items():
-        keys_by_name.setdefault(name, set()).add(key)
-    for board in scan(config):
-        if board.key is None:
-            log.warning("FPGA %s skipped: %s", board.id, board.reason or "no key readable")
-            continue
-        try:
-            name = config.resource_name_for(board.key)
-        except ValueError:
-            log.warning("FPGA %s skipped: cannot name a resource after %r", board.id, board.key)
-            continue
-        keys_by_name.setdefault(name, set()).add(board.key)
-    return [
-        plugin_class(resource_name=name, keys=keys, config=config)
-        for name, keys in sorted(keys_by_name.items())
-    ]
-
-
-def from_config(config: Mapping[str, Any], **overrides: Any) -> list[DevicePlugin]:
-    """The backend contract: validate ``config`` and return one plugin per resource.
-
-    Keys: ``family`` (required: ``xrt`` or ``dfl``), ``mode`` (dfl: ``af``/``region``),
-    ``domain``, ``rename``, ``sysfs_root``, ``dev_root``, ``host_dev_root``, ``include_mgmt``,
-    ``include_fme``, ``vendors``, ``health_interval``; see ``FpgaConfig``.
+def from_config(config: Mapping[str, Any]) -> list[DevicePlugin]:
+    """The backend contract: ``FpgaPlugin.from_config`` (``devplugin run fpga --config FILE``).
 
     Raises:
-        ConfigError: naming the offending key and why.
+        ConfigError: naming the full dotted key and the reason.
     """
-    return list(build_plugins(FpgaConfig.from_mapping(config, **overrides)))
+    return list(FpgaPlugin.from_config(config))

@@ -1,30 +1,44 @@
-"""The example FPGA plugin against FakeKubelet on fake hosts: two Alveo U250s, two DFL ports."""
+"""The example FPGA plugin against FakeKubelet on fake hosts: two Alveo U250s, two DFL ports.
+
+End to end as the image runs it: ``devplugin run plugin:FpgaExamplePlugin --config FILE`` in a
+subprocess (registration, allocation, hot reload, /healthz, /metrics, JSON logs, refusals).
+Allocation policy and DFL modes in-process, with ``FpgaExamplePlugin.from_config`` and
+``serving``. And the image, the DaemonSet and the kustomize overlay agreeing on what runs.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
 import sys
-from functools import partial
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import anyio
-import pytest
+import anyio.to_thread
 import yaml
-from prometheus_client import CollectorRegistry
 
-from devplugin_sdk import healthz
+from devplugin_sdk import cli
 from devplugin_sdk.testing import FakeKubelet, serving
 from devplugin_sdk.testing.fpga_trees import (
     DFL_INTERFACE_ID,
+    NLB0_AFU_ID,
     FpgaHost,
     alveo_u250_host,
     dfl_pac_host,
 )
 
 HERE = Path(__file__).parent
+OVERLAY = HERE.parent.parent / "deploy" / "kustomize" / "overlays" / "fpga"
 ALL_F = "f" * 32
+TARGET = "plugin:FpgaExamplePlugin"
 
 
 def _example() -> ModuleType:
@@ -41,10 +55,71 @@ def _example() -> ModuleType:
 example = _example()
 
 
+def config_for(name: str, host: FpgaHost, **changes: Any) -> dict[str, Any]:
+    """The example config ``name`` with the roots pointed at the fake host."""
+    config: dict[str, Any] = yaml.safe_load((HERE / name).read_text("utf-8"))
+    config.update(sysfsRoot=str(host.sysfs_root), devRoot=str(host.dev_root), **changes)
+    return config
+
+
+def load(name: str, host: FpgaHost, **changes: Any) -> list[Any]:
+    """The plugins of the example config ``name`` on the fake host, rescanning every 50 ms."""
+    plugins: list[Any] = example.FpgaExamplePlugin.from_config(
+        config_for(name, host, healthInterval=0.05, **changes)
+    )
+    return plugins
+
+
+# ----------------------------------------------------------------------------- devplugin run
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def devplugin(*args: str, cwd: Path, stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]:
+    """``python -m devplugin_sdk ARGS`` with this directory on PYTHONPATH, as in the image."""
+    path = [str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "devplugin_sdk", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        text=True,
+        env=env,
+        cwd=cwd,
+    )
+
+
+@asynccontextmanager
+async def running(*args: str, cwd: Path) -> AsyncIterator[tuple[subprocess.Popen[str], Path]]:
+    """A ``devplugin`` process for the body; then SIGTERM and its exit awaited (killed if it
+    hangs). Yields the process and the file its stderr (the log) goes to."""
+    log = cwd / "stderr.log"
+    with log.open("w", encoding="utf-8") as sink:
+        proc = devplugin(*args, cwd=cwd, stderr=sink)
+        try:
+            yield proc, log
+            proc.send_signal(signal.SIGTERM)
+            # Wait off the event loop: the kubelet must keep running to see the streams end.
+            await anyio.to_thread.run_sync(lambda: proc.wait(timeout=15))
+        except BaseException:
+            print(f"devplugin's log:\n{log.read_text('utf-8')[-6000:]}")  # shown on failure
+            raise
+        finally:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
 async def http_get(port: int, path: str) -> bytes:
     """One HTTP/1.1 request to the plugin's endpoint server, as a kubelet probe makes it."""
     async with await anyio.connect_tcp("127.0.0.1", port) as stream:
-        await stream.send(f"GET {path} HTTP/1.1\r\nHost: probe\r\n\r\n".encode())
+        await stream.send(
+            f"GET {path} HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n".encode()
+        )
         reply = b""
         with anyio.fail_after(5):
             async for chunk in stream:
@@ -52,75 +127,101 @@ async def http_get(port: int, path: str) -> bytes:
     return reply
 
 
-def daemonset_container() -> tuple[dict[str, Any], dict[str, Any]]:
-    """The ConfigMap's config.yaml (parsed) and the plugin container of daemonset.yaml."""
-    config_map, daemonset = yaml.safe_load_all((HERE / "daemonset.yaml").read_text("utf-8"))
-    config: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"])
-    container: dict[str, Any] = daemonset["spec"]["template"]["spec"]["containers"][0]
-    return config, container
+def healthz_ok(port: int) -> bool:
+    """Whether /healthz answers 200 now (a blocking GET on loopback: the server is another
+    process, so this cannot wait on the test's own event loop)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+            return conn.makefile("rb").readline().startswith(b"HTTP/1.1 200")
+    except ConnectionRefusedError:  # not listening yet
+        return False
 
 
-def run_main_as_the_daemonset(
-    config: dict[str, Any],
-    container: dict[str, Any],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> tuple[list[Any], dict[str, Any]]:
-    """main() with the container's args and ``config`` in place of its --config file; returns
-    what it handed to ``healthz.run`` (which is stubbed: the real one blocks until SIGTERM)."""
+async def test_devplugin_run_serves_allocates_reloads_and_reports(tmp_path: Path) -> None:
+    host, _ = alveo_u250_host(tmp_path / "host")
     config_file = tmp_path / "config.yaml"
+    config = config_for("config.yaml", host)
     config_file.write_text(yaml.safe_dump(config), encoding="utf-8")
-    args = [
-        f"--config={config_file}" if a.startswith("--config=") else a for a in container["args"]
-    ]
-    served: list[tuple[list[Any], dict[str, Any]]] = []
+    port = free_port()
 
-    def no_endpoints(*plugins: Any, **kwargs: Any) -> None:
-        pytest.fail("served without /healthz although --metrics-port was given")
+    async with FakeKubelet() as kubelet:
+        args = ["--log-format", "json", "run", TARGET, "--config", str(config_file)]
+        args += ["--device-plugin-dir", str(kubelet.directory), "--registration", "kubelet"]
+        args += ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
+        async with running(*args, cwd=tmp_path) as (proc, log):
+            await kubelet.wait_for_allocatable("amd.com/u250", 2, timeout=30)
+            await kubelet.wait_for_registrations("amd.com/u250-4", 1, timeout=30)
+            assert kubelet.capacity("amd.com/u250-4") == 0  # declared, no board with it yet
+            assert {d.id: d.numa_nodes for d in kubelet.devices("amd.com/u250").values()} == {
+                "0000:3b:00.1": (0,),
+                "0000:d8:00.1": (1,),
+            }
 
-    monkeypatch.setattr(example, "run", no_endpoints)
-    monkeypatch.setattr(healthz, "run", lambda plugins, **kwargs: served.append((plugins, kwargs)))
-    assert example.main(args) == 0
-    [(plugins, kwargs)] = served
-    return plugins, kwargs
+            got = await kubelet.allocate("amd.com/u250", 1)
+            [board] = got.device_ids
+            [node] = got.allocation.device_nodes
+            render = {"0000:3b:00.1": "renderD128", "0000:d8:00.1": "renderD129"}[board]
+            assert (node.host_path, node.container_path) == (f"/dev/dri/{render}",) * 2
+            assert got.allocation.env["FPGA_DEVICES"] == board
 
+            # 200 once every plugin has heard back from its Register call, which the kubelet's
+            # view can show a moment earlier.
+            await kubelet.wait_for(lambda: healthz_ok(port), timeout=10, what="/healthz 200")
+            metrics = await http_get(port, "/metrics")
+            assert metrics.startswith(b"HTTP/1.1 200")
+            assert b'resource="amd.com/u250"' in metrics
 
-def load(config: str, host: FpgaHost, **overrides: Any) -> list[Any]:
-    """The plugins of ``config`` with the roots pointed at the fake host."""
-    plugins: list[Any] = example.load_plugins(
-        HERE / config,
-        sysfs_root=host.sysfs_root,
-        dev_root=host.dev_root,
-        health_interval=0.05,
-        **overrides,
+            # Hot reload: a new name for the shell, picked up from the edited file.
+            config["rename"]["xilinx_u250_xdma_201830_2"] = "alveo-u250"
+            edited = tmp_path / "edited.yaml"
+            edited.write_text(yaml.safe_dump(config), encoding="utf-8")
+            os.replace(edited, config_file)
+            await kubelet.wait_for_allocatable("amd.com/alveo-u250", 2, timeout=15)
+            await kubelet.wait_for_allocatable("amd.com/u250", 0, timeout=15)
+        assert proc.returncode == 0, log.read_text("utf-8")[-4000:]
+
+    records = [json.loads(line) for line in log.read_text("utf-8").splitlines()]
+    assert any(
+        r.get("resource") == "amd.com/u250" and "registered" in r["message"] for r in records
     )
-    return plugins
+    assert any("reloaded" in r["message"] for r in records)
 
 
-async def test_u250_boards_are_served_and_allocated_with_their_render_nodes(
-    tmp_path: Path,
-) -> None:
-    host, _ = alveo_u250_host(tmp_path)
-    plugins = load("config.yaml", host)
-    assert [p.resource_name for p in plugins] == ["amd.com/u250", "amd.com/u250-4"]
+def run_to_the_end(config: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(config, encoding="utf-8")
+    proc = devplugin("run", TARGET, "--config", str(config_file), cwd=tmp_path)
+    try:
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
 
-    async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
-        await kubelet.wait_for_allocatable("amd.com/u250", 2)
-        await kubelet.wait_for_registrations("amd.com/u250-4", 1)
-        devices = kubelet.devices("amd.com/u250")
-        assert {d.id: d.numa_nodes for d in devices.values()} == {
-            "0000:3b:00.1": (0,),
-            "0000:d8:00.1": (1,),
-        }
-        assert kubelet.capacity("amd.com/u250-4") == 0
 
-        got = await kubelet.allocate("amd.com/u250", 1)
+def test_devplugin_run_refuses_a_bad_config_in_one_line_naming_the_key(tmp_path: Path) -> None:
+    # A file of the old style: snake_case keys.
+    result = run_to_the_end("family: xrt\nsysfs_root: /host/sys\n", tmp_path)
 
-        [node] = got.allocation.device_nodes
-        board = got.device_ids[0]
-        render = {"0000:3b:00.1": "renderD128", "0000:d8:00.1": "renderD129"}[board]
-        assert (node.host_path, node.container_path) == (f"/dev/dri/{render}",) * 2
-        assert got.allocation.env["FPGA_DEVICES"] == board
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert "sysfs_root: unknown key; did you mean 'sysfsRoot'?" in line
+
+
+def test_devplugin_run_refuses_a_host_with_nothing_to_serve(tmp_path: Path) -> None:
+    """No board found and no resource declared under ``rename``: one line, exit 2."""
+    host = FpgaHost(tmp_path / "host")
+    config = f"family: dfl\nsysfsRoot: {host.sysfs_root}\ndevRoot: {host.dev_root}\n"
+
+    result = run_to_the_end(config, tmp_path)
+
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert "no plugins" in line
+
+
+# ----------------------------------------------------------------------------- in-process
 
 
 async def test_offline_board_leaves_allocatable_and_comes_back(tmp_path: Path) -> None:
@@ -170,10 +271,11 @@ async def test_dfl_ports_are_served_per_afu_and_a_crashed_port_recovers(tmp_path
         got = await kubelet.allocate("fpga.intel.com/nlb3", 1)
         assert got.device_ids == ("0000:af:00.0-port0",)
         assert [n.container_path for n in got.allocation.device_nodes] == ["/dev/dfl-port.1"]
+        assert got.allocation.annotations == {}  # af mode: nothing for Intel's CRI hook
 
         cards[0].set_afu_id(0, ALL_F)
         await kubelet.wait_for_health("fpga.intel.com/nlb0", "0000:5e:00.0-port0", "Unhealthy")
-        cards[0].set_afu_id(0, "d8424dc4a4a3c413f89e433683f9040b")
+        cards[0].set_afu_id(0, NLB0_AFU_ID)
         await kubelet.wait_for_allocatable("fpga.intel.com/nlb0", 1)
 
 
@@ -189,58 +291,56 @@ async def test_dfl_region_mode_serves_cards_by_interface_id(tmp_path: Path) -> N
 
     assert got.allocation.annotations == {"com.intel.fpga.mode": "fpga.intel.com/region"}
     assert len(got.allocation.device_nodes) == 1
+    assert got.allocation.env["FPGA_DEVICES"] == got.device_ids[0]
 
 
-def test_main_refuses_a_bad_config_and_a_host_without_boards(tmp_path: Path) -> None:
-    host = FpgaHost(tmp_path / "host")
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        f"family: dfl\nsysfs_root: {host.sysfs_root}\ndev_root: {host.dev_root}\n",
-        encoding="utf-8",
+# ----------------------------------------------------------------------------- image and manifests
+
+
+def dockerfile_instruction(name: str) -> str:
+    """The arguments of the Dockerfile's one ``name`` instruction."""
+    [line] = [
+        line
+        for line in (HERE / "Dockerfile").read_text("utf-8").splitlines()
+        if line.startswith(f"{name} ")
+    ]
+    return line.removeprefix(f"{name} ")
+
+
+def test_image_daemonset_and_overlay_run_the_same_thing() -> None:
+    config_map, daemonset = yaml.safe_load_all((HERE / "daemonset.yaml").read_text("utf-8"))
+    pod: dict[str, Any] = daemonset["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    entrypoint: list[str] = json.loads(dockerfile_instruction("ENTRYPOINT"))
+    assert entrypoint == ["devplugin", "run", TARGET]
+    # `plugin:` is /app/plugin.py, found through PYTHONPATH.
+    assert "PYTHONPATH=/app " in dockerfile_instruction("ENV") + " "
+    assert "COPY examples/fpga/plugin.py /app/plugin.py" in (HERE / "Dockerfile").read_text()
+
+    # The image's CMD and the DaemonSet's args (which replace it) say the same to the CLI.
+    cmd: list[str] = json.loads(dockerfile_instruction("CMD"))
+    from_cmd = cli.build_parser().parse_args([*entrypoint[1:], *cmd])
+    from_pod = cli.build_parser().parse_args([*entrypoint[1:], *container["args"]])
+    assert (from_cmd.target, from_cmd.config, from_cmd.metrics_port) == (
+        from_pod.target,
+        from_pod.config,
+        from_pod.metrics_port,
     )
-    assert example.main(["--config", str(config)]) == 1
-
-    config.write_text("family: opae\n", encoding="utf-8")
-    with pytest.raises(SystemExit) as exited:
-        example.main(["--config", str(config)])
-    assert exited.value.code == 2
-
-
-async def test_main_with_the_daemonset_args_serves_healthz_on_its_probe_port(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    config, container = daemonset_container()
     [port] = container["ports"]
+    assert from_pod.metrics_port == port["containerPort"]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
-    host, _ = alveo_u250_host(tmp_path / "host")
-    config.update(sysfs_root=str(host.sysfs_root), dev_root=str(host.dev_root))
 
-    plugins, kwargs = run_main_as_the_daemonset(config, container, tmp_path, monkeypatch)
-    assert kwargs["port"] == port["containerPort"] == 9450
-    assert kwargs["settings"].health_interval == config["health_interval"]
+    # The ConfigMap and the overlay's config are config.yaml (less its comments), mounted
+    # where --config points.
+    ours = yaml.safe_load((HERE / "config.yaml").read_text("utf-8"))
+    assert yaml.safe_load(config_map["data"]["config.yaml"]) == ours
+    assert yaml.safe_load((OVERLAY / "config.yaml").read_text("utf-8")) == ours
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/devplugin"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    assert Path(from_pod.config).parent == Path(mount["mountPath"])
 
-    # What the probes then reach: those plugins and the endpoints, on a free port here (and
-    # a registry of its own: the default one takes each metric name once per process).
-    async with FakeKubelet() as kubelet, anyio.create_task_group() as tg:
-        bound = await tg.start(
-            partial(
-                healthz.serve_with_http,
-                plugins,
-                port=0,
-                settings=kubelet.settings(),
-                registry=CollectorRegistry(),
-            )
-        )
-        await kubelet.wait_for_allocatable("amd.com/u250", 2)
-        # /healthz is 200 once every plugin is registered with its stream open, as the
-        # plugins see it (the kubelet records a registration before the plugin hears back).
-        await kubelet.wait_for(
-            lambda: not healthz.problems(healthz.served_statuses()), what="every plugin live"
-        )
-        reply = await http_get(bound, "/healthz")
-        metrics = await http_get(bound, "/metrics")
-        tg.cancel_scope.cancel()
-
-    assert reply.startswith(b"HTTP/1.1 200")
-    assert b"devplugin_registered{" in metrics
+    # The image the kustomize overlay deploys is this one.
+    [image] = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text("utf-8"))["images"]
+    assert container["image"] == f"{image['newName']}:{image['newTag']}"

@@ -1,9 +1,12 @@
-"""The FPGA backend on fake hosts (two U250s, DFL PACs): discovery, naming, health, hot-plug."""
+"""The FPGA backend on fake hosts (two U250s, DFL PACs): discovery, naming, health, hot-plug.
+
+Discovery and naming call ``discover()`` directly; health changes, recovery and boards moving
+between resources are checked where they end up, in a ``FakeKubelet``'s view.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +19,7 @@ from anyio.abc import ObjectReceiveStream
 from devplugin_sdk.backends import fpga
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.plugin import PluginEvent
+from devplugin_sdk.testing import FakeKubelet, serving
 from devplugin_sdk.testing.fpga_trees import (
     DFL_INTERFACE_ID,
     NLB0_AFU_ID,
@@ -25,14 +29,18 @@ from devplugin_sdk.testing.fpga_trees import (
     alveo_u250_host,
     dfl_pac_host,
 )
-from devplugin_sdk.types import Health, HealthEvent, RescanEvent
+from devplugin_sdk.types import Health, RescanEvent
 
 ALL_F = "f" * 32
 
 
+def options(host: FpgaHost, **config: Any) -> dict[str, Any]:
+    """Backend keys with the roots pointed at the fake host (as a YAML file would give them)."""
+    return {"sysfsRoot": str(host.sysfs_root), "devRoot": str(host.dev_root), **config}
+
+
 def plugins(host: FpgaHost, **config: Any) -> list[fpga.FpgaPlugin]:
-    options = {"sysfs_root": host.sysfs_root, "dev_root": host.dev_root, **config}
-    return fpga.build_plugins(fpga.FpgaConfig.from_mapping(options))
+    return fpga.FpgaPlugin.from_config(options(host, **config))
 
 
 def only(host: FpgaHost, **config: Any) -> fpga.FpgaPlugin:
@@ -60,14 +68,9 @@ async def watching(plugin: fpga.FpgaPlugin) -> AsyncIterator[ObjectReceiveStream
             tg.cancel_scope.cancel()
 
 
-async def next_of(
-    events: ObjectReceiveStream[PluginEvent], kind: type[Any], timeout: float = 5
-) -> Any:
+async def next_event(events: ObjectReceiveStream[PluginEvent], timeout: float = 5) -> PluginEvent:
     with anyio.fail_after(timeout):
-        while True:
-            event = await events.receive()
-            if isinstance(event, kind):
-                return event
+        return await events.receive()
 
 
 # ----------------------------------------------------------------------------- XRT
@@ -92,7 +95,7 @@ async def test_two_u250_boards_make_one_resource_named_after_the_shell(tmp_path:
 
 async def test_management_node_is_given_only_when_configured(tmp_path: Path) -> None:
     host, boards = alveo_u250_host(tmp_path)
-    plugin = only(host, family="xrt", include_mgmt=True, host_dev_root="/hostdev")
+    plugin = only(host, family="xrt", includeMgmt=True, hostDevRoot="/hostdev")
 
     devices = await plugin.discover()
 
@@ -211,7 +214,7 @@ async def test_af_mode_gives_one_resource_per_afu_id(tmp_path: Path) -> None:
 async def test_region_mode_gives_one_device_per_card_keyed_by_interface_id(tmp_path: Path) -> None:
     host, _ = dfl_pac_host(tmp_path)
 
-    plugin = only(host, family="dfl", mode="region", include_fme=True)
+    plugin = only(host, family="dfl", mode="region", includeFme=True)
     devices = await plugin.discover()
 
     assert plugin.resource_name == f"fpga.intel.com/region-{DFL_INTERFACE_ID}"
@@ -286,10 +289,8 @@ async def test_missing_port_node_marks_the_port_unhealthy(tmp_path: Path) -> Non
     cards[0].remove_port_node(0)
 
     [port] = await nlb0.discover()
-    health = await nlb0.check_health([port])
 
     assert port.health is Health.UNHEALTHY
-    assert health == {port.id: Health.UNHEALTHY}
 
 
 async def test_unplugged_card_disappears_from_discovery(tmp_path: Path) -> None:
@@ -306,41 +307,89 @@ async def test_unplugged_card_disappears_from_discovery(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("config", "key"),
+    ("config", "key", "reason"),
     [
-        ({}, "family"),
-        ({"family": "opae"}, "family"),
-        ({"family": "dfl", "mode": "regiondevel"}, "mode"),
-        ({"family": "xrt", "mode": "af"}, "mode"),
-        ({"family": "xrt", "colour": "red"}, "colour"),
-        ({"family": "xrt", "rename": {"shell": "Bad Name!"}}, "rename.shell"),
-        ({"family": "xrt", "rename": ["shell"]}, "rename"),
-        ({"family": "xrt", "health_interval": 0}, "health_interval"),
-        ({"family": "xrt", "include_mgmt": "yes"}, "include_mgmt"),
-        ({"family": "xrt", "vendors": ["10ee"]}, "vendors[0]"),
-        ({"family": "dfl", "domain": "Intel"}, "domain"),
+        ({}, "family", "is required"),
+        ({"family": "opae"}, "family", "must be one of xrt, dfl"),
+        ({"family": "dfl", "mode": "regiondevel"}, "mode", "must be one of af, region"),
+        ({"family": "xrt", "mode": "af"}, "mode", "only applies to family 'dfl'"),
+        ({"family": "xrt", "colour": "red"}, "colour", "unknown key"),
+        ({"family": "xrt", "rename": {"shell": "Bad Name!"}}, "rename.shell", "invalid resource"),
+        ({"family": "xrt", "rename": ["shell"]}, "rename", "must be a mapping"),
+        ({"family": "dfl", "rename": {1234: "nlb"}}, "rename.1234", "quote IDs"),
+        ({"family": "xrt", "healthInterval": 0}, "healthInterval", "must be > 0"),
+        ({"family": "xrt", "includeMgmt": "yes"}, "includeMgmt", "true or false"),
+        ({"family": "xrt", "vendors": ["10ee"]}, "vendors[0]", "must look like '0x10ee'"),
+        ({"family": "xrt", "vendors": "0x10ee"}, "vendors", "must be a list"),
+        ({"family": "dfl", "domain": "Intel"}, "domain", "DNS-1123"),
+        ({"family": "dfl", "sysfsRoot": "host/sys"}, "sysfsRoot", "absolute path"),
+        ({"family": "dfl", "hostDevRoot": 7}, "hostDevRoot", "non-empty string"),
+        ([], "<root>", "must be a mapping"),
     ],
 )
-def test_config_errors_name_the_key(config: dict[str, Any], key: str) -> None:
-    with pytest.raises(ConfigError) as raised:
+def test_config_errors_name_the_key(config: Any, key: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason) as raised:
         fpga.from_config(config)
     assert raised.value.key == key
 
 
-def test_from_config_applies_overrides_and_canonicalises_ids(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("health_interval", "healthInterval"),
+        ("sysfs_root", "sysfsRoot"),
+        ("dev_root", "devRoot"),
+        ("host_dev_root", "hostDevRoot"),
+        ("include_mgmt", "includeMgmt"),
+        ("include_fme", "includeFme"),
+    ],
+)
+def test_snake_case_keys_of_old_are_refused_with_their_camel_case_name(old: str, new: str) -> None:
+    with pytest.raises(ConfigError, match=f"did you mean {new!r}") as raised:
+        fpga.from_config({"family": "xrt", old: 1})
+    assert raised.value.key == old
+
+
+def test_every_key_is_camel_case() -> None:
+    assert all(key[0].islower() and "_" not in key for key in fpga.CONFIG_KEYS)
+
+
+def test_from_config_canonicalises_ids_and_reads_the_roots_from_the_keys(tmp_path: Path) -> None:
     host, _ = dfl_pac_host(tmp_path)
     dashed = "D8424DC4-A4A3-C413-F89E-433683F9040B"
 
-    found = fpga.from_config(
-        {"family": "dfl", "sysfs_root": "/nonexistent", "rename": {dashed: "nlb0"}},
-        sysfs_root=host.sysfs_root,
-        dev_root=host.dev_root,
-    )
+    found = plugins(host, family="dfl", rename={dashed: "nlb0"})
 
     assert [p.resource_name for p in found] == [
         "fpga.intel.com/af-f7df405cbd7acf7222f144b0b93acd18",
         "fpga.intel.com/nlb0",
     ]
+    assert found[1].keys == (NLB0_AFU_ID,)
+    assert found[1].config.sysfs_root == host.sysfs_root
+
+
+def test_subclasses_get_plugins_of_their_own_class(tmp_path: Path) -> None:
+    class Custom(fpga.FpgaPlugin):
+        pass
+
+    host, _ = alveo_u250_host(tmp_path)
+
+    [plugin] = Custom.from_config(options(host, family="xrt"))
+
+    assert type(plugin) is Custom
+
+
+def test_the_same_config_gives_the_same_fingerprint(tmp_path: Path) -> None:
+    """A reload restarts a resource only when its fingerprint changes."""
+    host, _ = dfl_pac_host(tmp_path)
+    config = options(host, family="dfl", rename={NLB0_AFU_ID: "nlb", NLB3_AFU_ID: "nlb"})
+
+    [first] = fpga.from_config(config)
+    [again] = fpga.from_config(config)
+    [renamed] = fpga.from_config({**config, "domain": "example.com"})
+
+    assert renamed.resource_name == "example.com/nlb"
+    assert first.fingerprint() == again.fingerprint() != renamed.fingerprint()
 
 
 def test_nothing_found_and_nothing_declared_gives_no_plugins(tmp_path: Path) -> None:
@@ -352,78 +401,121 @@ def test_nothing_found_and_nothing_declared_gives_no_plugins(tmp_path: Path) -> 
 # ----------------------------------------------------------------------------- watch
 
 
-async def test_watch_pushes_unhealthy_and_recovery_from_sysfs(tmp_path: Path) -> None:
-    host, boards = alveo_u250_host(tmp_path)
-    plugin = only(host, family="xrt", health_interval=0.05)
-    await plugin.discover()
+async def test_watch_asks_for_a_rescan_at_start_and_every_interval_and_nothing_polls(
+    tmp_path: Path,
+) -> None:
+    """Health is read by discover() on each rescan; no check_health reads it a second time."""
+    host, _ = alveo_u250_host(tmp_path)
+    plugin = only(host, family="xrt", healthInterval=0.05)
 
     async with watching(plugin) as events:
-        boards[1].set_offline(True)
-        down = await next_of(events, HealthEvent)
-        assert (down.device_id, down.health) == ("0000:d8:00.1", Health.UNHEALTHY)
-        assert "offline" in down.reason
+        first, second = await next_event(events), await next_event(events)
 
-        boards[1].set_offline(False)
-        up = await next_of(events, HealthEvent)
-        assert (up.device_id, up.health) == ("0000:d8:00.1", Health.HEALTHY)
+    assert isinstance(first, RescanEvent)
+    assert isinstance(second, RescanEvent)
+    assert "periodic" in first.reason
+    assert "periodic" in second.reason
+    assert not plugin.overrides("check_health")
 
 
 async def test_watch_rescans_on_a_dev_node_change_without_waiting_for_the_interval(
     tmp_path: Path,
 ) -> None:
     host, cards = dfl_pac_host(tmp_path)
-    nlb0, _ = plugins(host, family="dfl", health_interval=60)
-    await nlb0.discover()
+    nlb0, _ = plugins(host, family="dfl", healthInterval=60)
 
     async with watching(nlb0) as events:
+        armed = await next_event(events)  # the rescan that follows arming the watch
+        (host.dev_root / "ttyS0").touch()  # not an FPGA node: no rescan for it
         cards[0].remove_port_node(0)
-        event = await next_of(events, RescanEvent)
+        event = await next_event(events)
 
-    assert "dfl-port.0" in event.reason
+    assert "periodic" in armed.reason
+    assert isinstance(event, RescanEvent)
+    assert event.reason == "changed: dfl-port.0"
     [port] = await nlb0.discover()
     assert port.health is Health.UNHEALTHY
 
 
-async def test_watch_rescans_when_a_board_leaves_sysfs(tmp_path: Path) -> None:
+async def test_watch_sees_a_render_node_go_in_dev_dri(tmp_path: Path) -> None:
     host, boards = alveo_u250_host(tmp_path)
-    plugin = only(host, family="xrt", health_interval=0.05)
-    await plugin.discover()
+    plugin = only(host, family="xrt", healthInterval=60)
 
     async with watching(plugin) as events:
-        boards[0].unplug()
-        await next_of(events, RescanEvent)
+        await next_event(events)
+        (host.dev_root / "dri" / boards[1].render_node).unlink()
+        event = await next_event(events)
 
-    assert [d.id for d in await plugin.discover()] == ["0000:d8:00.1"]
+    assert event.reason == f"changed: {boards[1].render_node}"
 
 
-async def test_recovery_seen_first_by_a_rescan_is_still_pushed(tmp_path: Path) -> None:
-    """The SDK keeps the last pushed/polled Unhealthy across rescans until told otherwise."""
+# ----------------------------------------------------------------------------- served
+
+
+async def test_offline_board_turns_unhealthy_and_recovers_through_rescans(tmp_path: Path) -> None:
     host, boards = alveo_u250_host(tmp_path)
-    plugin = only(host, family="xrt", health_interval=60)
-    devices = await plugin.discover()
-    boards[1].set_offline(True)
-    assert (await plugin.check_health(devices))["0000:d8:00.1"] is Health.UNHEALTHY
-    boards[1].set_offline(False)
-    assert all(d.healthy for d in await plugin.discover())
-    plugin.config = dataclasses.replace(plugin.config, health_interval=0.05)
+    plugin = only(host, family="xrt", healthInterval=0.05)
+    resource = plugin.resource_name
 
-    async with watching(plugin) as events:
-        up = await next_of(events, HealthEvent)
+    async with FakeKubelet() as kubelet, serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(resource, 2)
 
-    assert (up.device_id, up.health) == ("0000:d8:00.1", Health.HEALTHY)
+        boards[1].set_offline(True)  # sysfs only: seen by the periodic rescan
+        await kubelet.wait_for_health(resource, "0000:d8:00.1", "Unhealthy")
+        assert kubelet.capacity(resource) == 2
 
-
-async def test_recovery_of_a_board_unhealthy_at_discovery_asks_for_a_rescan(tmp_path: Path) -> None:
-    """Discovered health only improves through discover(), so recovery must trigger one."""
-    host, boards = alveo_u250_host(tmp_path)
-    boards[1].set_offline(True)
-    plugin = only(host, family="xrt", health_interval=0.05)
-    assert [d.health for d in await plugin.discover()] == [Health.HEALTHY, Health.UNHEALTHY]
-
-    async with watching(plugin) as events:
         boards[1].set_offline(False)
-        up = await next_of(events, HealthEvent)
-        await next_of(events, RescanEvent)
+        await kubelet.wait_for_health(resource, "0000:d8:00.1", "Healthy")
+        await kubelet.wait_for_allocatable(resource, 2)
 
-    assert (up.device_id, up.health) == ("0000:d8:00.1", Health.HEALTHY)
-    assert [d.health for d in await plugin.discover()] == [Health.HEALTHY, Health.HEALTHY]
+
+async def test_board_unhealthy_at_start_becomes_healthy_when_it_recovers(tmp_path: Path) -> None:
+    host, boards = alveo_u250_host(tmp_path)
+    boards[1].set_ready(False)
+    plugin = only(host, family="xrt", healthInterval=0.05)
+    resource = plugin.resource_name
+
+    async with FakeKubelet() as kubelet, serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_health(resource, "0000:d8:00.1", "Unhealthy")
+        assert kubelet.allocatable(resource) == 1
+
+        boards[1].set_ready(True)
+        await kubelet.wait_for_allocatable(resource, 2)
+
+
+async def test_port_reprogrammed_with_another_afu_moves_to_its_resource_and_back(
+    tmp_path: Path,
+) -> None:
+    host, cards = dfl_pac_host(tmp_path)
+    nlb0, nlb3 = plugins(host, family="dfl", healthInterval=0.05)
+
+    async with FakeKubelet() as kubelet, serving(nlb0, nlb3, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(nlb0.resource_name, 1)
+        await kubelet.wait_for_allocatable(nlb3.resource_name, 1)
+
+        cards[0].set_afu_id(0, NLB3_AFU_ID)
+        await kubelet.wait_for_allocatable(nlb3.resource_name, 2)
+        await kubelet.wait_for(lambda: kubelet.capacity(nlb0.resource_name) == 0, what="moved")
+
+        # A crash marker in between: the port stays where it was, Unhealthy.
+        cards[0].set_afu_id(0, ALL_F)
+        await kubelet.wait_for_health(nlb3.resource_name, "0000:5e:00.0-port0", "Unhealthy")
+        assert kubelet.capacity(nlb0.resource_name) == 0
+
+        cards[0].set_afu_id(0, NLB0_AFU_ID)
+        await kubelet.wait_for_allocatable(nlb0.resource_name, 1)
+        await kubelet.wait_for(lambda: kubelet.capacity(nlb3.resource_name) == 1, what="back")
+
+
+async def test_unplugged_board_leaves_the_kubelet_at_once(tmp_path: Path) -> None:
+    """Its /dev nodes go with it: inotify, not the interval, triggers the rescan."""
+    host, boards = alveo_u250_host(tmp_path)
+    plugin = only(host, family="xrt", healthInterval=60)
+    resource = plugin.resource_name
+
+    async with FakeKubelet() as kubelet, serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(resource, 2)
+        boards[0].unplug()
+        await kubelet.wait_for(lambda: kubelet.capacity(resource) == 1, what="unplug")
+        boards[0].replug()
+        await kubelet.wait_for_allocatable(resource, 2)
