@@ -21,4 +21,4 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="session", autouse=True)
 async def _one_event_loop(anyio_backend: str) -> AsyncIterator[None]:
     """Holds anyio's test runner (and so its event loop) for the whole session."""
-    yield
+    yield  # noqa: PT022 - the suspended fixture is what holds the runner
