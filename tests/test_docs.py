@@ -286,11 +286,14 @@ async def test_writing_a_backend_example_serves_a_fake_host(
     code = next(c for m, _, c in blocks(DOCS / "writing-a-backend.md") if m == "module acme")
     acme = load_module("acme", code, monkeypatch)
     sysfs, dev = acme_tree(tmp_path)
-    with pytest.raises(ConfigError, match="healthInterval: must be a number"):
+    with pytest.raises(ConfigError, match="healthInterval: must be > 0"):
         acme.AcmePlugin.from_config({"healthInterval": 0})
     with pytest.raises(ConfigError, match="colour: unknown key"):
         acme.AcmePlugin.from_config({"colour": "red"})
-    (plugin,) = acme.AcmePlugin.from_config({"healthInterval": 0.2}, sysfs_root=sysfs, dev_root=dev)
+    with pytest.raises(ConfigError, match="sysfsRoot: must be an absolute path"):
+        acme.AcmePlugin.from_config({"sysfsRoot": "sys"})
+    config = {"healthInterval": 0.2, "sysfsRoot": str(sysfs), "devRoot": str(dev)}
+    (plugin,) = acme.AcmePlugin.from_config(config)
     resource = "acme.com/widget"
     async with serving(plugin, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable(resource, 2)
@@ -298,8 +301,15 @@ async def test_writing_a_backend_example_serves_a_fake_host(
         assert kubelet.devices(resource)["acme2"].health == "Unhealthy"
         got = await kubelet.allocate(resource, 2)
         assert got.allocation.env == {"ACME_VISIBLE_DEVICES": ",".join(got.device_ids)}
-        (dev / "acme1").unlink()  # pushed from watch() through fswatch
+        (dev / "acme1").unlink()  # a rescan through fswatch, at once
         await kubelet.wait_for_health(resource, "acme1", "Unhealthy")
+        # Discovered Unhealthy is only the first report: the fault clears, the widget is back.
+        (sysfs / "class" / "acme" / "acme2" / "state").write_text("ok\n")
+        await kubelet.wait_for_health(resource, "acme2", "Healthy")
+        # One unreadable widget is that widget's fault only.
+        (sysfs / "class" / "acme" / "acme0" / "state").unlink()
+        await kubelet.wait_for_health(resource, "acme0", "Unhealthy")
+        assert kubelet.devices(resource)["acme2"].health == "Healthy"
 
 
 # ----------------------------------------------------------------------------- references
