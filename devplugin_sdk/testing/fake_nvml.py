@@ -2,30 +2,38 @@
 
 A ``FakeNVML`` instance stands in for the ``pynvml`` module (nvidia-ml-py): the functions a
 device plugin needs, with the same names and signatures (the SDK's tests compare them with
-``inspect.signature`` of the real module), the same constants and the same ``NVMLError``
-subclasses. Ready-made machines: ``dgx_a100``, ``hgx_h100``, ``t4_pcie`` and ``a100_mig``;
-faults: ``xid``, ``ecc_double_bit``, ``lose``, ``recover`` and ``fail``. ``write_host`` writes
-the matching sysfs, /dev and /proc trees. Behaviour follows nvml.h and nvidia-ml-py's
-``pynvml.py``; the mig-minors layout follows the driver's ``/proc/driver/nvidia-caps/mig-minors``
-as read by nvidia-container-toolkit (``internal/nvcaps``) and Slurm (``gpu_nvml.c``).
+``inspect.signature`` of the real module), the same constants, the same ``NVMLError``
+subclasses, and NVML's count of ``nvmlInit``/``nvmlShutdown`` pairs. Ready-made machines:
+``dgx_a100``, ``hgx_h100``, ``t4_pcie`` and ``a100_mig`` (deterministic: the same UUIDs in every
+process); faults: ``xid``, ``ecc_double_bit``, ``lose``, ``recover`` and ``fail``. ``write_host``
+writes the matching sysfs, /dev and /proc trees, and ``installed()`` makes ``import pynvml``
+give the fake. Behaviour follows nvml.h and nvidia-ml-py's ``pynvml.py``; the mig-minors layout
+follows the driver's ``/proc/driver/nvidia-caps/mig-minors`` as read by nvidia-container-toolkit
+(``internal/nvcaps``) and Slurm (``gpu_nvml.c``).
 
 Example::
 
+    from devplugin_sdk.backends.nvml import NvmlPlugin
+    from devplugin_sdk.testing import fake_nvml
+
     nvml = fake_nvml.dgx_a100()
-    roots = nvml.write_host(tmp_path)
-    plugin = NvmlPlugin(nvml=nvml, sysfs_root=roots.sysfs_root, dev_root=roots.dev_root)
-    nvml.xid(3, 79)          # GPU 3 fell off the bus: delivered through nvmlEventSetWait
-    nvml.lose(3)             # ... and every call on it now raises NVMLError_GpuIsLost
+    roots = nvml.write_host(tmp_path)  # the machine's sysfs, /dev and /proc trees
+    with nvml.installed():  # `import pynvml` gives the fake: the plugin is built on it
+        [plugin] = NvmlPlugin.from_config(roots.config())
+    nvml.xid(3, 79)  # GPU 3 fell off the bus: delivered through nvmlEventSetWait
+    nvml.lose(3)  # ... and every call on it now raises NVMLError_GpuIsLost
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import math
+import sys
 import threading
 import uuid as uuid_module
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -393,6 +401,14 @@ class HostRoots:
     dev_root: Path
     proc_root: Path
 
+    def config(self) -> dict[str, str]:
+        """The NVIDIA backend's root keys pointing at these trees (``sysfsRoot`` ...)."""
+        return {
+            "sysfsRoot": str(self.sysfs_root),
+            "devRoot": str(self.dev_root),
+            "procRoot": str(self.proc_root),
+        }
+
 
 # ----------------------------------------------------------------------------- the fake module
 
@@ -402,8 +418,10 @@ class FakeNVML:
 
     Every module-level constant and ``NVMLError`` class of this module is also an attribute of
     the instance (``nvml.NVML_ERROR_GPU_IS_LOST``, ``nvml.NVMLError_Timeout``), as on pynvml.
-    Calls before ``nvmlInit`` raise ``NVMLError_Uninitialized`` as real NVML does. Thread-safe:
-    ``nvmlEventSetWait_v2`` blocks in one thread while a test injects faults from another.
+    As in NVML, ``nvmlInit`` and ``nvmlShutdown`` are counted: the library is usable while
+    more inits than shutdowns were made, calls otherwise raise ``NVMLError_Uninitialized``, and
+    so does a shutdown with nothing left to shut down. Thread-safe: ``nvmlEventSetWait_v2``
+    blocks in one thread while a test injects faults from another.
 
     Args:
         gpus: The machine's GPUs, in NVML index order.
@@ -430,6 +448,30 @@ class FakeNVML:
         if name.startswith(("NVML_", "nvmlEventType", "NVMLError")) and name in globals():
             return globals()[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def init_count(self) -> int:
+        """``nvmlInit`` calls not yet balanced by ``nvmlShutdown`` (0: NVML is shut down)."""
+        with self._cond:
+            return self._init_count
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[FakeNVML]:
+        """Make ``import pynvml`` give this fake inside the ``with`` block.
+
+        The NVIDIA backend imports pynvml when a plugin is built, so plugins built inside the
+        block keep using the fake after it. The previous module (if any) is put back on exit.
+        """
+        missing = object()
+        previous = sys.modules.get("pynvml", missing)
+        sys.modules["pynvml"] = self  # type: ignore[assignment]
+        try:
+            yield self
+        finally:
+            if previous is missing:
+                sys.modules.pop("pynvml", None)
+            else:
+                sys.modules["pynvml"] = previous  # type: ignore[assignment]
 
     # ------------------------------------------------------------------ fault injection
 
@@ -616,6 +658,7 @@ class FakeNVML:
             self._init_count += 1
 
     def nvmlShutdown(self) -> None:
+        # _enter raises Uninitialized when no init is left to balance, as NVML answers.
         self._enter("nvmlShutdown")
         with self._cond:
             self._init_count -= 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -254,3 +255,57 @@ def test_write_host_writes_numa_nodes_device_nodes_and_mig_minors(tmp_path: Path
         "nvidia-cap12",
         "nvidia-cap13",
     ]
+
+
+def test_nvml_counts_inits_and_shutdowns_like_the_real_library() -> None:
+    nvml = fake_nvml.t4_pcie()
+    nvml.nvmlInit()
+    nvml.nvmlInit()  # a second user in the same process
+    nvml.nvmlShutdown()
+
+    assert nvml.init_count == 1
+    assert nvml.nvmlDeviceGetCount() == 4  # still initialised for the other user
+    nvml.nvmlShutdown()
+    assert nvml.init_count == 0
+    with pytest.raises(nvml.NVMLError_Uninitialized):
+        nvml.nvmlDeviceGetCount()
+    with pytest.raises(nvml.NVMLError_Uninitialized):
+        nvml.nvmlShutdown()  # nothing left to shut down
+    assert nvml.init_count == 0
+
+
+def test_installed_makes_import_pynvml_give_the_fake_and_puts_pynvml_back() -> None:
+    nvml = fake_nvml.t4_pcie()
+
+    with nvml.installed():
+        import pynvml as inside
+
+    import pynvml as after
+
+    assert inside is nvml
+    assert after is pynvml
+
+
+def test_the_module_docstring_example_runs(tmp_path: Path) -> None:
+    doc = fake_nvml.__doc__
+    assert doc is not None
+    block = doc.split("Example::\n", 1)[1].split("\n\n\n", 1)[0]
+    code = textwrap.dedent(block)
+    namespace: dict[str, Any] = {"tmp_path": tmp_path}
+
+    exec(compile(code, "fake_nvml example", "exec"), namespace)
+
+    plugin, nvml = namespace["plugin"], namespace["nvml"]
+    assert plugin.nvml is nvml
+    assert plugin.config.sysfs_root == tmp_path / "sys"
+    assert nvml.gpus[3].lost
+
+
+def test_host_roots_give_the_backend_keys(tmp_path: Path) -> None:
+    roots = fake_nvml.t4_pcie().write_host(tmp_path)
+
+    assert roots.config() == {
+        "sysfsRoot": str(tmp_path / "sys"),
+        "devRoot": str(tmp_path / "dev"),
+        "procRoot": str(tmp_path / "proc"),
+    }
