@@ -22,10 +22,18 @@ Example::
         [plugin] = NvmlPlugin.from_config(roots.config())
     nvml.xid(3, 79)  # GPU 3 fell off the bus: delivered through nvmlEventSetWait
     nvml.lose(3)  # ... and every call on it now raises NVMLError_GpuIsLost
+
+Whole programs run on a fake machine too: ``python -m devplugin_sdk.testing.fake_nvml --machine
+dgx_a100 --host-root DIR -- run plugin:MyGpuPlugin --config FILE`` writes the host trees under
+DIR, installs the fake as ``pynvml`` and runs ``devplugin`` with the arguments after ``--``
+(the config file points ``sysfsRoot``, ``devRoot`` and ``procRoot`` at ``DIR/sys``, ``DIR/dev``
+and ``DIR/proc``). That is how the NVIDIA example's end-to-end tests run it, and how to try a
+GPU plugin on a laptop.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
 import contextlib
 import ctypes
@@ -33,12 +41,13 @@ import math
 import sys
 import threading
 import uuid as uuid_module
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 __all__ = [
+    "MACHINES",
     "FakeGPU",
     "FakeMIG",
     "FakeNVML",
@@ -47,6 +56,7 @@ __all__ = [
     "a100_mig",
     "dgx_a100",
     "hgx_h100",
+    "main",
     "t4_pcie",
 ]
 
@@ -1092,3 +1102,79 @@ def a100_mig(
             )
         )
     return FakeNVML(gpus)
+
+
+#: The machines ``python -m devplugin_sdk.testing.fake_nvml --machine NAME`` can model.
+MACHINES: dict[str, Callable[[], FakeNVML]] = {
+    "a100_mig": a100_mig,
+    "dgx_a100": dgx_a100,
+    "hgx_h100": hgx_h100,
+    "t4_pcie": t4_pcie,
+}
+
+
+# ----------------------------------------------------------------------------- the runner
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m devplugin_sdk.testing.fake_nvml",
+        description="Run `devplugin` with a fake NVML machine installed as pynvml.",
+        epilog="example: --machine dgx_a100 --host-root /tmp/host -- "
+        "run plugin:SiteGpuPlugin --config config.yaml",
+    )
+    parser.add_argument("--machine", choices=sorted(MACHINES), default="dgx_a100")
+    parser.add_argument(
+        "--mig",
+        action="append",
+        metavar="PROFILES",
+        help="a100_mig only: one GPU per flag, its MIG profiles comma-separated "
+        "(3g.40gb,1g.10gb) or 'off'; default one GPU with 3g.40gb,2g.20gb,1g.10gb,1g.10gb",
+    )
+    parser.add_argument(
+        "--host-root",
+        type=Path,
+        help="write the machine's sys/, dev/ and proc/ trees under this directory",
+    )
+    parser.add_argument("devplugin_args", nargs=argparse.REMAINDER, help="-- then devplugin's")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Install a fake machine as ``pynvml`` and run ``devplugin`` with the remaining arguments.
+
+    Returns:
+        ``devplugin``'s exit status (2 for a bad command line of this runner).
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    rest = list(args.devplugin_args)
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    if not rest:
+        parser.error("give devplugin's arguments after --, e.g. -- run plugin:X --config FILE")
+    if args.mig and args.machine != "a100_mig":
+        parser.error("--mig needs --machine a100_mig")
+    if args.mig:
+        layouts = [None if m == "off" else tuple(m.split(",")) for m in args.mig]
+        try:
+            nvml = a100_mig(layouts)
+        except ValueError as exc:
+            parser.error(str(exc))
+    else:
+        nvml = MACHINES[args.machine]()
+    if args.host_root is not None:
+        nvml.write_host(args.host_root)
+    # Imported here: the CLI pulls in the whole engine, which the fake itself never needs.
+    from devplugin_sdk import cli  # noqa: PLC0415
+
+    with nvml.installed():
+        return cli.main(rest)
+
+
+if __name__ == "__main__":
+    # Run the copy imported under the package's name, so that `isinstance` and the error
+    # classes agree with every other importer of this module.
+    from devplugin_sdk.testing.fake_nvml import main as _main
+
+    sys.exit(_main())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -290,7 +292,7 @@ def test_the_module_docstring_example_runs(tmp_path: Path) -> None:
     doc = fake_nvml.__doc__
     assert doc is not None
     block = doc.split("Example::\n", 1)[1].split("\n\n\n", 1)[0]
-    code = textwrap.dedent(block)
+    code = textwrap.dedent(block.split("\n\nWhole programs", 1)[0])
     namespace: dict[str, Any] = {"tmp_path": tmp_path}
 
     exec(compile(code, "fake_nvml example", "exec"), namespace)
@@ -309,3 +311,30 @@ def test_host_roots_give_the_backend_keys(tmp_path: Path) -> None:
         "devRoot": str(tmp_path / "dev"),
         "procRoot": str(tmp_path / "proc"),
     }
+
+
+def test_machines_are_the_same_in_every_process() -> None:
+    code = "from devplugin_sdk.testing import fake_nvml as f; print(f.dgx_a100().gpus[7].uuid)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+
+    assert out.stdout.strip() == fake_nvml.dgx_a100().gpus[7].uuid
+    assert set(fake_nvml.MACHINES) == {"a100_mig", "dgx_a100", "hgx_h100", "t4_pcie"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--machine", "t4_pcie"], "give devplugin's arguments after --"),
+        (["--machine", "t4_pcie", "--mig", "1g.10gb", "--", "run"], "--mig needs"),
+        (["--machine", "a100_mig", "--mig", "9g.1gb", "--", "run"], "unknown A100 80GB"),
+        (["--machine", "v100", "--", "run"], "invalid choice"),
+    ],
+)
+def test_the_runner_refuses_a_bad_command_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        fake_nvml.main(argv)
+
+    assert caught.value.code == 2
+    assert message in capsys.readouterr().err
