@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator, Mapping
@@ -21,6 +23,7 @@ import pytest
 import yaml
 
 from devplugin_sdk import backends
+from devplugin_sdk.config import load_yaml, parse_run_config
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "deploy" / "kustomize"
@@ -200,6 +203,16 @@ def test_overlay_config_is_mounted_where_the_plugin_reads_it_and_is_valid(
     assert plugins, f"{overlay}: the config yields no plugin"
 
 
+def image_target(example: str) -> str | None:
+    """The ``devplugin run`` target of an example's image (``plugin:Class``), if it has one."""
+    dockerfile = ROOT / "examples" / example / "Dockerfile"
+    match = re.search(r"^ENTRYPOINT (\[.*\])$", dockerfile.read_text(encoding="utf-8"), re.M)
+    entrypoint = json.loads(match.group(1)) if match else []
+    if entrypoint[:2] == ["devplugin", "run"] and len(entrypoint) == 3:
+        return str(entrypoint[2])
+    return None
+
+
 def load_with_entry_point(overlay: str, config_file: Path) -> list[Any]:
     example = ROOT / "examples" / overlay / "plugin.py"
     if example.exists():
@@ -208,7 +221,14 @@ def load_with_entry_point(overlay: str, config_file: Path) -> list[Any]:
         assert spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        return list(module.load_plugins(config_file))
+        target = image_target(overlay)
+        if target is None:  # an example that is still its own program
+            return list(module.load_plugins(config_file))
+        # What `devplugin run plugin:Class --config FILE` does: Class.from_config(its keys).
+        module_name, _, attr = target.partition(":")
+        assert module_name == "plugin", target
+        options = parse_run_config(load_yaml(config_file)).backend_options
+        return list(getattr(module, attr).from_config(options))
     backend = importlib.import_module(backends.BUILTIN[overlay])
     return list(backend.from_config(yaml.safe_load(config_file.read_text(encoding="utf-8"))))
 
