@@ -138,8 +138,8 @@ class NvidiaConfig:
             than one device (a shared GPU cannot give more).
         health_disabled: No Xid events and no probe; devices stay Healthy.
         ignored_xids: Xids that do not make a GPU unhealthy.
-        probe_interval: Seconds between NVML probes of every GPU (finds lost GPUs without
-            an event, and drives recovery).
+        probe_interval: Seconds between NVML probes of every GPU, the plugin's
+            ``health_interval`` (finds lost GPUs without an event, and drives recovery).
         recovery_period: Seconds a faulted GPU must probe clean before it is Healthy again;
             ``None`` never recovers (NVIDIA's own plugin's behaviour).
         sysfs_root: Where sysfs is mounted (NUMA nodes).

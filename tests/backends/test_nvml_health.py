@@ -157,17 +157,14 @@ async def test_a_failed_event_wait_opens_the_event_set_again(tmp_path: Path) -> 
     nvml = fake_nvml.dgx_a100()
     plugin = plugin_for(nvml, tmp_path, probe_interval=0.01)
     await plugin.discover()
+    nvml.fail("nvmlEventSetWait_v2", fake_nvml.NVML_ERROR_UNKNOWN)  # the first wait fails
 
+    # `watching` returns once a wait is under way: on a second event set.
     async with watching(plugin, nvml) as events:
-        nvml.fail("nvmlEventSetWait_v2", fake_nvml.NVML_ERROR_UNKNOWN)
-        nvml.xid(0, 13)  # wakes the waiter; its next wait fails
-        # A new event set, and events flow again.
-        await anyio.to_thread.run_sync(nvml.wait_for_waiters, 1, 5.0)
-        creates = nvml.calls["nvmlEventSetCreate"]
         nvml.xid(2, 79)
         event = await next_event(events)
 
-    assert creates == 2
+    assert nvml.calls["nvmlEventSetCreate"] == 2
     assert event == HealthEvent(nvml.gpus[2].uuid, Health.UNHEALTHY, XID_79)
 
 
@@ -229,19 +226,29 @@ async def test_a_mig_device_stays_unhealthy_while_its_own_fault_lasts_after_its_
     clock = Clock()
     plugin = plugin_for(nvml, tmp_path, clock, mig_strategy="single", recovery_period=60)
     devices = await plugin.discover()
-    sick = nvml.gpus[0].migs[1]
+    well, sick = devices
+    target = nvml.gpus[0].migs[1]
     async with watching(plugin, nvml) as events:
-        nvml.xid(0, 94, gi=sick.gi, ci=sick.ci)
-        await next_event(events)
+        nvml.xid(0, 79)  # the GPU first
+        assert [await next_event(events) for _ in range(2)] == [
+            HealthEvent(d.id, Health.UNHEALTHY, XID_79) for d in devices
+        ]
         clock.now += 30
-        nvml.xid(0, 79)
-        await until(events, lambda e: isinstance(e, HealthEvent) and e.device_id != sick.uuid)
+        nvml.xid(0, 94, gi=target.gi, ci=target.ci)  # then one of its MIG instances
+        assert await next_event(events) == HealthEvent(
+            sick.id, Health.UNHEALTHY, "Xid 94 (contained ECC error)"
+        )
 
-    clock.now += 59  # 89 s after the MIG fault, 59 s after the GPU's: both still faulted
-    assert set((await plugin.check_health(devices)).values()) == {Health.UNHEALTHY}
-    clock.now += 1
-    health = await plugin.check_health(devices)
-    assert health == {devices[0].id: Health.HEALTHY, devices[1].id: Health.HEALTHY}
+    clock.now += 30  # the GPU's fault is 60 s old, the MIG instance's 30 s
+    assert await plugin.check_health(devices) == {
+        well.id: Health.HEALTHY,
+        sick.id: Health.UNHEALTHY,
+    }
+    clock.now += 30
+    assert await plugin.check_health(devices) == {
+        well.id: Health.HEALTHY,
+        sick.id: Health.HEALTHY,
+    }
 
 
 async def test_an_xid_in_another_resources_mig_instance_is_not_ours(tmp_path: Path) -> None:
