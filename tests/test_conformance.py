@@ -328,27 +328,22 @@ def _nvml_backend(root: Path) -> list[DevicePlugin]:
 
     fake = fake_nvml.a100_mig([("3g.40gb", "1g.10gb", "1g.10gb"), None])
     roots = fake.write_host(root / "host")
-    return nvml.from_config(
-        {"migStrategy": "mixed"},
-        nvml=fake,
-        sysfs_root=roots.sysfs_root,
-        dev_root=roots.dev_root,
-        proc_root=roots.proc_root,
-    )
+    with fake.installed():
+        return nvml.from_config({"migStrategy": "mixed", **roots.config()})
 
 
 def _nvidia_example(root: Path) -> list[DevicePlugin]:
+    import yaml
+
     from devplugin_sdk.testing import fake_nvml
 
     fake = fake_nvml.dgx_a100()
     roots = fake.write_host(root / "host")
-    plugins: list[DevicePlugin] = _load_example("nvidia").load_plugins(
-        EXAMPLES / "nvidia" / "config.yaml",
-        nvml=fake,
-        sysfs_root=roots.sysfs_root,
-        dev_root=roots.dev_root,
-        proc_root=roots.proc_root,
-    )
+    config = yaml.safe_load((EXAMPLES / "nvidia" / "config.yaml").read_text())
+    with fake.installed():
+        plugins: list[DevicePlugin] = _load_example("nvidia").SiteGpuPlugin.from_config(
+            {**config, **roots.config()}
+        )
     return plugins
 
 

@@ -223,12 +223,14 @@ def load_with_entry_point(overlay: str, config_file: Path) -> list[Any]:
         assert spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        # What the image does: `devplugin run plugin:CLASS --config FILE`, i.e.
+        # CLASS.from_config(the file less the SDK's keys).
         target = image_target(overlay)
-        if target is not None and target.startswith("plugin:"):
-            # `devplugin run plugin:CLASS --config FILE`: CLASS.from_config(the backend's keys).
-            options = parse_run_config(load_yaml(config_file)).backend_options
-            return list(getattr(module, target.removeprefix("plugin:")).from_config(options))
-        return list(module.load_plugins(config_file))
+        assert target is not None, f"examples/{overlay}: the image must run devplugin run"
+        module_name, _, attr = target.partition(":")
+        assert module_name == "plugin", target
+        options = parse_run_config(load_yaml(config_file)).backend_options
+        return list(getattr(module, attr).from_config(options))
     backend = importlib.import_module(backends.BUILTIN[overlay])
     return list(backend.from_config(yaml.safe_load(config_file.read_text(encoding="utf-8"))))
 

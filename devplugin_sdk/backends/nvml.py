@@ -2,10 +2,10 @@
 
 ``NvmlPlugin`` serves one resource (``nvidia.com/gpu``, ``nvidia.com/mig-1g.10gb``, ...);
 ``from_config`` builds the plugins a node needs from a YAML mapping. NVML comes from nvidia-ml-py
-(``pynvml``), imported lazily, or from any object with the same functions (the fake in
-``devplugin_sdk.testing.fake_nvml``). Facts were learned from nvml.h and nvidia-ml-py's
-``pynvml.py``; NVIDIA/k8s-device-plugin ``internal/rm/{nvml_devices.go,health.go}`` and
-``internal/plugin/server.go`` (device-list strategies, ignored Xids, MIG capability paths);
+(``pynvml``), imported when a plugin is built, never when the SDK is imported; tests install the
+fake of ``devplugin_sdk.testing.fake_nvml`` in its place. Facts were learned from nvml.h and
+nvidia-ml-py's ``pynvml.py``; NVIDIA/k8s-device-plugin ``internal/rm/{nvml_devices.go,health.go}``
+and ``internal/plugin/server.go`` (device-list strategies, ignored Xids, MIG capability paths);
 NVIDIA/go-nvlib ``pkg/nvlib/device/mig_profile.go`` (MIG profile names); NVIDIA/go-gpuallocator
 ``besteffort_policy.go`` (pair scores); the kernel's ``Documentation/ABI/testing/sysfs-bus-pci``.
 """
@@ -23,15 +23,15 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import anyio.to_thread
+from typing_extensions import Self
 
-from devplugin_sdk import _names
 from devplugin_sdk.allocation import TopologyScorer
 from devplugin_sdk.backends import _sysfs
-from devplugin_sdk.config import ConfigReader
+from devplugin_sdk.config import ConfigReader, shown
 from devplugin_sdk.errors import AllocationError, BackendError, ConfigError, MissingDependencyError
 from devplugin_sdk.plugin import DevicePlugin, PluginEvent
 from devplugin_sdk.types import (
@@ -41,7 +41,6 @@ from devplugin_sdk.types import (
     Health,
     HealthEvent,
     Mount,
-    RescanEvent,
     replicate,
 )
 
@@ -51,7 +50,6 @@ __all__ = [
     "MigInfo",
     "NvidiaConfig",
     "NvmlPlugin",
-    "build_plugins",
     "from_config",
     "load_nvml",
     "mig_profile_name",
@@ -140,8 +138,8 @@ class NvidiaConfig:
             than one device (a shared GPU cannot give more).
         health_disabled: No Xid events and no probe; devices stay Healthy.
         ignored_xids: Xids that do not make a GPU unhealthy.
-        probe_interval: Seconds between NVML probes of every GPU (finds lost GPUs without
-            an event, and drives recovery).
+        probe_interval: Seconds between NVML probes of every GPU, the plugin's
+            ``health_interval`` (finds lost GPUs without an event, and drives recovery).
         recovery_period: Seconds a faulted GPU must probe clean before it is Healthy again;
             ``None`` never recovers (NVIDIA's own plugin's behaviour).
         sysfs_root: Where sysfs is mounted (NUMA nodes).
@@ -187,7 +185,9 @@ class NvidiaConfig:
             object.__setattr__(self, name, Path(getattr(self, name)))
 
     @classmethod
-    def from_mapping(cls, config: Mapping[str, Any]) -> NvidiaConfig:
+    def from_mapping(
+        cls, config: Mapping[str, Any], *, extra_keys: Sequence[str] = ()
+    ) -> NvidiaConfig:
         """Read the YAML form (NVIDIA-like camelCase keys)::
 
             migStrategy: none            # none | single | mixed
@@ -206,47 +206,25 @@ class NvidiaConfig:
             devRoot: /dev
             procRoot: /proc
 
+        Args:
+            config: The mapping.
+            extra_keys: Top-level keys the caller reads itself (a subclass's own options):
+                accepted here, and named in the unknown-key message.
+
         Raises:
             ConfigError: naming the dotted key and what is wrong with it.
         """
-        r = _Reader(config, "")
-        r.known(
-            "version",
-            "resourceName",
-            "migStrategy",
-            "deviceListStrategy",
-            "cdiKind",
-            "passDeviceSpecs",
-            "sharing",
-            "health",
-            "sysfsRoot",
-            "devRoot",
-            "procRoot",
-        )
-        if "version" in r.data and r.data["version"] != "v1":
-            raise ConfigError("version", f"only v1 is supported, got {r.data['version']!r}")
-        kw: dict[str, Any] = {}
-        kw["resource_name"] = r.string("resourceName", cls.resource_name)
-        try:
-            _names.validate_resource_name(kw["resource_name"])
-        except ValueError as exc:
-            raise ConfigError("resourceName", str(exc)) from None
-        kw["mig_strategy"] = r.choice("migStrategy", MIG_STRATEGIES, cls.mig_strategy)
-        kw["device_list_strategy"] = r.choices(
-            "deviceListStrategy", DEVICE_LIST_STRATEGIES, ("envvar",)
-        )
-        if {"envvar", "volume-mounts"} <= set(kw["device_list_strategy"]):
-            raise ConfigError("deviceListStrategy", _STRATEGY_CONFLICT)
-        kw["cdi_kind"] = r.string("cdiKind", cls.cdi_kind)
-        if not _CDI_KIND.match(kw["cdi_kind"]):
-            raise ConfigError("cdiKind", f"must look like vendor.com/class, got {kw['cdi_kind']!r}")
-        kw["pass_device_specs"] = r.boolean("passDeviceSpecs", cls.pass_device_specs)
-        for key, name in (
-            ("sysfsRoot", "sysfs_root"),
-            ("devRoot", "dev_root"),
-            ("procRoot", "proc_root"),
-        ):
-            kw[name] = Path(r.string(key, str(getattr(cls, name))))
+        r = ConfigReader(config)
+        r.known(*_TOP_KEYS, *extra_keys)
+        r.choice("version", ("v1",), "v1")
+        strategies = r.choices("deviceListStrategy", DEVICE_LIST_STRATEGIES, ("envvar",))
+        if {"envvar", "volume-mounts"} <= set(strategies):
+            raise ConfigError(r.key("deviceListStrategy"), _STRATEGY_CONFLICT)
+        cdi_kind = r.string("cdiKind", cls.cdi_kind)
+        if not _CDI_KIND.match(cdi_kind):
+            raise ConfigError(
+                r.key("cdiKind"), f"must look like vendor.com/class, got {shown(cdi_kind)}"
+            )
 
         sharing = r.section("sharing")
         sharing.known("timeSlicing", hint={"mps": "MPS sharing is not supported"})
@@ -257,53 +235,43 @@ class NvidiaConfig:
             "failRequestsGreaterThanOne",
             hint={"resources": "use sharing.timeSlicing.replicas (one count for every resource)"},
         )
-        kw["replicas"] = slicing.integer("replicas", 1, minimum=1)
-        kw["rename_by_default"] = slicing.boolean("renameByDefault", cls.rename_by_default)
-        kw["fail_requests_greater_than_one"] = slicing.boolean(
-            "failRequestsGreaterThanOne", cls.fail_requests_greater_than_one
-        )
 
         health = r.section("health")
         health.known("disabled", "ignoredXids", "probeInterval", "recoveryPeriod")
-        kw["health_disabled"] = health.boolean("disabled", cls.health_disabled)
-        kw["ignored_xids"] = health.int_list("ignoredXids", DEFAULT_IGNORED_XIDS, minimum=1)
-        kw["probe_interval"] = health.number("probeInterval", cls.probe_interval, positive=True)
-        kw["recovery_period"] = health.number("recoveryPeriod", cls.recovery_period, nullable=True)
-        return cls(**kw)
+        return cls(
+            resource_name=r.resource_name("resourceName", cls.resource_name),
+            mig_strategy=r.choice("migStrategy", MIG_STRATEGIES, cls.mig_strategy),
+            device_list_strategy=strategies,
+            cdi_kind=cdi_kind,
+            pass_device_specs=r.boolean("passDeviceSpecs", cls.pass_device_specs),
+            replicas=slicing.integer("replicas", cls.replicas, minimum=1),
+            rename_by_default=slicing.boolean("renameByDefault", cls.rename_by_default),
+            fail_requests_greater_than_one=slicing.boolean(
+                "failRequestsGreaterThanOne", cls.fail_requests_greater_than_one
+            ),
+            health_disabled=health.boolean("disabled", cls.health_disabled),
+            ignored_xids=health.integers("ignoredXids", DEFAULT_IGNORED_XIDS, minimum=1),
+            probe_interval=health.interval("probeInterval", cls.probe_interval),
+            recovery_period=health.number("recoveryPeriod", cls.recovery_period, nullable=True),
+            sysfs_root=r.path("sysfsRoot", cls.sysfs_root),
+            dev_root=r.path("devRoot", cls.dev_root),
+            proc_root=r.path("procRoot", cls.proc_root),
+        )
 
 
-class _Reader(ConfigReader):
-    """``ConfigReader`` plus the list readers the NVIDIA schema needs."""
-
-    def section(self, name: str) -> _Reader:
-        return _Reader(self.data.get(name), self.key(name))
-
-    def choices(
-        self, name: str, allowed: Sequence[str], default: tuple[str, ...]
-    ) -> tuple[str, ...]:
-        value = self.data.get(name, list(default))
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, list) or not items:
-            raise ConfigError(self.key(name), "must be a strategy or a non-empty list of them")
-        for i, item in enumerate(items):
-            if item not in allowed:
-                raise ConfigError(
-                    f"{self.key(name)}[{i}]", f"must be one of {', '.join(allowed)}, got {item!r}"
-                )
-        return tuple(dict.fromkeys(items))
-
-    def int_list(self, name: str, default: frozenset[int], *, minimum: int) -> frozenset[int]:
-        value = self.data.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, list):
-            raise ConfigError(self.key(name), f"must be a list of integers, got {value!r}")
-        for i, item in enumerate(value):
-            if isinstance(item, bool) or not isinstance(item, int) or item < minimum:
-                raise ConfigError(
-                    f"{self.key(name)}[{i}]", f"must be an integer >= {minimum}, got {item!r}"
-                )
-        return frozenset(value)
+_TOP_KEYS = (
+    "version",
+    "resourceName",
+    "migStrategy",
+    "deviceListStrategy",
+    "cdiKind",
+    "passDeviceSpecs",
+    "sharing",
+    "health",
+    "sysfsRoot",
+    "devRoot",
+    "procRoot",
+)
 
 
 # ----------------------------------------------------------------------------- NVML access
@@ -543,7 +511,9 @@ class _Scanner:
 
 
 class _HealthTracker:
-    """Faults by unit (GPU or MIG UUID), and recovery after a clean period. Event-loop only."""
+    """The backend's own fault signals by unit (GPU or MIG UUID), and recovery after a clean
+    period. Not the engine's device health: it decides what to report, the engine keeps it.
+    Event-loop only."""
 
     def __init__(self, recovery_period: float | None, clock: Callable[[], float]) -> None:
         self.recovery_period = recovery_period
@@ -566,8 +536,9 @@ class _HealthTracker:
         del self.faults[unit]
         return True
 
-    def health(self, unit: str) -> Health:
-        return Health.UNHEALTHY if unit in self.faults else Health.HEALTHY
+    def health(self, units: Sequence[str]) -> Health:
+        """Unhealthy while any of ``units`` (a device's MIG instance and its GPU) is faulted."""
+        return Health.UNHEALTHY if any(u in self.faults for u in units) else Health.HEALTHY
 
 
 class _EventWaiter:
@@ -580,6 +551,7 @@ class _EventWaiter:
         self._lock = threading.Lock()
         self._busy = False
         self._closed = False
+        self._freed = threading.Event()
 
     def wait(self, timeout_ms: int) -> Any:
         """One blocking wait; returns the event or None on timeout (worker thread)."""
@@ -609,11 +581,17 @@ class _EventWaiter:
             if not self._busy:
                 self._free()
 
+    def wait_freed(self, timeout: float) -> bool:
+        """Block until the set is freed (after ``close``); False if ``timeout`` passed first."""
+        return self._freed.wait(timeout)
+
     def _free(self) -> None:
         try:
             self.nvml.nvmlEventSetFree(self.event_set)
         except self.nvml.NVMLError as exc:
             log.warning("freeing the NVML event set failed: %s", exc)
+        finally:
+            self._freed.set()
 
 
 @dataclass
@@ -629,15 +607,18 @@ class NvmlPlugin(DevicePlugin):
     """NVIDIA GPUs (or MIG devices of one profile) as one extended resource.
 
     Devices are GPU or MIG UUIDs (``<uuid>::<n>`` with time-slicing); each carries its device
-    nodes and NUMA node. Health is pushed from NVML Xid/ECC events as they happen and polled by
-    a probe of every GPU; a faulted GPU (and every replica and MIG device on it) comes back once
-    it has probed clean for ``recovery_period``. Preferred allocation picks the best-connected
-    GPUs (NVLink, PCIe, NUMA) and spreads replicas across physical GPUs.
+    nodes and NUMA node. Health has one source per signal: Xid and double-bit ECC events are
+    pushed from ``watch()`` as NVML delivers them; a probe of every GPU and MIG device (a lost
+    GPU sends no event) is polled through ``check_health`` every ``probe_interval``. A faulted
+    GPU (and every replica and MIG device on it) is reported Healthy again once it has probed
+    clean for ``recovery_period``. Preferred allocation picks the best-connected GPUs (NVLink,
+    PCIe, NUMA) and spreads replicas across physical GPUs. ``on_stop`` frees the event set and
+    balances this plugin's ``nvmlInit`` with ``nvmlShutdown`` (NVML counts them per process).
 
     Args:
         config: Backend settings.
-        nvml: The NVML module (default: ``pynvml``, imported on first use) or a stand-in with the
-            same functions, such as ``devplugin_sdk.testing.fake_nvml.FakeNVML``.
+        nvml: The NVML module, or a stand-in with the same functions such as
+            ``devplugin_sdk.testing.fake_nvml.FakeNVML``; default: ``import pynvml`` now.
         mig_profile: Serve the MIG devices of this profile (``mixed`` strategy) instead of
             ``config.resource_name``'s devices.
         resource_name: Override the resource name derived from the config.
@@ -645,6 +626,7 @@ class NvmlPlugin(DevicePlugin):
         clock: Monotonic clock for recovery periods (tests pass their own).
 
     Raises:
+        MissingDependencyError: no ``nvml`` given and nvidia-ml-py is not installed.
         ValueError: bad names, or ``mig_profile`` without the mixed strategy.
     """
 
@@ -671,30 +653,68 @@ class NvmlPlugin(DevicePlugin):
             shared = self.config.replicas > 1 and self.config.rename_by_default
             resource_name = f"{base}.shared" if shared else base
         super().__init__(resource_name=resource_name, socket_name=socket_name)
-        self._nvml = nvml
+        # The engine polls check_health (the probe) on this period.
+        self.health_interval = self.config.probe_interval
+        # Resolved now: `import pynvml` at plugin construction, never at SDK import.
+        self._nvml = nvml if nvml is not None else load_nvml()
         self._init_lock = threading.Lock()
         self._initialized = False
+        self._waiter: _EventWaiter | None = None
         self._known: dict[int, GpuInfo] = {}
         self._devices: list[Device] = []
-        self._discovered_unhealthy: set[str] = set()
         self._topology: _Topology | None = None
         self._health = _HealthTracker(self.config.recovery_period, clock)
+
+    # ------------------------------------------------------------------ building
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> list[Self]:
+        """The plugins a node needs, from the YAML mapping (see ``NvidiaConfig.from_mapping``).
+
+        Raises:
+            ConfigError: invalid configuration (names the dotted key).
+            BackendError: NVML unusable while listing MIG profiles (``mixed``).
+            MissingDependencyError: nvidia-ml-py is not installed.
+        """
+        return cls.build(NvidiaConfig.from_mapping(config))
+
+    @classmethod
+    def build(cls, config: NvidiaConfig, **kwargs: Any) -> list[Self]:
+        """One plugin per resource: ``config.resource_name`` always, and with the mixed strategy
+        one ``nvidia.com/mig-<profile>`` per MIG profile present (NVML is read once, here).
+
+        Args:
+            config: Backend settings.
+            **kwargs: Passed to every plugin's constructor (a subclass's own options, ``nvml``,
+                ``clock``).
+
+        Raises:
+            ConfigError: ``config.resource_name`` gives a resource or socket name the kubelet
+                would refuse (``<name>.shared`` too long, say); a ``ValueError``.
+            BackendError: NVML unusable while listing MIG profiles.
+            MissingDependencyError: nvidia-ml-py is not installed.
+        """
+        try:
+            first = cls(config, **kwargs)
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            # The names are all derived from resourceName (MIG profile names are NVML's).
+            raise ConfigError("resourceName", str(exc)) from None
+        plugins = [first]
+        if config.mig_strategy == "mixed":
+            plugins += [cls(config, mig_profile=p, **kwargs) for p in first.mig_profiles()]
+        return plugins
 
     # ------------------------------------------------------------------ NVML
 
     @property
     def nvml(self) -> Any:
-        """The NVML module in use (imports ``pynvml`` on first use).
-
-        Raises:
-            MissingDependencyError: nvidia-ml-py is not installed.
-        """
-        if self._nvml is None:
-            self._nvml = load_nvml()
+        """The NVML module in use."""
         return self._nvml
 
     def _ensure_init(self) -> Any:
-        nvml = self.nvml
+        nvml = self._nvml
         with self._init_lock:
             if not self._initialized:
                 try:
@@ -709,16 +729,61 @@ class NvmlPlugin(DevicePlugin):
 
         Raises:
             BackendError: NVML cannot be initialised or cannot list the GPUs.
-            MissingDependencyError: nvidia-ml-py is not installed.
         """
         gpus = _Scanner(self._ensure_init(), self.config).gpus(self._known)
         self._known = {g.index: g for g in gpus}
         return gpus
 
+    def mig_profiles(self) -> list[str]:
+        """The MIG profiles present on the node now (blocking).
+
+        NVML is initialised and shut down again for this one read, so that a plugin that is
+        built but never served (a reload that keeps the running one) holds no NVML reference.
+
+        Raises:
+            BackendError: NVML cannot be initialised or cannot list the GPUs.
+        """
+        nvml = self._nvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            raise _init_error(nvml, exc) from exc
+        try:
+            gpus = _Scanner(nvml, self.config).gpus({})
+        finally:
+            try:
+                nvml.nvmlShutdown()
+            except nvml.NVMLError as exc:
+                log.warning("nvmlShutdown failed: %s", exc)
+        return sorted({m.profile for g in gpus for m in g.migs})
+
+    async def on_stop(self) -> None:
+        """Free the event set and balance this plugin's ``nvmlInit`` with ``nvmlShutdown``."""
+        await anyio.to_thread.run_sync(self._shutdown)
+
+    def _shutdown(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        # A wait abandoned at cancellation may still be inside NVML: let it return (it frees
+        # the set) before NVML is shut down under it.
+        if waiter is not None:
+            waiter.close()
+            if not waiter.wait_freed(_EVENT_WAIT_MS / 1000 + 1.0):
+                log.warning("%s: an NVML event wait did not return", self.resource_name)
+        with self._init_lock:
+            if not self._initialized:
+                return
+            self._initialized = False
+            try:
+                self._nvml.nvmlShutdown()
+            except self._nvml.NVMLError as exc:
+                log.warning("%s: nvmlShutdown failed: %s", self.resource_name, exc)
+
     # ------------------------------------------------------------------ discovery
 
     async def discover(self) -> Sequence[Device]:
         """Every GPU or MIG device this resource serves, with its nodes and NUMA node.
+
+        A GPU that was discovered before and cannot be read now stays listed, Unhealthy.
 
         Raises:
             BackendError: NVML is unusable, or ``single`` meets a mixed MIG layout.
@@ -730,14 +795,6 @@ class NvmlPlugin(DevicePlugin):
         devices = replicate(self._select(gpus), self.config.replicas)
         self._devices = devices
         self._topology = None
-        # Units whose fault made discovery itself report devices unhealthy: a rescan is due
-        # once they recover (discovered health can only be cleared by discovering again).
-        self._discovered_unhealthy = {
-            unit
-            for d in devices
-            for unit in (d.attributes["uuid"], d.attributes["gpu_uuid"])
-            if unit in self._health.faults
-        }
         return devices
 
     def _select(self, gpus: Sequence[GpuInfo]) -> list[Device]:
@@ -773,7 +830,7 @@ class NvmlPlugin(DevicePlugin):
     def _gpu_device(self, gpu: GpuInfo, control: tuple[DeviceNode, ...]) -> Device:
         return Device(
             id=gpu.uuid,
-            health=self._health.health(gpu.uuid),
+            health=self._health.health((gpu.uuid,)),
             numa_nodes=() if gpu.numa_node is None else (gpu.numa_node,),
             device_nodes=(DeviceNode(f"/dev/nvidia{gpu.minor}"), *control),
             attributes={
@@ -788,15 +845,10 @@ class NvmlPlugin(DevicePlugin):
         )
 
     def _mig_device(self, mig: MigInfo, gpu: GpuInfo, control: tuple[DeviceNode, ...]) -> Device:
-        worst = (
-            Health.UNHEALTHY
-            if Health.UNHEALTHY in (self._health.health(mig.uuid), self._health.health(gpu.uuid))
-            else Health.HEALTHY
-        )
         nodes = (DeviceNode(f"/dev/nvidia{gpu.minor}"), *(DeviceNode(c) for c in mig.cap_nodes))
         return Device(
             id=mig.uuid,
-            health=worst,
+            health=self._health.health((mig.uuid, gpu.uuid)),
             numa_nodes=() if gpu.numa_node is None else (gpu.numa_node,),
             device_nodes=(*nodes, *control),
             parent=gpu.uuid,
@@ -941,83 +993,87 @@ class NvmlPlugin(DevicePlugin):
     # ------------------------------------------------------------------ health
 
     async def check_health(self, devices: Sequence[Device]) -> Mapping[str, Health]:
-        """Probe every GPU once through NVML; health of every GPU, MIG device and replica."""
+        """Probe the GPUs and MIG devices behind ``devices`` through NVML (the polled signal).
+
+        A unit that fails the probe is faulted (its clean period starts again); one that has
+        probed clean for ``recovery_period`` since its last fault, Xid or probe, recovers.
+
+        Returns:
+            Health of each of ``devices`` that this plugin discovered, by device ID: Unhealthy
+            while its GPU or its MIG instance is faulted.
+        """
         if self.config.health_disabled:
             return {}
-        health: dict[str, Health] = {}
-        for unit, value, _reason, _changed in await self._probe(devices):
-            for key in self._keys(unit, devices):
-                health[key] = value
-        return health
+        ours = {d.id: d for d in self._devices}
+        wanted = [ours[d.id] for d in devices if d.id in ours]
+        gpus = sorted({d.attributes["gpu_uuid"] for d in wanted})
+        migs = sorted({d.attributes["uuid"] for d in wanted} - set(gpus))
+        problems = await anyio.to_thread.run_sync(self._probe_blocking, gpus, migs)
+        for unit in (*gpus, *migs):
+            problem = problems.get(unit)
+            if problem is not None:
+                if self._health.fault(unit, problem):
+                    log.warning("%s: %s is unhealthy: %s", self.resource_name, unit, problem)
+            elif self._health.clean(unit):
+                log.info("%s: %s probed clean for the recovery period", self.resource_name, unit)
+        return {d.id: self._health.health(_units(d)) for d in wanted}
 
     async def watch(self) -> AsyncIterator[PluginEvent]:
-        """Push Xid/ECC faults the moment NVML reports them, and probe results in between."""
+        """Push Xid and double-bit ECC faults the moment NVML reports them (the pushed signal).
+
+        One event set covers every GPU of this resource; it is opened again when a rescan
+        changes the GPUs, and a ``probe_interval`` after a GPU failed to register or a wait
+        failed (the polled probe covers lost GPUs meanwhile).
+        """
         if self.config.health_disabled:
             return
-        now = anyio.current_time
-        events: _EventWaiter | None = None
-        watched: frozenset[str] | None = None  # GPUs the event set was opened for
-        unregistered: set[str] = set()  # GPUs that failed to register for events
-        next_probe = now() + self.config.probe_interval
-        reopen_at = now()
-        try:
-            while True:
-                gpus = frozenset(d.attributes["gpu_uuid"] for d in self._devices)
-                # First time, after a rescan changed the GPUs, or a period after a failed wait.
-                if gpus != watched and now() >= reopen_at:
-                    if events is not None:
-                        events.close()
-                    events, faults = await anyio.to_thread.run_sync(self._open_events, gpus)
-                    watched = gpus
-                    unregistered = {unit for unit, _ in faults}
-                    for unit, reason in faults:
-                        for health_event in self._fault_events(unit, reason):
-                            yield health_event
-                left = max(0.0, next_probe - now())
-                if events is None:
-                    await anyio.sleep(left)
-                else:
+        retry = self.config.probe_interval
+        while True:
+            gpus = self._gpus()
+            waiter, complete = await anyio.to_thread.run_sync(self._open_events, gpus)
+            if waiter is None:
+                await anyio.sleep(retry)
+                continue
+            self._waiter = waiter
+            reopen_at = math.inf if complete else anyio.current_time() + retry
+            failed = False
+            try:
+                while self._gpus() == gpus and anyio.current_time() < reopen_at:
                     try:
                         event = await anyio.to_thread.run_sync(
-                            events.wait,
-                            max(1, min(_EVENT_WAIT_MS, int(left * 1000))),
-                            abandon_on_cancel=True,
+                            waiter.wait, _EVENT_WAIT_MS, abandon_on_cancel=True
                         )
-                    except self.nvml.NVMLError as exc:
-                        # Not a timeout. Probe to learn which GPUs are really affected; probes
-                        # alone carry health until the event set is reopened.
-                        log.warning("waiting for NVML events failed: %s; probing every GPU", exc)
-                        events.close()
-                        events, watched, event = None, None, None
-                        next_probe, reopen_at = now(), now() + self.config.probe_interval
-                    if event is not None and events is not None:
-                        faults_now = self._on_event(event, events)
-                        if faults_now is None:
-                            next_probe = now()  # a GPU NVML cannot name: probe them all now
-                        for health_event in faults_now or ():
+                    except self.nvml.NVMLError as exc:  # not a timeout
+                        log.warning(
+                            "%s: waiting for NVML events failed: %s; waiting again in %gs",
+                            self.resource_name,
+                            exc,
+                            retry,
+                        )
+                        failed = True
+                        break
+                    if event is not None:
+                        for health_event in self._on_event(event, waiter):
                             yield health_event
-                if now() >= next_probe:
-                    next_probe = now() + self.config.probe_interval
-                    async for probe_event in self._probe_events():
-                        yield probe_event
-                    if unregistered - set(self._health.faults):
-                        watched = None  # a GPU that could not register has recovered
-        finally:
-            if events is not None:
-                events.close()
+            finally:
+                waiter.close()
+            if failed:
+                await anyio.sleep(retry)
 
-    def _open_events(
-        self, gpus: frozenset[str]
-    ) -> tuple[_EventWaiter | None, list[tuple[str, str]]]:
+    def _gpus(self) -> frozenset[str]:
+        return frozenset(d.attributes["gpu_uuid"] for d in self._devices)
+
+    def _open_events(self, gpus: frozenset[str]) -> tuple[_EventWaiter | None, bool]:
+        """An event set for ``gpus`` (None if NVML has none), and whether every GPU is in it."""
         nvml = self._ensure_init()
-        faults: list[tuple[str, str]] = []
         try:
             event_set = nvml.nvmlEventSetCreate()
         except nvml.NVMLError as exc:
-            log.warning("NVML events unavailable (%s); health comes from probes only", exc)
-            return None, faults
+            log.warning("%s: NVML events unavailable: %s", self.resource_name, exc)
+            return None, False
         wanted = nvml.nvmlEventTypeXidCriticalError | nvml.nvmlEventTypeDoubleBitEccError
         keys: dict[object, str] = {}
+        complete = True
         for uuid in sorted(gpus):
             try:
                 handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
@@ -1029,11 +1085,13 @@ class NvmlPlugin(DevicePlugin):
             except nvml.NVMLError_NotSupported:
                 log.warning("GPU %s does not support NVML events; probed only", uuid)
             except nvml.NVMLError as exc:
-                faults.append((uuid, f"NVML: {exc}"))
-        return _EventWaiter(nvml, event_set, keys), faults
+                # A lost GPU cannot register; the probe reports it, and it registers once back.
+                log.warning("GPU %s cannot register for NVML events: %s", uuid, exc)
+                complete = False
+        return _EventWaiter(nvml, event_set, keys), complete
 
-    def _on_event(self, event: Any, events: _EventWaiter) -> list[HealthEvent] | None:
-        """Health events for one NVML event; None when the GPU cannot be identified."""
+    def _on_event(self, event: Any, waiter: _EventWaiter) -> list[HealthEvent]:
+        """Health events for one NVML event."""
         nvml = self.nvml
         if event.eventType == nvml.nvmlEventTypeXidCriticalError:
             xid = int(event.eventData)
@@ -1046,16 +1104,23 @@ class NvmlPlugin(DevicePlugin):
             reason = "double-bit ECC error"
         else:
             return []
-        gpu = events.uuid_by_handle.get(_handle_key(event.device))
+        gpu = waiter.uuid_by_handle.get(_handle_key(event.device))
         if gpu is None:
             try:
                 gpu = _text(nvml.nvmlDeviceGetUUID(event.device))
             except nvml.NVMLError:
-                # A GPU that fell off the bus may not even say who it is.
-                log.warning("%s on a GPU NVML cannot identify; probing every GPU", reason)
-                return None
+                # A GPU that fell off the bus may not even say who it is; the next probe
+                # finds it lost.
+                log.warning("%s on a GPU NVML cannot identify; left to the probe", reason)
+                return []
         unit = self._event_unit(gpu, int(event.gpuInstanceId), int(event.computeInstanceId))
-        return [] if unit is None else self._fault_events(unit, reason)
+        if unit is None:
+            return []
+        if self._health.fault(unit, reason):
+            log.warning("%s: %s is unhealthy: %s", self.resource_name, unit, reason)
+        return [
+            HealthEvent(d.id, Health.UNHEALTHY, reason) for d in self._devices if unit in _units(d)
+        ]
 
     def _event_unit(self, gpu: str, gi: int, ci: int) -> str | None:
         """The unit an event on ``gpu`` hits: one of our MIG devices, the GPU, or none."""
@@ -1073,45 +1138,6 @@ class NvmlPlugin(DevicePlugin):
         if all("gi" in d.attributes for d in ours):
             return None  # a MIG instance of this GPU that another resource serves
         return gpu
-
-    def _fault_events(self, unit: str, reason: str) -> list[HealthEvent]:
-        if self._health.fault(unit, reason):
-            log.warning("%s: %s is unhealthy: %s", self.resource_name, unit, reason)
-        return [
-            HealthEvent(key, Health.UNHEALTHY, reason) for key in self._keys(unit, self._devices)
-        ]
-
-    async def _probe_events(self) -> AsyncIterator[PluginEvent]:
-        devices = self._devices
-        for unit, value, reason, changed in await self._probe(devices):
-            if changed:
-                for key in self._keys(unit, devices):
-                    yield HealthEvent(key, value, reason)
-        if self._discovered_unhealthy - set(self._health.faults):
-            # Discovery itself marked these unhealthy; only a new discovery clears that.
-            yield RescanEvent("a GPU marked unhealthy at discovery has recovered")
-
-    async def _probe(self, devices: Sequence[Device]) -> list[tuple[str, Health, str, bool]]:
-        """Probe every unit; (unit, health, reason, changed) for each."""
-        gpus = sorted({d.attributes["gpu_uuid"] for d in devices})
-        migs = sorted({d.attributes["uuid"] for d in devices} - set(gpus))
-        results = await anyio.to_thread.run_sync(self._probe_blocking, gpus, migs)
-        out: list[tuple[str, Health, str, bool]] = []
-        for unit in (*gpus, *migs):
-            problem = results.get(unit)
-            if problem is not None:
-                changed = self._health.fault(unit, problem)
-                if changed:
-                    log.warning("%s: %s is unhealthy: %s", self.resource_name, unit, problem)
-                out.append((unit, Health.UNHEALTHY, problem, changed))
-            elif self._health.clean(unit):
-                log.info("%s: %s is healthy again after a clean period", self.resource_name, unit)
-                out.append((unit, Health.HEALTHY, "probed clean for the recovery period", True))
-            elif unit in self._health.faults:
-                out.append((unit, Health.UNHEALTHY, self._health.faults[unit][1], False))
-            else:
-                out.append((unit, Health.HEALTHY, "", False))
-        return out
 
     def _probe_blocking(self, gpus: Sequence[str], migs: Sequence[str]) -> dict[str, str | None]:
         nvml = self._ensure_init()
@@ -1134,70 +1160,24 @@ class NvmlPlugin(DevicePlugin):
                 out[uuid] = f"NVML: {exc}"
         return out
 
-    def _keys(self, unit: str, devices: Sequence[Device]) -> list[str]:
-        """IDs to report a unit's health under: the unit itself (its device, or the parent of
-        its replicas and MIG devices) plus replicas of a MIG device, whose parent is the GPU."""
-        keys = [unit]
-        for d in devices:
-            if d.attributes.get("uuid") == unit and unit not in (d.id, d.parent):
-                keys.append(d.id)
-        return keys
 
-
-NvmlPluginT = TypeVar("NvmlPluginT", bound=NvmlPlugin)
+def _units(device: Device) -> tuple[str, ...]:
+    """The units whose faults a device suffers: its MIG instance (if any) and its GPU."""
+    return tuple(dict.fromkeys((device.attributes["uuid"], device.attributes["gpu_uuid"])))
 
 
 # ----------------------------------------------------------------------------- from_config
 
 
-def build_plugins(
-    config: NvidiaConfig,
-    *,
-    # mypy cannot check a TypeVar-typed default; NvmlPlugin is the bound, so it is sound.
-    plugin_class: type[NvmlPluginT] = NvmlPlugin,  # type: ignore[assignment]
-    **kwargs: Any,
-) -> list[NvmlPluginT]:
-    """One plugin per resource: ``config.resource_name`` always, and with the mixed strategy one
-    ``nvidia.com/mig-<profile>`` per MIG profile present (NVML is read once, here, to list them).
-
-    Args:
-        config: Backend settings.
-        plugin_class: ``NvmlPlugin`` or a subclass (examples add their own container setup).
-        **kwargs: Passed to every plugin's constructor (``nvml``, ``clock``).
-
-    Raises:
-        BackendError: NVML unusable while listing MIG profiles.
-    """
-    gpu_plugin = plugin_class(config, **kwargs)
-    plugins = [gpu_plugin]
-    if config.mig_strategy == "mixed":
-        profiles = sorted({m.profile for g in gpu_plugin.scan() for m in g.migs})
-        plugins += [plugin_class(config, mig_profile=p, **kwargs) for p in profiles]
-    return plugins
-
-
-def from_config(config: Mapping[str, Any], **overrides: Any) -> list[DevicePlugin]:
+def from_config(config: Mapping[str, Any]) -> list[DevicePlugin]:
     """Build the plugins a node needs from the YAML mapping (``devplugin run nvidia``).
 
     Args:
         config: The YAML mapping (see ``NvidiaConfig.from_mapping``).
-        **overrides: ``nvml`` (module or stand-in), ``clock``, or ``sysfs_root``, ``dev_root``,
-            ``proc_root`` replacing the config's.
 
     Raises:
-        ConfigError: invalid configuration (names the key).
+        ConfigError: invalid configuration (names the dotted key).
         BackendError: NVML unusable while listing MIG profiles.
-        TypeError: an unknown override.
+        MissingDependencyError: nvidia-ml-py is not installed.
     """
-    unknown = set(overrides) - {"nvml", "clock", "sysfs_root", "dev_root", "proc_root"}
-    if unknown:
-        raise TypeError(f"unknown overrides: {', '.join(sorted(unknown))}")
-    cfg = NvidiaConfig.from_mapping(config)
-    cfg = replace(
-        cfg,
-        sysfs_root=Path(overrides.get("sysfs_root", cfg.sysfs_root)),
-        dev_root=Path(overrides.get("dev_root", cfg.dev_root)),
-        proc_root=Path(overrides.get("proc_root", cfg.proc_root)),
-    )
-    kwargs = {k: overrides[k] for k in ("nvml", "clock") if k in overrides}
-    return list(build_plugins(cfg, **kwargs))
+    return list(NvmlPlugin.from_config(config))

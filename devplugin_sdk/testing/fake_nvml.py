@@ -2,35 +2,52 @@
 
 A ``FakeNVML`` instance stands in for the ``pynvml`` module (nvidia-ml-py): the functions a
 device plugin needs, with the same names and signatures (the SDK's tests compare them with
-``inspect.signature`` of the real module), the same constants and the same ``NVMLError``
-subclasses. Ready-made machines: ``dgx_a100``, ``hgx_h100``, ``t4_pcie`` and ``a100_mig``;
-faults: ``xid``, ``ecc_double_bit``, ``lose``, ``recover`` and ``fail``. ``write_host`` writes
-the matching sysfs, /dev and /proc trees. Behaviour follows nvml.h and nvidia-ml-py's
-``pynvml.py``; the mig-minors layout follows the driver's ``/proc/driver/nvidia-caps/mig-minors``
-as read by nvidia-container-toolkit (``internal/nvcaps``) and Slurm (``gpu_nvml.c``).
+``inspect.signature`` of the real module), the same constants, the same ``NVMLError``
+subclasses, and NVML's count of ``nvmlInit``/``nvmlShutdown`` pairs. Ready-made machines:
+``dgx_a100``, ``hgx_h100``, ``t4_pcie`` and ``a100_mig`` (deterministic: the same UUIDs in every
+process); faults: ``xid``, ``ecc_double_bit``, ``lose``, ``recover`` and ``fail``. ``write_host``
+writes the matching sysfs, /dev and /proc trees, and ``installed()`` makes ``import pynvml``
+give the fake. Behaviour follows nvml.h and nvidia-ml-py's ``pynvml.py``; the mig-minors layout
+follows the driver's ``/proc/driver/nvidia-caps/mig-minors`` as read by nvidia-container-toolkit
+(``internal/nvcaps``) and Slurm (``gpu_nvml.c``).
 
 Example::
 
+    from devplugin_sdk.backends.nvml import NvmlPlugin
+    from devplugin_sdk.testing import fake_nvml
+
     nvml = fake_nvml.dgx_a100()
-    roots = nvml.write_host(tmp_path)
-    plugin = NvmlPlugin(nvml=nvml, sysfs_root=roots.sysfs_root, dev_root=roots.dev_root)
-    nvml.xid(3, 79)          # GPU 3 fell off the bus: delivered through nvmlEventSetWait
-    nvml.lose(3)             # ... and every call on it now raises NVMLError_GpuIsLost
+    roots = nvml.write_host(tmp_path)  # the machine's sysfs, /dev and /proc trees
+    with nvml.installed():  # `import pynvml` gives the fake: the plugin is built on it
+        [plugin] = NvmlPlugin.from_config(roots.config())
+    nvml.xid(3, 79)  # GPU 3 fell off the bus: delivered through nvmlEventSetWait
+    nvml.lose(3)  # ... and every call on it now raises NVMLError_GpuIsLost
+
+Whole programs run on a fake machine too: ``python -m devplugin_sdk.testing.fake_nvml --machine
+dgx_a100 --host-root DIR -- run plugin:MyGpuPlugin --config FILE`` writes the host trees under
+DIR, installs the fake as ``pynvml`` and runs ``devplugin`` with the arguments after ``--``
+(the config file points ``sysfsRoot``, ``devRoot`` and ``procRoot`` at ``DIR/sys``, ``DIR/dev``
+and ``DIR/proc``). That is how the NVIDIA example's end-to-end tests run it, and how to try a
+GPU plugin on a laptop.
 """
 
 from __future__ import annotations
 
+import argparse
 import collections
+import contextlib
 import ctypes
 import math
+import sys
 import threading
 import uuid as uuid_module
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 __all__ = [
+    "MACHINES",
     "FakeGPU",
     "FakeMIG",
     "FakeNVML",
@@ -39,6 +56,7 @@ __all__ = [
     "a100_mig",
     "dgx_a100",
     "hgx_h100",
+    "main",
     "t4_pcie",
 ]
 
@@ -393,6 +411,14 @@ class HostRoots:
     dev_root: Path
     proc_root: Path
 
+    def config(self) -> dict[str, str]:
+        """The NVIDIA backend's root keys pointing at these trees (``sysfsRoot`` ...)."""
+        return {
+            "sysfsRoot": str(self.sysfs_root),
+            "devRoot": str(self.dev_root),
+            "procRoot": str(self.proc_root),
+        }
+
 
 # ----------------------------------------------------------------------------- the fake module
 
@@ -402,8 +428,10 @@ class FakeNVML:
 
     Every module-level constant and ``NVMLError`` class of this module is also an attribute of
     the instance (``nvml.NVML_ERROR_GPU_IS_LOST``, ``nvml.NVMLError_Timeout``), as on pynvml.
-    Calls before ``nvmlInit`` raise ``NVMLError_Uninitialized`` as real NVML does. Thread-safe:
-    ``nvmlEventSetWait_v2`` blocks in one thread while a test injects faults from another.
+    As in NVML, ``nvmlInit`` and ``nvmlShutdown`` are counted: the library is usable while
+    more inits than shutdowns were made, calls otherwise raise ``NVMLError_Uninitialized``, and
+    so does a shutdown with nothing left to shut down. Thread-safe: ``nvmlEventSetWait_v2``
+    blocks in one thread while a test injects faults from another.
 
     Args:
         gpus: The machine's GPUs, in NVML index order.
@@ -430,6 +458,30 @@ class FakeNVML:
         if name.startswith(("NVML_", "nvmlEventType", "NVMLError")) and name in globals():
             return globals()[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def init_count(self) -> int:
+        """``nvmlInit`` calls not yet balanced by ``nvmlShutdown`` (0: NVML is shut down)."""
+        with self._cond:
+            return self._init_count
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[FakeNVML]:
+        """Make ``import pynvml`` give this fake inside the ``with`` block.
+
+        The NVIDIA backend imports pynvml when a plugin is built, so plugins built inside the
+        block keep using the fake after it. The previous module (if any) is put back on exit.
+        """
+        missing = object()
+        previous = sys.modules.get("pynvml", missing)
+        sys.modules["pynvml"] = self  # type: ignore[assignment]
+        try:
+            yield self
+        finally:
+            if previous is missing:
+                sys.modules.pop("pynvml", None)
+            else:
+                sys.modules["pynvml"] = previous  # type: ignore[assignment]
 
     # ------------------------------------------------------------------ fault injection
 
@@ -616,6 +668,7 @@ class FakeNVML:
             self._init_count += 1
 
     def nvmlShutdown(self) -> None:
+        # _enter raises Uninitialized when no init is left to balance, as NVML answers.
         self._enter("nvmlShutdown")
         with self._cond:
             self._init_count -= 1
@@ -1049,3 +1102,79 @@ def a100_mig(
             )
         )
     return FakeNVML(gpus)
+
+
+#: The machines ``python -m devplugin_sdk.testing.fake_nvml --machine NAME`` can model.
+MACHINES: dict[str, Callable[[], FakeNVML]] = {
+    "a100_mig": a100_mig,
+    "dgx_a100": dgx_a100,
+    "hgx_h100": hgx_h100,
+    "t4_pcie": t4_pcie,
+}
+
+
+# ----------------------------------------------------------------------------- the runner
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m devplugin_sdk.testing.fake_nvml",
+        description="Run `devplugin` with a fake NVML machine installed as pynvml.",
+        epilog="example: --machine dgx_a100 --host-root /tmp/host -- "
+        "run plugin:SiteGpuPlugin --config config.yaml",
+    )
+    parser.add_argument("--machine", choices=sorted(MACHINES), default="dgx_a100")
+    parser.add_argument(
+        "--mig",
+        action="append",
+        metavar="PROFILES",
+        help="a100_mig only: one GPU per flag, its MIG profiles comma-separated "
+        "(3g.40gb,1g.10gb) or 'off'; default one GPU with 3g.40gb,2g.20gb,1g.10gb,1g.10gb",
+    )
+    parser.add_argument(
+        "--host-root",
+        type=Path,
+        help="write the machine's sys/, dev/ and proc/ trees under this directory",
+    )
+    parser.add_argument("devplugin_args", nargs=argparse.REMAINDER, help="-- then devplugin's")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Install a fake machine as ``pynvml`` and run ``devplugin`` with the remaining arguments.
+
+    Returns:
+        ``devplugin``'s exit status (2 for a bad command line of this runner).
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    rest = list(args.devplugin_args)
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    if not rest:
+        parser.error("give devplugin's arguments after --, e.g. -- run plugin:X --config FILE")
+    if args.mig and args.machine != "a100_mig":
+        parser.error("--mig needs --machine a100_mig")
+    if args.mig:
+        layouts = [None if m == "off" else tuple(m.split(",")) for m in args.mig]
+        try:
+            nvml = a100_mig(layouts)
+        except ValueError as exc:
+            parser.error(str(exc))
+    else:
+        nvml = MACHINES[args.machine]()
+    if args.host_root is not None:
+        nvml.write_host(args.host_root)
+    # Imported here: the CLI pulls in the whole engine, which the fake itself never needs.
+    from devplugin_sdk import cli  # noqa: PLC0415
+
+    with nvml.installed():
+        return cli.main(rest)
+
+
+if __name__ == "__main__":
+    # Run the copy imported under the package's name, so that `isinstance` and the error
+    # classes agree with every other importer of this module.
+    from devplugin_sdk.testing.fake_nvml import main as _main
+
+    sys.exit(_main())

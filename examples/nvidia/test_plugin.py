@@ -1,21 +1,35 @@
-"""The example NVIDIA plugin against FakeKubelet, on fake NVML machines (no GPU needed)."""
+"""The NVIDIA example against FakeKubelet, on fake NVML machines (no GPU needed).
+
+End to end it runs as the image runs it, ``devplugin run plugin:SiteGpuPlugin --config FILE``
+in a subprocess, with ``python -m devplugin_sdk.testing.fake_nvml`` installing a fake machine as
+``pynvml`` first. Faults (Xid, lost GPU, recovery) are injected in-process: plugins built with
+``SiteGpuPlugin.from_config`` on a ``FakeNVML`` and served with ``serving``.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import re
+import socket
+import subprocess
 import sys
-from functools import partial
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import anyio
-import anyio.to_thread
+import anyio.abc
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
+from anyio.streams.text import TextReceiveStream
 
-from devplugin_sdk import healthz
+from devplugin_sdk import cli
+from devplugin_sdk.config import parse_run_config
 from devplugin_sdk.testing import (
     AdmissionError,
     ContainerStartError,
@@ -26,6 +40,8 @@ from devplugin_sdk.testing import (
 from devplugin_sdk.testing.fake_nvml import FakeNVML
 
 HERE = Path(__file__).parent
+SHIPPED: dict[str, Any] = yaml.safe_load((HERE / "config.yaml").read_text())
+GPU = "nvidia.com/gpu"
 
 
 def _example() -> ModuleType:
@@ -42,108 +58,324 @@ def _example() -> ModuleType:
 example = _example()
 
 
-class Clock:
-    """A monotonic clock the test moves by hand (recovery periods)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def load(tmp_path: Path, nvml: FakeNVML, clock: Clock | None = None, **changes: Any) -> list[Any]:
-    """The shipped config.yaml with ``changes`` merged in, on the fake machine ``nvml``."""
-    config = yaml.safe_load((HERE / "config.yaml").read_text())
+def config_for(roots: fake_nvml.HostRoots, **changes: Any) -> dict[str, Any]:
+    """The shipped config.yaml on the fake host ``roots``, with ``changes`` merged in."""
+    config = {**SHIPPED, **roots.config()}
     for key, value in changes.items():
-        if isinstance(value, dict):
-            config[key] = {**config.get(key, {}), **value}
-        else:
-            config[key] = value
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    return config
+
+
+def load(tmp_path: Path, nvml: FakeNVML, **changes: Any) -> list[Any]:
+    """``SiteGpuPlugin.from_config`` on the fake machine ``nvml``."""
     roots = nvml.write_host(tmp_path / "host")
-    plugins: list[Any] = example.load_plugins(
-        path,
-        nvml=nvml,
-        clock=clock or Clock(),
-        sysfs_root=roots.sysfs_root,
-        dev_root=roots.dev_root,
-        proc_root=roots.proc_root,
-    )
+    with nvml.installed():
+        plugins: list[Any] = example.SiteGpuPlugin.from_config(config_for(roots, **changes))
     return plugins
+
+
+# ----------------------------------------------------------------------------- the manifests
 
 
 def test_the_shipped_config_is_valid_and_means_nvidias_defaults(tmp_path: Path) -> None:
     [plugin] = load(tmp_path, fake_nvml.t4_pcie())
 
-    assert plugin.resource_name == "nvidia.com/gpu"
+    assert plugin.resource_name == GPU
     assert plugin.config.ignored_xids == {13, 31, 43, 45, 68, 109}
     assert plugin.config.recovery_period == 60
+    assert plugin.health_interval == plugin.config.probe_interval == 5
     assert plugin.container_env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
-def test_the_daemonset_config_and_arguments_are_what_the_plugin_takes(tmp_path: Path) -> None:
+def dockerfile_instruction(name: str) -> list[str]:
+    text = (HERE / "Dockerfile").read_text()
+    (line,) = re.findall(rf"^{name} (\[.*\])$", text, re.M)
+    value: list[str] = json.loads(line)
+    return value
+
+
+def test_the_image_runs_devplugin_with_the_daemonsets_arguments_and_config(
+    tmp_path: Path,
+) -> None:
     config_map, daemonset = yaml.safe_load_all((HERE / "daemonset.yaml").read_text())
-    path = tmp_path / "config.yaml"
-    path.write_text(config_map["data"]["config.yaml"])
     container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    dockerfile = (HERE / "Dockerfile").read_text()
+    entrypoint = dockerfile_instruction("ENTRYPOINT")
 
-    [plugin] = example.load_plugins(path, nvml=fake_nvml.t4_pcie())
-    args = example.build_parser().parse_args(container["args"])
+    assert entrypoint == ["devplugin", "run", "plugin:SiteGpuPlugin"]
+    assert "COPY examples/nvidia/plugin.py /app/plugin.py" in dockerfile
+    assert re.search(r"^\s+PYTHONPATH=/app ", dockerfile, re.M)
+    parser = cli.build_parser()
+    for args in (dockerfile_instruction("CMD"), container["args"]):
+        parsed = parser.parse_args([*entrypoint[1:], *args])
+        assert parsed.target == "plugin:SiteGpuPlugin"
+        assert parsed.config == "/etc/nvidia-device-plugin/config.yaml"
+        [port] = container["ports"]
+        assert parsed.metrics_port == port["containerPort"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    config_volume = volumes[mounts["/etc/nvidia-device-plugin"]]
+    assert config_volume["configMap"]["name"] == config_map["metadata"]["name"]
 
+    options = parse_run_config(yaml.safe_load(config_map["data"]["config.yaml"])).backend_options
+    with fake_nvml.t4_pcie().installed():
+        [plugin] = example.SiteGpuPlugin.from_config(options)
     assert plugin.config.sysfs_root == Path("/host/sys")
-    assert args.config == Path("/etc/nvidia-device-plugin/config.yaml")
-    [port] = container["ports"]
-    assert args.metrics_port == port["containerPort"]
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    assert mounts["/host/sys"] == "sys"
 
 
-async def test_a_dgx_a100_is_served_and_a_pair_comes_from_one_pcie_switch(tmp_path: Path) -> None:
-    nvml = fake_nvml.dgx_a100()
-    plugins = load(tmp_path, nvml)
-
-    async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
-        await kubelet.wait_for_allocatable("nvidia.com/gpu", 8)
-        devices = kubelet.devices("nvidia.com/gpu")
-        assert {d.numa_nodes for d in devices.values()} == {(1,), (3,), (5,), (7,)}
-
-        got = await kubelet.allocate("nvidia.com/gpu", 2)
-
-    index = {g.uuid: g.index for g in nvml.gpus}
-    assert sorted(index[i] for i in got.device_ids) in ([0, 1], [2, 3], [4, 5], [6, 7])
-    env = got.allocation.env
-    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(got.device_ids)
-    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    nodes = {n.host_path for n in got.allocation.device_nodes}
-    assert {"/dev/nvidiactl", "/dev/nvidia-uvm"} <= nodes
-    assert {f"/dev/nvidia{index[i]}" for i in got.device_ids} <= nodes
+# ----------------------------------------------------------------------------- end to end
 
 
-async def test_a_gpu_that_falls_off_the_bus_leaves_and_returns_after_the_recovery_period(
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def write_atomically(path: Path, config: Mapping[str, Any]) -> None:
+    # The plugin watches the file: it must never read a half-written one.
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(yaml.safe_dump(dict(config)))
+    os.replace(temporary, path)
+
+
+def runner_command(machine: str, host: Path, *devplugin_args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "devplugin_sdk.testing.fake_nvml",
+        "--machine",
+        machine,
+        "--host-root",
+        str(host),
+        "--",
+        *devplugin_args,
+    ]
+
+
+def runner_env() -> dict[str, str]:
+    # What the image's PYTHONPATH=/app does: `plugin:SiteGpuPlugin` is importable.
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
+@dataclass
+class Running:
+    """A ``devplugin run`` subprocess and the lines of its standard error so far."""
+
+    process: anyio.abc.Process
+    stderr: list[str] = field(default_factory=list)
+
+    def log(self) -> list[dict[str, Any]]:
+        """The JSON log entries (every stderr line must be one)."""
+        return [json.loads(line) for line in self.stderr if line.strip()]
+
+
+@asynccontextmanager
+async def devplugin_run(command: list[str]) -> AsyncIterator[Running]:
+    """Run ``command`` for the body of the ``async with``; SIGTERM then kill, always bounded."""
+    process = await anyio.open_process(command, stdin=subprocess.DEVNULL, env=runner_env())
+    running = Running(process)
+
+    async def collect(stream: anyio.abc.ByteReceiveStream, lines: list[str] | None) -> None:
+        pending = ""
+        async for text in TextReceiveStream(stream):
+            pending += text
+            *complete, pending = pending.split("\n")
+            if lines is not None:
+                lines.extend(complete)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            assert process.stdout is not None
+            assert process.stderr is not None
+            tg.start_soon(collect, process.stdout, None)
+            tg.start_soon(collect, process.stderr, running.stderr)
+            try:
+                yield running
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if process.returncode is None:
+                        process.terminate()
+                        with anyio.move_on_after(20):
+                            await process.wait()
+                    if process.returncode is None:
+                        process.kill()
+                        await process.wait()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await process.aclose()
+
+
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    """One HTTP/1.1 GET on localhost: (status, body)."""
+    with anyio.fail_after(5):
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            await stream.send(
+                f"GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n".encode()
+            )
+            reply = b""
+            async for chunk in stream:
+                reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body.decode()
+
+
+async def wait_for_healthz(port: int) -> str:
+    """Poll /healthz until it answers 200 (it fails until the plugin hears back from the
+    kubelet, shortly after the kubelet records the registration); return the body."""
+    with anyio.fail_after(20):
+        while True:
+            try:
+                status, body = await http_get(port, "/healthz")
+            except OSError:  # not listening yet
+                status, body = 0, ""
+            if status == 200:
+                return body
+            await anyio.sleep(0.05)
+
+
+async def test_devplugin_run_serves_the_example_on_a_dgx_a100_end_to_end(tmp_path: Path) -> None:
+    machine = fake_nvml.dgx_a100()  # the same model the subprocess builds: the same UUIDs
+    host = tmp_path / "host"
+    config_file = tmp_path / "config.yaml"
+    roots = fake_nvml.HostRoots(host / "sys", host / "dev", host / "proc")
+    write_atomically(config_file, {**config_for(roots), "logging": {"format": "json"}})
+    port = free_port()
+
+    async with FakeKubelet() as kubelet:
+        command = runner_command(
+            "dgx_a100",
+            host,
+            "run",
+            "plugin:SiteGpuPlugin",
+            "--config",
+            str(config_file),
+            "--device-plugin-dir",
+            str(kubelet.directory),
+            "--registration",
+            "kubelet",
+            "--metrics-port",
+            str(port),
+        )
+        async with devplugin_run(command) as plugin:
+            # Registration and capacity: every GPU of the machine, by UUID, with its NUMA node.
+            await kubelet.wait_for_allocatable(GPU, 8, timeout=30)
+            devices = kubelet.devices(GPU)
+            assert set(devices) == {g.uuid for g in machine.gpus}
+            assert {d.numa_nodes for d in devices.values()} == {(1,), (3,), (5,), (7,)}
+
+            # An allocation: a pair under one PCIe switch, the backend's and the site's setup.
+            got = await kubelet.allocate(GPU, 2, pod="pair")
+            index = {g.uuid: g.index for g in machine.gpus}
+            assert sorted(index[i] for i in got.device_ids) in ([0, 1], [2, 3], [4, 5], [6, 7])
+            assert got.allocation.env == {
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                "NVIDIA_VISIBLE_DEVICES": ",".join(got.device_ids),
+            }
+            nodes = {n.host_path for n in got.allocation.device_nodes}
+            assert {"/dev/nvidiactl", "/dev/nvidia-uvm"} <= nodes
+            assert {f"/dev/nvidia{index[i]}" for i in got.device_ids} <= nodes
+
+            # /healthz and /metrics, as the DaemonSet's probes and Prometheus ask.
+            await wait_for_healthz(port)
+            status, metrics = await http_get(port, "/metrics")
+            assert status == 200
+            assert 'devplugin_registered{resource="nvidia.com/gpu"} 1.0' in metrics
+
+            # Hot reload: the edited file is applied without a restart.
+            changed = config_for(
+                roots,
+                sharing={"timeSlicing": {"replicas": 2}},
+                containerEnv={"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "SITE": "reloaded"},
+            )
+            write_atomically(config_file, {**changed, "logging": {"format": "json"}})
+            await kubelet.wait_for_allocatable(GPU, 16, timeout=30)
+            # The old IDs stay listed, Unhealthy, while pods may still hold them.
+            healthy = {i for i, d in kubelet.devices(GPU).items() if d.health == "Healthy"}
+            assert healthy == {f"{g.uuid}::{n}" for g in machine.gpus for n in (0, 1)}
+            shared = await kubelet.allocate(GPU, 1, pod="shared")
+            assert shared.allocation.env["SITE"] == "reloaded"
+
+            plugin.process.terminate()
+            with anyio.fail_after(20):
+                assert await plugin.process.wait() == 0
+
+        # SIGTERM: the socket is gone; the logs were JSON lines all along.
+        assert not (kubelet.directory / "nvidia.com_gpu.sock").exists()
+        messages = [e["message"] for e in plugin.log()]
+        assert "nvidia.com/gpu: discovered 8 devices" in messages
+        assert any("discovered 16 devices" in m for m in messages)
+
+
+@pytest.mark.parametrize(
+    ("change", "line"),
+    [
+        (
+            {"health": {"ignoredXids": [13, "x"]}},
+            "health.ignoredXids[1]: must be an integer >= 1, got 'x'",
+        ),
+        ({"containerEnv": {"CUDA_DEVICE_ORDER": 1}}, "containerEnv.CUDA_DEVICE_ORDER"),
+        ({"migStrategy": "all"}, "migStrategy: must be one of none, single, mixed"),
+        ({"contanerEnv": {}}, "contanerEnv: unknown key; did you mean 'containerEnv'?"),
+    ],
+)
+def test_a_bad_config_exits_2_with_one_line_naming_the_key(
+    tmp_path: Path, change: dict[str, Any], line: str
+) -> None:
+    roots = fake_nvml.HostRoots(tmp_path / "sys", tmp_path / "dev", tmp_path / "proc")
+    config_file = tmp_path / "config.yaml"
+    write_atomically(config_file, config_for(roots, **change))
+    command = runner_command(
+        "t4_pcie", tmp_path, "run", "plugin:SiteGpuPlugin", "--config", str(config_file)
+    )
+
+    done = subprocess.run(
+        command, env=runner_env(), capture_output=True, text=True, timeout=60, check=False
+    )
+
+    assert done.returncode == 2
+    [error] = done.stderr.splitlines()
+    assert error.startswith("devplugin: error: ")
+    assert line in error
+
+
+# ----------------------------------------------------------------------------- faults, in-process
+
+
+async def test_a_gpu_that_falls_off_the_bus_leaves_and_comes_back_once_it_probes_clean(
     tmp_path: Path,
 ) -> None:
     nvml = fake_nvml.dgx_a100()
-    clock = Clock()
-    plugins = load(tmp_path, nvml, clock, health={"probeInterval": 0.02, "recoveryPeriod": 60})
+    plugins = load(tmp_path, nvml, health={"probeInterval": 0.02, "recoveryPeriod": 0})
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
-        await kubelet.wait_for_allocatable("nvidia.com/gpu", 8)
+        await kubelet.wait_for_allocatable(GPU, 8)
         assert await anyio.to_thread.run_sync(nvml.wait_for_waiters, 1, 5.0, 3)
-        nvml.xid(3, 79)
         nvml.lose(3)
-        await kubelet.wait_for_allocatable("nvidia.com/gpu", 7)
-        assert kubelet.devices("nvidia.com/gpu")[nvml.gpus[3].uuid].health == "Unhealthy"
+        nvml.xid(3, 79)
+        await kubelet.wait_for_allocatable(GPU, 7)
+        assert kubelet.devices(GPU)[nvml.gpus[3].uuid].health == "Unhealthy"
 
         nvml.recover(3)
-        probes = nvml.calls["nvmlDeviceGetMemoryInfo"]
-        await kubelet.wait_for(lambda: nvml.calls["nvmlDeviceGetMemoryInfo"] > probes + 16)
-        assert kubelet.allocatable("nvidia.com/gpu") == 7  # clean, but not for 60 s yet
+        await kubelet.wait_for_allocatable(GPU, 8)
+        assert kubelet.capacity(GPU) == 8
 
-        clock.now += 60
-        await kubelet.wait_for_allocatable("nvidia.com/gpu", 8)
-        assert kubelet.capacity("nvidia.com/gpu") == 8
+    assert nvml.init_count == 0
+
+
+async def test_an_xid_is_pushed_without_waiting_for_a_probe(tmp_path: Path) -> None:
+    nvml = fake_nvml.dgx_a100()
+    plugins = load(tmp_path, nvml, health={"probeInterval": 3600})
+
+    async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(GPU, 8)
+        assert await anyio.to_thread.run_sync(nvml.wait_for_waiters, 1, 5.0, 5)
+        nvml.ecc_double_bit(5)
+        await kubelet.wait_for_health(GPU, nvml.gpus[5].uuid, "Unhealthy")
+        assert kubelet.allocatable(GPU) == 7
 
 
 async def test_a_mixed_mig_node_serves_each_profile_and_one_instance_fails_alone(
@@ -153,7 +385,7 @@ async def test_a_mixed_mig_node_serves_each_profile_and_one_instance_fails_alone
     plugins = load(tmp_path, nvml, migStrategy="mixed")
     names = [p.resource_name for p in plugins]
     assert names == [
-        "nvidia.com/gpu",
+        GPU,
         "nvidia.com/mig-1g.10gb",
         "nvidia.com/mig-2g.20gb",
         "nvidia.com/mig-3g.40gb",
@@ -166,6 +398,7 @@ async def test_a_mixed_mig_node_serves_each_profile_and_one_instance_fails_alone
         got = await kubelet.allocate("nvidia.com/mig-3g.40gb", 1)
         assert got.device_ids == (nvml.gpus[0].migs[0].uuid,)
         assert "/dev/nvidia-caps/nvidia-cap12" in {n.host_path for n in got.allocation.device_nodes}
+        assert got.allocation.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
         assert await anyio.to_thread.run_sync(nvml.wait_for_waiters, 4, 5.0)
         nvml.xid(0, 94, gi=sick.gi, ci=sick.ci)
@@ -173,7 +406,9 @@ async def test_a_mixed_mig_node_serves_each_profile_and_one_instance_fails_alone
 
         assert kubelet.devices("nvidia.com/mig-1g.10gb")[sick.uuid].health == "Unhealthy"
         assert kubelet.allocatable("nvidia.com/mig-2g.20gb") == 1
-        assert kubelet.allocatable("nvidia.com/gpu") == 1
+        assert kubelet.allocatable(GPU) == 1
+
+    assert nvml.init_count == 0
 
 
 async def test_time_sliced_gpus_are_shared_one_per_container(tmp_path: Path) -> None:
@@ -182,11 +417,11 @@ async def test_time_sliced_gpus_are_shared_one_per_container(tmp_path: Path) -> 
     plugins = load(tmp_path, nvml, sharing=sharing)
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
-        await kubelet.wait_for_allocatable("nvidia.com/gpu", 16)
-        first = await kubelet.allocate("nvidia.com/gpu", 1, pod="a")
-        second = await kubelet.allocate("nvidia.com/gpu", 1, pod="b")
+        await kubelet.wait_for_allocatable(GPU, 16)
+        first = await kubelet.allocate(GPU, 1, pod="a")
+        second = await kubelet.allocate(GPU, 1, pod="b")
         with pytest.raises(AdmissionError, match="maximum request size for shared resources is 1"):
-            await kubelet.allocate("nvidia.com/gpu", 2, pod="c")
+            await kubelet.allocate(GPU, 2, pod="c")
 
     # The second container lands on another physical GPU (replicas are spread).
     uuids = {ids.device_ids[0].split("::")[0] for ids in (first, second)}
@@ -198,42 +433,9 @@ async def test_no_container_starts_on_a_gpu_lost_since_it_was_advertised(tmp_pat
     nvml = fake_nvml.t4_pcie()
     plugins = load(tmp_path, nvml, health={"probeInterval": 3600})
 
-    settings = {"health_interval": 3600.0}
-    async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings(**settings)):
-        await kubelet.wait_for_allocatable("nvidia.com/gpu", 4)
+    async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(GPU, 4)
         nvml.lose(2)  # no Xid, and no probe before the pod comes
 
         with pytest.raises(ContainerStartError, match=nvml.gpus[2].uuid):
-            await kubelet.allocate("nvidia.com/gpu", 4)
-
-
-async def test_healthz_answers_once_the_gpus_are_registered(tmp_path: Path) -> None:
-    # What the DaemonSet's probes ask: the plugin run as with --metrics-port.
-    plugins = load(tmp_path, fake_nvml.t4_pcie())
-
-    async with FakeKubelet() as kubelet, anyio.create_task_group() as tg:
-        port = await tg.start(
-            partial(
-                healthz.serve_with_http,
-                plugins,
-                port=0,
-                settings=kubelet.settings(),
-                # A registry of its own: the default one is process-wide.
-                registry=CollectorRegistry(),
-            )
-        )
-        await kubelet.wait_for_allocatable("nvidia.com/gpu", 4)
-        # Live as the plugin sees it (the kubelet records a registration before the plugin
-        # hears back).
-        await kubelet.wait_for(
-            lambda: not healthz.problems(healthz.served_statuses()), what="the plugin live"
-        )
-        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
-            await stream.send(b"GET /healthz HTTP/1.1\r\nHost: probe\r\n\r\n")
-            reply = b""
-            with anyio.fail_after(5):
-                async for chunk in stream:
-                    reply += chunk
-        tg.cancel_scope.cancel()
-
-    assert reply.startswith(b"HTTP/1.1 200")
+            await kubelet.allocate(GPU, 4)

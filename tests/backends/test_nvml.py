@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -9,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from devplugin_sdk.backends.nvml import (
     NvidiaConfig,
@@ -27,6 +30,30 @@ from devplugin_sdk.testing import fake_nvml
 from devplugin_sdk.testing.fake_nvml import FakeGPU, FakeNVML
 from devplugin_sdk.types import Device, Health, Mount
 
+# Every key of the backend at any level, for generated configurations.
+_KEYS = [
+    "version",
+    "resourceName",
+    "migStrategy",
+    "deviceListStrategy",
+    "cdiKind",
+    "passDeviceSpecs",
+    "sharing",
+    "timeSlicing",
+    "replicas",
+    "renameByDefault",
+    "failRequestsGreaterThanOne",
+    "health",
+    "disabled",
+    "ignoredXids",
+    "probeInterval",
+    "recoveryPeriod",
+    "sysfsRoot",
+    "devRoot",
+    "procRoot",
+    "mps",
+]
+
 CONTROL = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"]
 
 
@@ -39,14 +66,10 @@ def plugin_for(nvml: FakeNVML, tmp_path: Path, **config: Any) -> NvmlPlugin:
 
 
 def plugins_for(nvml: FakeNVML, tmp_path: Path, config: dict[str, Any]) -> list[NvmlPlugin]:
+    """``from_config`` as ``devplugin run nvidia`` calls it, on the fake machine ``nvml``."""
     roots = nvml.write_host(tmp_path)
-    plugins = from_config(
-        config,
-        nvml=nvml,
-        sysfs_root=roots.sysfs_root,
-        dev_root=roots.dev_root,
-        proc_root=roots.proc_root,
-    )
+    with nvml.installed():
+        plugins = from_config({**config, **roots.config()})
     assert all(isinstance(p, NvmlPlugin) for p in plugins)
     return [p for p in plugins if isinstance(p, NvmlPlugin)]
 
@@ -158,10 +181,9 @@ def test_real_pynvml_without_a_driver_gives_the_same_clear_error(tmp_path: Path)
 
 def test_missing_nvidia_ml_py_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` fail
-    plugin = NvmlPlugin()
 
     with pytest.raises(MissingDependencyError, match=r"devplugin-sdk\[nvidia\]"):
-        _ = plugin.nvml
+        from_config({})
 
 
 def test_importing_the_backend_does_not_import_pynvml() -> None:
@@ -436,19 +458,63 @@ def test_an_empty_config_means_nvidias_defaults() -> None:
         ({"health": {"recoverPeriod": 5}}, "health.recoverPeriod", "unknown key"),
         ({"healthz": {}}, "healthz", "unknown key"),
         ({"devRoot": ""}, "devRoot", "non-empty string"),
-        ({"version": "v2"}, "version", "only v1"),
+        ({"sysfsRoot": "host/sys"}, "sysfsRoot", "absolute path"),
+        ({"procRoot": 7}, "procRoot", "non-empty string"),
+        ({"version": "v2"}, "version", "must be one of v1"),
+        ({"resourceName": "gpu"}, "resourceName", "invalid resource name"),
+        ({"health": {"probeInterval": "5s"}}, "health.probeInterval", "number of seconds"),
+        ({"health": []}, "health", "must be a mapping"),
+        ({"containerEnv": {}}, "containerEnv", "unknown key"),
+        ({"helth": {}}, "helth", "did you mean .health."),
     ],
 )
 def test_invalid_config_names_the_dotted_key(config: dict[str, Any], key: str, reason: str) -> None:
     with pytest.raises(ConfigError, match=reason) as caught:
-        NvidiaConfig.from_mapping(config)
+        from_config(config)
 
     assert caught.value.key == key
 
 
-def test_from_config_refuses_unknown_overrides() -> None:
-    with pytest.raises(TypeError, match="unknown overrides: sysroot"):
-        from_config({}, sysroot="/")
+def test_a_resource_name_too_long_once_shared_is_a_config_error() -> None:
+    name = "example.com/" + "g" * 60  # valid; with ".shared" 67 characters after the '/'
+    config = {
+        "resourceName": name,
+        "sharing": {"timeSlicing": {"replicas": 2, "renameByDefault": True}},
+    }
+
+    with pytest.raises(ConfigError, match="longer than 63") as caught:
+        from_config(config)
+
+    assert caught.value.key == "resourceName"
+
+
+def test_a_config_that_is_not_a_mapping_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        from_config([1, 2])  # type: ignore[arg-type]
+
+
+_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.sampled_from(["none", "mixed", "cdi", "envvar", "/x", "a.b/c", "v1"]),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(st.sampled_from(_KEYS), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=5))
+def test_from_config_raises_only_config_error(config: dict[str, Any]) -> None:
+    nvml = fake_nvml.a100_mig([("1g.10gb",), None])  # mixed strategy reads NVML in from_config
+    with nvml.installed(), contextlib.suppress(ConfigError):
+        from_config(config)
+    assert nvml.init_count == 0  # reading MIG profiles leaves NVML as it found it
 
 
 def test_mig_profile_plugins_need_the_mixed_strategy() -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -254,3 +257,84 @@ def test_write_host_writes_numa_nodes_device_nodes_and_mig_minors(tmp_path: Path
         "nvidia-cap12",
         "nvidia-cap13",
     ]
+
+
+def test_nvml_counts_inits_and_shutdowns_like_the_real_library() -> None:
+    nvml = fake_nvml.t4_pcie()
+    nvml.nvmlInit()
+    nvml.nvmlInit()  # a second user in the same process
+    nvml.nvmlShutdown()
+
+    assert nvml.init_count == 1
+    assert nvml.nvmlDeviceGetCount() == 4  # still initialised for the other user
+    nvml.nvmlShutdown()
+    assert nvml.init_count == 0
+    with pytest.raises(nvml.NVMLError_Uninitialized):
+        nvml.nvmlDeviceGetCount()
+    with pytest.raises(nvml.NVMLError_Uninitialized):
+        nvml.nvmlShutdown()  # nothing left to shut down
+    assert nvml.init_count == 0
+
+
+def test_installed_makes_import_pynvml_give_the_fake_and_puts_pynvml_back() -> None:
+    nvml = fake_nvml.t4_pcie()
+
+    with nvml.installed():
+        import pynvml as inside
+
+    import pynvml as after
+
+    assert inside is nvml
+    assert after is pynvml
+
+
+def test_the_module_docstring_example_runs(tmp_path: Path) -> None:
+    doc = fake_nvml.__doc__
+    assert doc is not None
+    block = doc.split("Example::\n", 1)[1].split("\n\n\n", 1)[0]
+    code = textwrap.dedent(block.split("\n\nWhole programs", 1)[0])
+    namespace: dict[str, Any] = {"tmp_path": tmp_path}
+
+    exec(compile(code, "fake_nvml example", "exec"), namespace)
+
+    plugin, nvml = namespace["plugin"], namespace["nvml"]
+    assert plugin.nvml is nvml
+    assert plugin.config.sysfs_root == tmp_path / "sys"
+    assert nvml.gpus[3].lost
+
+
+def test_host_roots_give_the_backend_keys(tmp_path: Path) -> None:
+    roots = fake_nvml.t4_pcie().write_host(tmp_path)
+
+    assert roots.config() == {
+        "sysfsRoot": str(tmp_path / "sys"),
+        "devRoot": str(tmp_path / "dev"),
+        "procRoot": str(tmp_path / "proc"),
+    }
+
+
+def test_machines_are_the_same_in_every_process() -> None:
+    code = "from devplugin_sdk.testing import fake_nvml as f; print(f.dgx_a100().gpus[7].uuid)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+
+    assert out.stdout.strip() == fake_nvml.dgx_a100().gpus[7].uuid
+    assert set(fake_nvml.MACHINES) == {"a100_mig", "dgx_a100", "hgx_h100", "t4_pcie"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--machine", "t4_pcie"], "give devplugin's arguments after --"),
+        (["--machine", "t4_pcie", "--mig", "1g.10gb", "--", "run"], "--mig needs"),
+        (["--machine", "a100_mig", "--mig", "9g.1gb", "--", "run"], "unknown A100 80GB"),
+        (["--machine", "v100", "--", "run"], "invalid choice"),
+    ],
+)
+def test_the_runner_refuses_a_bad_command_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        fake_nvml.main(argv)
+
+    assert caught.value.code == 2
+    assert message in capsys.readouterr().err

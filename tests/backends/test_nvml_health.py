@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,9 +15,9 @@ from anyio.abc import ObjectReceiveStream
 
 from devplugin_sdk.backends.nvml import NvidiaConfig, NvmlPlugin
 from devplugin_sdk.plugin import PluginEvent
-from devplugin_sdk.testing import fake_nvml
+from devplugin_sdk.testing import FakeKubelet, fake_nvml, serving
 from devplugin_sdk.testing.fake_nvml import FakeNVML
-from devplugin_sdk.types import Health, HealthEvent, RescanEvent
+from devplugin_sdk.types import Health, HealthEvent
 
 NEVER = 3600.0  # a probe interval that never comes round within a test
 XID_79 = "Xid 79 (GPU has fallen off the bus)"
@@ -152,63 +153,101 @@ async def test_an_xid_from_a_gpu_that_fell_off_the_bus_is_still_attributed(tmp_p
     assert event == HealthEvent(nvml.gpus[5].uuid, Health.UNHEALTHY, XID_79)
 
 
-async def test_a_failed_event_wait_probes_and_marks_only_the_lost_gpu(tmp_path: Path) -> None:
+async def test_a_failed_event_wait_opens_the_event_set_again(tmp_path: Path) -> None:
     nvml = fake_nvml.dgx_a100()
-    plugin = plugin_for(nvml, tmp_path)
+    plugin = plugin_for(nvml, tmp_path, probe_interval=0.01)
+    await plugin.discover()
+    nvml.fail("nvmlEventSetWait_v2", fake_nvml.NVML_ERROR_UNKNOWN)  # the first wait fails
+
+    # `watching` returns once a wait is under way: on a second event set.
+    async with watching(plugin, nvml) as events:
+        nvml.xid(2, 79)
+        event = await next_event(events)
+
+    assert nvml.calls["nvmlEventSetCreate"] == 2
+    assert event == HealthEvent(nvml.gpus[2].uuid, Health.UNHEALTHY, XID_79)
+
+
+async def test_a_gpu_wide_xid_reaches_every_replica(tmp_path: Path) -> None:
+    nvml = fake_nvml.t4_pcie()
+    plugin = plugin_for(nvml, tmp_path, replicas=4)
     await plugin.discover()
 
     async with watching(plugin, nvml) as events:
-        nvml.lose(2)
-        nvml.fail("nvmlEventSetWait_v2", fake_nvml.NVML_ERROR_UNKNOWN)
-        nvml.xid(0, 13)  # wakes the waiter; its next wait fails
-        event = await next_event(events)
-
-    assert event == HealthEvent(nvml.gpus[2].uuid, Health.UNHEALTHY, "NVML: GPU is lost")
-
-
-async def test_a_gpu_wide_xid_reaches_every_replica_through_their_parent(tmp_path: Path) -> None:
-    nvml = fake_nvml.t4_pcie()
-    plugin = plugin_for(nvml, tmp_path, replicas=4)
-    devices = await plugin.discover()
-
-    async with watching(plugin, nvml) as events:
         nvml.xid(1, 79)
-        event = await next_event(events)
+        got = [await next_event(events) for _ in range(4)]
 
-    assert isinstance(event, HealthEvent)
-    hit = [d.id for d in devices if event.device_id in (d.id, d.parent)]
-    assert hit == [f"{nvml.gpus[1].uuid}::{n}" for n in range(4)]
+    assert got == [
+        HealthEvent(f"{nvml.gpus[1].uuid}::{n}", Health.UNHEALTHY, XID_79) for n in range(4)
+    ]
 
 
 async def test_a_gpu_wide_xid_reaches_every_mig_device_of_that_gpu(tmp_path: Path) -> None:
     nvml = fake_nvml.a100_mig([("1g.10gb",) * 3, ("1g.10gb",) * 3])
     plugin = plugin_for(nvml, tmp_path, mig_strategy="single")
-    devices = await plugin.discover()
+    await plugin.discover()
 
     async with watching(plugin, nvml) as events:
         nvml.xid(0, 79)
-        event = await next_event(events)
+        got = [await next_event(events) for _ in range(3)]
 
-    assert isinstance(event, HealthEvent)
-    hit = [d.id for d in devices if event.device_id in (d.id, d.parent)]
-    assert hit == [m.uuid for m in nvml.gpus[0].migs]
+    assert [e.device_id for e in got if isinstance(e, HealthEvent)] == [
+        m.uuid for m in nvml.gpus[0].migs
+    ]
 
 
 async def test_an_xid_in_one_mig_instance_marks_only_that_mig_device(tmp_path: Path) -> None:
     nvml = fake_nvml.a100_mig([("1g.10gb",) * 3])
     plugin = plugin_for(nvml, tmp_path, mig_strategy="single", replicas=2)
-    await plugin.discover()
+    devices = await plugin.discover()
     target = nvml.gpus[0].migs[1]
 
     async with watching(plugin, nvml) as events:
         nvml.xid(0, 94, gi=target.gi, ci=target.ci)
-        got = [await next_event(events) for _ in range(3)]
+        got = [await next_event(events) for _ in range(2)]
+        nvml.xid(0, 79)  # the next events are the GPU-wide fault's: nothing else came between
+        assert await next_event(events) == HealthEvent(
+            devices[0].id, Health.UNHEALTHY, "Xid 79 (GPU has fallen off the bus)"
+        )
 
-    # The MIG device and both of its replicas (whose parent is the GPU, not the MIG device).
+    # Both replicas of the MIG device (whose parent is the GPU, not the MIG device).
     assert {e.device_id for e in got if isinstance(e, HealthEvent)} == {
-        target.uuid,
         f"{target.uuid}::0",
         f"{target.uuid}::1",
+    }
+    health = await plugin.check_health(devices)
+    assert [d.id for d in devices if health[d.id] is Health.HEALTHY] == []
+
+
+async def test_a_mig_device_stays_unhealthy_while_its_own_fault_lasts_after_its_gpu_recovers(
+    tmp_path: Path,
+) -> None:
+    nvml = fake_nvml.a100_mig([("1g.10gb",) * 2])
+    clock = Clock()
+    plugin = plugin_for(nvml, tmp_path, clock, mig_strategy="single", recovery_period=60)
+    devices = await plugin.discover()
+    well, sick = devices
+    target = nvml.gpus[0].migs[1]
+    async with watching(plugin, nvml) as events:
+        nvml.xid(0, 79)  # the GPU first
+        assert [await next_event(events) for _ in range(2)] == [
+            HealthEvent(d.id, Health.UNHEALTHY, XID_79) for d in devices
+        ]
+        clock.now += 30
+        nvml.xid(0, 94, gi=target.gi, ci=target.ci)  # then one of its MIG instances
+        assert await next_event(events) == HealthEvent(
+            sick.id, Health.UNHEALTHY, "Xid 94 (contained ECC error)"
+        )
+
+    clock.now += 30  # the GPU's fault is 60 s old, the MIG instance's 30 s
+    assert await plugin.check_health(devices) == {
+        well.id: Health.HEALTHY,
+        sick.id: Health.UNHEALTHY,
+    }
+    clock.now += 30
+    assert await plugin.check_health(devices) == {
+        well.id: Health.HEALTHY,
+        sick.id: Health.HEALTHY,
     }
 
 
@@ -316,47 +355,74 @@ async def test_a_null_recovery_period_never_recovers(tmp_path: Path) -> None:
     assert (await plugin.check_health(devices))[nvml.gpus[0].uuid] is Health.UNHEALTHY
 
 
-async def test_watch_pushes_the_probe_that_finds_a_lost_gpu_and_its_recovery(
+async def test_the_probe_is_polled_on_the_probe_interval_and_never_run_by_watch(
     tmp_path: Path,
 ) -> None:
     nvml = fake_nvml.t4_pcie()
-    plugin = plugin_for(nvml, tmp_path, probe_interval=0.01, recovery_period=0)
+    plugin = plugin_for(nvml, tmp_path, probe_interval=0.01)
     await plugin.discover()
-    uuid = nvml.gpus[3].uuid
+    probes = nvml.calls["nvmlDeviceGetMemoryInfo"]
 
     async with watching(plugin, nvml) as events:
         nvml.lose(3)
-        lost = await next_event(events)
-        nvml.recover(3)
-        back = await next_event(events)
+        nvml.xid(0, 79)
+        event = await next_event(events)
 
-    assert lost == HealthEvent(uuid, Health.UNHEALTHY, "NVML: GPU is lost")
-    assert back == HealthEvent(uuid, Health.HEALTHY, "probed clean for the recovery period")
+    assert plugin.health_interval == 0.01
+    assert event == HealthEvent(nvml.gpus[0].uuid, Health.UNHEALTHY, XID_79)
+    assert nvml.calls["nvmlDeviceGetMemoryInfo"] == probes
 
 
-async def test_a_gpu_unhealthy_at_discovery_asks_for_a_rescan_once_it_recovers(
+async def test_a_gpu_unhealthy_at_discovery_is_healthy_again_once_it_probes_clean(
     tmp_path: Path,
 ) -> None:
     nvml = fake_nvml.t4_pcie()
-    plugin = plugin_for(nvml, tmp_path, probe_interval=0.01, recovery_period=0)
+    plugin = plugin_for(nvml, tmp_path, recovery_period=0)
     await plugin.discover()
     nvml.lose(1)
     devices = await plugin.discover()
     assert devices[1].health is Health.UNHEALTHY
+    assert (await plugin.check_health(devices))[devices[1].id] is Health.UNHEALTHY
+
+    nvml.recover(1)
+
+    assert (await plugin.check_health(devices))[devices[1].id] is Health.HEALTHY
+    # No rescan needed: the engine clears the discovered Unhealthy on this report.
+    assert (await plugin.discover())[1].health is Health.HEALTHY
+
+
+async def test_a_gpu_that_could_not_register_for_events_registers_once_back(
+    tmp_path: Path,
+) -> None:
+    nvml = fake_nvml.t4_pcie()
+    plugin = plugin_for(nvml, tmp_path, probe_interval=0.01)
+    await plugin.discover()
     uuid = nvml.gpus[1].uuid
+    nvml.lose(1)
 
     async with watching(plugin, nvml) as events:
         nvml.recover(1)
-        got = await until(events, lambda e: isinstance(e, RescanEvent))
-        # The SDK answers a RescanEvent by discovering again.
-        assert (await plugin.discover())[1].health is Health.HEALTHY
-        # GPU 1 could not register for events while lost; back, it does.
         assert await anyio.to_thread.run_sync(nvml.wait_for_waiters, 1, 5.0, 1)
         nvml.xid(1, 79)
-        await until(events, lambda e: e == HealthEvent(uuid, Health.UNHEALTHY, XID_79))
+        event = await next_event(events)
 
-    healthy = HealthEvent(uuid, Health.HEALTHY, "probed clean for the recovery period")
-    assert healthy in got
+    assert event == HealthEvent(uuid, Health.UNHEALTHY, XID_79)
+
+
+async def test_the_engine_clears_a_discovered_fault_on_the_polled_recovery(
+    tmp_path: Path,
+) -> None:
+    nvml = fake_nvml.t4_pcie()
+    plugin = plugin_for(nvml, tmp_path, probe_interval=0.01, recovery_period=0)
+    await plugin.discover()
+    nvml.lose(2)  # unreadable at the next discovery: listed Unhealthy by discovery itself
+    uuid = nvml.gpus[2].uuid
+
+    async with FakeKubelet() as kubelet, serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_health("nvidia.com/gpu", uuid, "Unhealthy")
+        assert kubelet.allocatable("nvidia.com/gpu") == 3
+        nvml.recover(2)
+        await kubelet.wait_for_allocatable("nvidia.com/gpu", 4)
 
 
 async def test_gpus_without_event_support_are_still_probed(tmp_path: Path) -> None:
@@ -404,3 +470,41 @@ async def test_one_failed_gpu_leaves_allocation_of_the_others_untouched(
     allocation = await plugin.allocate([d for d in others if d.id in chosen])
 
     assert len(allocation.env["NVIDIA_VISIBLE_DEVICES"].split(",")) == 4
+
+
+# ----------------------------------------------------------------------------- NVML's lifetime
+
+
+async def test_each_plugin_balances_its_own_nvml_init_when_serving_ends(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    nvml = fake_nvml.a100_mig([("1g.10gb", "2g.20gb"), None])
+    roots = nvml.write_host(tmp_path)
+    with nvml.installed():
+        plugins = NvmlPlugin.from_config({"migStrategy": "mixed", **roots.config()})
+    assert len(plugins) == 3
+    assert nvml.init_count == 0  # listing the MIG profiles shut NVML down again
+
+    async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable("nvidia.com/mig-2g.20gb", 1)
+        # Every plugin's watch() is inside nvmlEventSetWait_v2 when serving is cancelled.
+        assert await anyio.to_thread.run_sync(nvml.wait_for_waiters, 3, 5.0)
+        assert nvml.init_count == 3
+
+    assert nvml.init_count == 0
+    assert nvml.calls["nvmlEventSetFree"] == nvml.calls["nvmlEventSetCreate"] == 3
+    # Each set was freed before NVML was shut down under it (the fake would refuse the free).
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_a_plugin_that_never_initialised_nvml_does_not_shut_it_down(
+    tmp_path: Path,
+) -> None:
+    nvml = fake_nvml.t4_pcie()
+    nvml.nvmlInit()  # someone else's reference
+    plugin = plugin_for(nvml, tmp_path)
+
+    await plugin.on_stop()
+
+    assert nvml.init_count == 1
+    assert nvml.calls["nvmlShutdown"] == 0
