@@ -77,13 +77,16 @@ class ServedPlugin:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Discover (then report started), feed health and keep registered until cancelled.
 
+        ``on_stop`` runs at the end whatever happened, a failed first discovery included (a
+        backend may have opened a library in its constructor or in ``discover``).
+
         Raises:
             Exception: whatever the first ``discover()`` raises, and the strategy's permanent
                 errors (``RegistrationRejectedError``, ``SocketInUseError``).
         """
-        await self.feed.discover()
-        task_status.started()
         try:
+            await self.feed.discover()
+            task_status.started()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.feed.run)
                 await self.strategy(self.servicer, self.link, self.settings, self.watcher)

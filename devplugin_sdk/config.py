@@ -292,6 +292,11 @@ class ConfigReader:
         problem = _names.resource_name_problem(value)
         if problem is not None:
             raise ConfigError(self.key(name), f"invalid resource name {shown(value)}: {problem}")
+        try:
+            # The plugin's default socket is named after the resource: it must be valid too.
+            _names.validate_socket_name(_names.default_socket_name(value))
+        except ValueError as exc:
+            raise ConfigError(self.key(name), f"{shown(value)}: {exc}") from None
         return value
 
     def domain(self, name: str, default: str = _UNSET) -> str:

@@ -176,8 +176,9 @@ class DevicePlugin(abc.ABC):
         """Clean up when serving this plugin ends (optional).
 
         Called once, after its ListAndWatch streams ended and its server stopped: on shutdown,
-        and when a configuration reload removes or replaces the plugin. Shielded from
-        cancellation and bounded by ``Settings.stop_timeout``; an error is logged.
+        when a configuration reload removes or replaces the plugin, and after a first
+        ``discover()`` that failed. Shielded from cancellation and bounded by
+        ``Settings.stop_timeout``; an error is logged.
         """
 
     # ----------------------------------------------------------------------------- introspection

@@ -46,3 +46,13 @@ def test_a_domain_is_read_and_checked_with_the_kubelets_rules() -> None:
         reader.domain("reserved")
     with pytest.raises(ConfigError, match="is required"):
         reader.domain("absent")
+
+
+def test_resource_name_whose_socket_name_is_too_long_is_a_config_error() -> None:
+    """The plugin's socket is named after the resource: a name the kubelet takes but whose socket
+    cannot exist fails as a config error on the key, not as a ValueError at construction."""
+    name = "a" * 60 + ".com/" + "b" * 60
+    with pytest.raises(ConfigError) as caught:
+        ConfigReader({"resourceName": name}).resource_name("resourceName")
+    assert caught.value.key == "resourceName"
+    assert "too long for a unix socket path" in caught.value.reason

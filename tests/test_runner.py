@@ -184,3 +184,19 @@ async def test_stopping_with_a_call_in_flight_takes_one_grace_not_two() -> None:
     assert server.grace < 0.05  # what was left of the 0.2 s after waiting for the call
     assert elapsed >= 0.2
     assert state.closed is False  # reopened for the next server
+
+
+async def test_on_stop_runs_after_a_failed_first_discovery(kubelet: FakeKubelet) -> None:
+    """What a backend opened before discovery failed (an NVML handle) is released."""
+    stopped: list[str] = []
+
+    class Opened(_Failing):
+        async def on_stop(self) -> None:
+            stopped.append(self.resource_name)
+
+    async with anyio.create_task_group() as tg:
+        with pytest.raises(OSError, match="no sysfs"):
+            await tg.start(
+                partial(serve, Opened(RESOURCE, OSError("no sysfs")), settings=kubelet.settings())
+            )
+    assert stopped == [RESOURCE]
