@@ -21,8 +21,12 @@ from typing import TextIO
 
 import anyio
 
+from devplugin_sdk._fake_kubelet import FakeKubelet
 from devplugin_sdk.backends.generic import GenericPlugin
-from devplugin_sdk.testing import FakeKubelet, serving
+
+# TODO(lead): ``serving`` belongs to the runner; import it from its engine home once it has one,
+# so that no shipped command imports devplugin_sdk.testing.
+from devplugin_sdk.testing import serving
 
 __all__ = ["main", "run_demo"]
 

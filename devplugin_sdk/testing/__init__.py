@@ -17,10 +17,7 @@ from contextlib import asynccontextmanager
 import anyio
 
 from devplugin_sdk import _lifecycle
-from devplugin_sdk.observe import Observer
-from devplugin_sdk.plugin import DevicePlugin
-from devplugin_sdk.settings import Settings
-from devplugin_sdk.testing._kubelet import (
+from devplugin_sdk._fake_kubelet import (
     AdmissionError,
     ContainerAllocation,
     ContainerStartError,
@@ -29,6 +26,9 @@ from devplugin_sdk.testing._kubelet import (
     KubeletDevice,
     Registration,
 )
+from devplugin_sdk.observe import Observer
+from devplugin_sdk.plugin import DevicePlugin
+from devplugin_sdk.settings import Settings
 from devplugin_sdk.testing._static import StaticPlugin
 
 if sys.version_info < (3, 11):  # pragma: no cover

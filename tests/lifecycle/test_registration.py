@@ -12,7 +12,6 @@ from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Device, DevicePlugin, RegistrationRejectedError
 from devplugin_sdk.testing import FakeKubelet, StaticPlugin, serving
-from devplugin_sdk.testing import _kubelet as fake_kubelet_module
 
 
 async def test_registers_and_advertises_every_device(kubelet: FakeKubelet) -> None:
@@ -167,10 +166,6 @@ async def test_discovery_failure_at_start_stops_serving(kubelet: FakeKubelet) ->
         async with serving(Broken(), settings=kubelet.settings()):
             await anyio.sleep(5)
     assert kubelet.registrations == []
-
-
-def test_fake_kubelet_module_is_public() -> None:
-    assert fake_kubelet_module.FakeKubelet is FakeKubelet
 
 
 async def test_a_kubelet_restart_during_a_failed_register_retries_at_once(

@@ -1,4 +1,8 @@
-"""FakeKubelet: the kubelet's side of the device-plugin protocol, for tests of real plugins.
+"""FakeKubelet: the kubelet's side of the device-plugin protocol, run against real plugins.
+
+Shipped, not only for tests: ``devplugin conformance --register-dir`` and ``devplugin demo`` run
+it, and ``devplugin_sdk.testing`` re-exports it for plugin authors' tests. It speaks to plugins
+through ``_client``, ``_registration`` and ``_watcher_registration`` and never sees protobuf.
 
 It follows the kubelet v1.32 device manager as written down in the protocol reference:
 registration validates with the kubelet's error strings and dials back synchronously, calling
@@ -32,16 +36,12 @@ import anyio
 import anyio.to_thread
 import grpc
 
-from devplugin_sdk import _convert, _names, fswatch
+from devplugin_sdk import _client, _names, _registration, _watcher_registration, fswatch
 from devplugin_sdk.api import constants
-from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
-from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
-from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2 as preg
-from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2_grpc as preg_grpc
 from devplugin_sdk.settings import Settings
 from devplugin_sdk.types import Allocation
 
-log = logging.getLogger("devplugin_sdk.testing")
+log = logging.getLogger("devplugin_sdk.fake_kubelet")
 
 T = TypeVar("T")
 
@@ -74,7 +74,7 @@ class ContainerStartError(FakeKubeletError):
 
 #: A device as the kubelet last heard of it (id, health string, NUMA nodes); ``healthy`` is
 #: true only for the exact string "Healthy".
-KubeletDevice = _convert.ListedDevice
+KubeletDevice = _client.ListedDevice
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +109,12 @@ class _Client:
     resource: str
     socket_path: Path
     channel: grpc.aio.Channel
-    stub: pb_grpc.DevicePluginAsyncStub
-    options: pb.DevicePluginOptions = field(default_factory=pb.DevicePluginOptions)
+    plugin: _client.DevicePluginClient
+    options: _client.PluginOptions = field(
+        default_factory=lambda: _client.PluginOptions(
+            pre_start_required=False, preferred_allocation=False
+        )
+    )
     stopped_at: float | None = None
     scope: anyio.CancelScope | None = None
 
@@ -256,20 +260,7 @@ class FakeKubelet:
             self._read_checkpoint()
             self._cleanup_directory()
         server = grpc.aio.server()
-        server.add_generic_rpc_handlers(
-            [
-                grpc.method_handlers_generic_handler(
-                    "v1beta1.Registration",
-                    {
-                        "Register": grpc.unary_unary_rpc_method_handler(
-                            self._register,
-                            request_deserializer=pb.RegisterRequest.FromString,
-                            response_serializer=pb.Empty.SerializeToString,
-                        )
-                    },
-                )
-            ]
-        )
+        server.add_generic_rpc_handlers([_registration.registration_server(self._register)])
         server.add_insecure_port(f"unix:{self.socket_path}")
         with anyio.CancelScope(shield=True):  # never leave a half-started server behind
             await server.start()
@@ -394,16 +385,15 @@ class FakeKubelet:
 
     # ------------------------------------------------------------------ Register
 
-    async def _register(
-        self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.Empty:
+    async def _register(self, request: _registration.RegisterCall) -> str | None:
+        """Register: None accepts it; an error message is the kubelet's answer."""
         self.register_calls += 1
         record = Registration(
             resource_name=request.resource_name,
             endpoint=request.endpoint,
             version=request.version,
-            pre_start_required=request.options.pre_start_required,
-            preferred_allocation=request.options.get_preferred_allocation_available,
+            pre_start_required=request.pre_start_required,
+            preferred_allocation=request.preferred_allocation,
             at=time.monotonic(),
         )
         done = anyio.Event()
@@ -421,12 +411,9 @@ class FakeKubelet:
         assert self._tg is not None
         self._tg.start_soon(connect)
         await done.wait()
-        if outcome[0] is not None:
-            # The kubelet returns plain Go errors: status UNKNOWN with the message.
-            await context.abort(grpc.StatusCode.UNKNOWN, outcome[0])
-        return pb.Empty()
+        return outcome[0]
 
-    async def _connect(self, request: pb.RegisterRequest) -> str | None:
+    async def _connect(self, request: _registration.RegisterCall) -> str | None:
         if request.version not in constants.SUPPORTED_VERSIONS:
             return (
                 f'requested API version "{request.version}" is not supported by kubelet. '
@@ -443,7 +430,7 @@ class FakeKubelet:
     async def _connect_client(self, resource: str, path: Path) -> str | None:
         """Dial the plugin, get its options and start ListAndWatch (connectClient)."""
         channel = grpc.aio.insecure_channel(f"unix:{path}")
-        client = _Client(resource, path, channel, pb_grpc.DevicePluginStub(channel))
+        client = _Client(resource, path, channel, _client.DevicePluginClient(channel))
         key = self._key(resource, path)
         self._clients[key] = client
         try:
@@ -454,7 +441,7 @@ class FakeKubelet:
             await channel.close()
             return "failed to dial device plugin: context deadline exceeded"
         try:
-            client.options = await client.stub.GetDevicePluginOptions(pb.Empty())
+            client.options = await client.plugin.options()
         except grpc.aio.AioRpcError as exc:
             self._deregister(key)
             await channel.close()
@@ -531,7 +518,7 @@ class FakeKubelet:
                 endpoint=record.endpoint,
                 version=record.version,
                 pre_start_required=client.options.pre_start_required,
-                preferred_allocation=client.options.get_preferred_allocation_available,
+                preferred_allocation=client.options.preferred_allocation,
                 at=record.at,
             )
         self.registrations.append(record if error is None else _with_error(record, error))
@@ -541,16 +528,13 @@ class FakeKubelet:
             path, error is None, "" if error is None else f"RegisterPlugin error -- {error}"
         )
 
-    async def _validate_watched(self, path: Path) -> tuple[str | None, preg.PluginInfo | None]:
-        async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
-            try:
-                with anyio.fail_after(self.dial_timeout):
-                    await channel.channel_ready()
-                info = await preg_grpc.RegistrationStub(channel).GetInfo(
-                    preg.InfoRequest(), timeout=1.0
-                )
-            except (TimeoutError, grpc.aio.AioRpcError) as exc:
-                return f"failed to get plugin info: {exc}", None
+    async def _validate_watched(
+        self, path: Path
+    ) -> tuple[str | None, _watcher_registration.PluginInfo | None]:
+        try:
+            info = await _watcher_registration.get_info(path, dial_timeout=self.dial_timeout)
+        except (TimeoutError, grpc.aio.AioRpcError) as exc:
+            return f"failed to get plugin info: {exc}", None
         if info.type != constants.PLUGIN_TYPE_DEVICE_PLUGIN:
             return f"plugin type {info.type!r} is not handled here", info
         if constants.VERSION not in info.supported_versions:
@@ -568,13 +552,10 @@ class FakeKubelet:
         return None, info
 
     async def _notify_status(self, path: Path, registered: bool, error: str) -> None:
-        async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
-            try:
-                await preg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
-                    preg.RegistrationStatus(plugin_registered=registered, error=error), timeout=5.0
-                )
-            except grpc.aio.AioRpcError as exc:
-                log.info("NotifyRegistrationStatus to %s failed: %s", path, exc.code().name)
+        try:
+            await _watcher_registration.notify_status(path, registered, error)
+        except grpc.aio.AioRpcError as exc:
+            log.info("NotifyRegistrationStatus to %s failed: %s", path, exc.code().name)
 
     def _key(self, resource: str, path: Path) -> tuple[str, str]:
         return (resource, str(path) if self.per_socket_clients else "")
@@ -587,8 +568,8 @@ class FakeKubelet:
         client.scope = scope
         with scope:
             try:
-                async for response in client.stub.ListAndWatch(pb.Empty()):
-                    self._on_list(client, response)
+                async for devices in client.plugin.list_and_watch():
+                    self._on_list(client, devices)
             except grpc.aio.AioRpcError as exc:
                 log.info("ListAndWatch for %s ended: %s", client.resource, exc.code().name)
             except Exception:
@@ -615,12 +596,12 @@ class FakeKubelet:
             books.stopped_at = client.stopped_at
         self._notify()
 
-    def _on_list(self, client: _Client, response: pb.ListAndWatchResponse) -> None:
+    def _on_list(self, client: _Client, devices: tuple[KubeletDevice, ...]) -> None:
         books = self._books.setdefault(client.resource, _Books())
         books.devices = {}
         books.healthy = set()
         books.unhealthy = set()
-        for kd in _convert.listed_devices(response):
+        for kd in devices:
             books.devices[kd.id] = kd
             (books.healthy if kd.healthy else books.unhealthy).add(kd.id)
         books.seen_list = True
@@ -804,24 +785,14 @@ class FakeKubelet:
             raise AdmissionError(f"endpoint {client.socket_path} has been stopped")
         chosen: list[str] = []
         preferred: tuple[str, ...] | None = None
-        if client.options.get_preferred_allocation_available:
-            request = pb.PreferredAllocationRequest(
-                container_requests=[
-                    pb.ContainerPreferredAllocationRequest(
-                        available_deviceIDs=available,
-                        must_include_deviceIDs=[],
-                        allocation_size=count,
-                    )
-                ]
-            )
+        if client.options.preferred_allocation:
             try:
-                answer = await _call(client.stub.GetPreferredAllocation(request))
+                preferred = await _call(client.plugin.preferred_allocation(available, [], count))
             except grpc.aio.AioRpcError as exc:
                 raise AdmissionError(
                     f"device plugin GetPreferredAllocation rpc failed with err: {_rpc_error(exc)}"
                 ) from None
-            if answer.container_responses:
-                preferred = tuple(answer.container_responses[0].deviceIDs)
+            if preferred is not None:
                 # Only the intersection with the candidates counts; order means nothing.
                 valid = [i for i in dict.fromkeys(preferred) if i in set(available)]
                 if len(valid) > count:
@@ -835,23 +806,17 @@ class FakeKubelet:
         ids = list(chosen)
         self._random.shuffle(ids)
         try:
-            response = await _call(
-                client.stub.Allocate(
-                    pb.AllocateRequest(
-                        container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]
-                    )
-                )
-            )
+            allocation = await _call(client.plugin.allocate_first(ids))
         except grpc.aio.AioRpcError as exc:
             raise AdmissionError(_rpc_error(exc)) from None
-        if not response.container_responses:
-            raise AdmissionError(f"no containers return in allocation response {response}")
+        if allocation is None:
+            raise AdmissionError(_NO_CONTAINERS)
         result = ContainerAllocation(
             pod=pod,
             container=container,
             resource_name=resource,
             device_ids=tuple(sorted(ids)),
-            allocation=_convert.allocation_from_response(response.container_responses[0]),
+            allocation=allocation,
             preferred=preferred,
         )
         self._allocations[key] = result
@@ -877,9 +842,8 @@ class FakeKubelet:
             return
         try:
             await _call(
-                client.stub.PreStartContainer(
-                    pb.PreStartContainerRequest(devices_ids=list(allocation.device_ids)),
-                    timeout=constants.PRE_START_CONTAINER_TIMEOUT_S,
+                client.plugin.pre_start_container(
+                    allocation.device_ids, timeout=constants.PRE_START_CONTAINER_TIMEOUT_S
                 )
             )
         except grpc.aio.AioRpcError as exc:
@@ -909,14 +873,13 @@ class FakeKubelet:
 
         Raises:
             grpc.aio.AioRpcError: the plugin's error status.
+            AdmissionError: the plugin answered no container response.
         """
         client = self._client_for(resource)
-        response = await client.stub.Allocate(
-            pb.AllocateRequest(
-                container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))]
-            )
-        )
-        return _convert.allocation_from_response(response.container_responses[0])
+        allocation = await client.plugin.allocate_first(list(device_ids))
+        if allocation is None:
+            raise AdmissionError(_NO_CONTAINERS)
+        return allocation
 
     def _client_for(self, resource: str) -> _Client:
         books = self._books.get(resource)
@@ -944,6 +907,10 @@ async def _call(call: Awaitable[T]) -> T:
             grpc.aio.Metadata(),
             details="the call to the plugin was cancelled",
         ) from None
+
+
+# The kubelet's message dumps the empty response, which protobuf's text format prints as nothing.
+_NO_CONTAINERS = "no containers return in allocation response "
 
 
 def _join_endpoint(directory: Path, endpoint: str) -> Path:
