@@ -116,7 +116,10 @@ class _Client:
         )
     )
     stopped_at: float | None = None
-    scope: anyio.CancelScope | None = None
+    # Cancelling it ends the ListAndWatch stream from the kubelet's side, even before it opens.
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    # Set once the kubelet has processed the end of the stream.
+    ended: anyio.Event = field(default_factory=anyio.Event)
 
 
 @dataclass
@@ -130,6 +133,7 @@ class _Books:
     stopped_at: float | None = None
     seen_list: bool = False
     messages: int = 0
+    streams_ended: int = 0
 
 
 class FakeKubelet:
@@ -150,6 +154,13 @@ class FakeKubelet:
             socket there instead of calling Register).
         registry_directory: The plugins_registry directory; by default ``plugins_registry``
             beside ``directory``.
+        on_list: Called with the resource name and the devices as each ListAndWatch message
+            arrives, before the kubelet's own bookkeeping (a benchmark's clock, say); it must
+            not block.
+
+    Fault hooks, for what a real kubelet does on its own: ``drop_streams()`` ends ListAndWatch
+    streams while the kubelet stays up, ``reject(reason)`` answers registrations with an error,
+    ``crash()`` leaves a stale ``kubelet.sock``, ``restart()`` wipes the directory.
     """
 
     def __init__(
@@ -163,6 +174,7 @@ class FakeKubelet:
         seed: int = 0,
         plugin_watcher: bool = False,
         registry_directory: str | os.PathLike[str] | None = None,
+        on_list: Callable[[str, tuple[KubeletDevice, ...]], None] | None = None,
     ) -> None:
         self._own_directory = directory is None
         self.directory = Path(directory) if directory is not None else Path()
@@ -178,6 +190,9 @@ class FakeKubelet:
         self.registrations: list[Registration] = []
         self.register_calls = 0
         self.restarts = 0
+        self.on_list = on_list
+        self._rejection: tuple[str, int | None] | None = None
+        self._streams: set[_Client] = set()
         self._random = random.Random(seed)
         self._books: dict[str, _Books] = {}
         self._clients: dict[tuple[str, str], _Client] = {}
@@ -301,10 +316,68 @@ class FakeKubelet:
         self._notify()
 
     async def restart(self) -> None:
-        """Stop, then start again (wiping every non-directory file but the checkpoint)."""
+        """Stop, then start again (wiping every non-directory file but the checkpoint).
+
+        There is no variant that keeps the plugins' sockets: a kubelet removes every entry
+        directly in its directory but the checkpoint and subdirectories *before* it creates the
+        new ``kubelet.sock``, and does not start at all if a removal fails (protocol reference,
+        7.1). What a restart keeps is what a real one keeps: sockets in subdirectories (where no
+        plugin should put one) and, with ``plugin_watcher``, the ``plugins_registry`` directory,
+        whose sockets the watcher finds and registers again.
+        """
         await self.stop()
         self.restarts += 1
         await self.start()
+
+    # ------------------------------------------------------------------ fault hooks
+
+    def reject(self, reason: str | None, *, times: int | None = None) -> None:
+        """Answer registrations with the error ``reason`` until cleared with ``reject(None)``.
+
+        On the ``kubelet.sock`` path Register fails with ``reason`` (status UNKNOWN, as the
+        kubelet's errors are) before any check or dial-back; e.g. the kubelet's version
+        rejection, ``requested API version "v1beta1" is not supported by kubelet. Supported
+        version is ["v2"]``. On the plugin-watcher path the connection that follows a valid
+        GetInfo fails with ``reason`` and the plugin is told so through
+        NotifyRegistrationStatus. Each rejection is recorded in ``registrations``.
+
+        Args:
+            reason: The kubelet's error message, or None to accept registrations again.
+            times: Reject only the next ``times`` registrations, then accept again.
+        """
+        if reason is not None and times is not None and times < 1:
+            raise ValueError(f"times must be at least 1, got {times}")
+        self._rejection = None if reason is None else (reason, times)
+
+    def _take_rejection(self) -> str | None:
+        if self._rejection is None:
+            return None
+        reason, times = self._rejection
+        if times is not None:
+            self._rejection = (reason, times - 1) if times > 1 else None
+        return reason
+
+    async def drop_streams(self, resource: str | None = None) -> int:
+        """End ListAndWatch streams from the kubelet's side while the kubelet stays up.
+
+        The kubelet does this on its own errors (a message over 4 MiB) and, in v1.32, when an
+        old registration's stream ends (issue #121994). Each end is processed as the kubelet
+        does: the plugin is disconnected (its healthy devices become unhealthy and the grace
+        period starts) and never redialled; only a new registration brings the resource back.
+        Returns once every end has been processed.
+
+        Args:
+            resource: Only the streams of this resource; every stream by default.
+
+        Returns:
+            How many streams were ended.
+        """
+        dropped = [c for c in self._streams if resource is None or c.resource == resource]
+        for client in dropped:
+            client.scope.cancel()
+        for client in dropped:
+            await client.ended.wait()
+        return len(dropped)
 
     def _cleanup_directory(self) -> None:
         # The kubelet removes every entry directly in its directory except the checkpoint and
@@ -414,6 +487,9 @@ class FakeKubelet:
         return outcome[0]
 
     async def _connect(self, request: _registration.RegisterCall) -> str | None:
+        rejection = self._take_rejection()
+        if rejection is not None:
+            return rejection
         if request.version not in constants.SUPPORTED_VERSIONS:
             return (
                 f'requested API version "{request.version}" is not supported by kubelet. '
@@ -454,6 +530,7 @@ class FakeKubelet:
         books.endpoint = client
         books.stopped_at = None
         assert self._tg is not None
+        self._streams.add(client)
         self._tg.start_soon(self._run_client, client)
         return None
 
@@ -509,7 +586,9 @@ class FakeKubelet:
         )
         endpoint = Path(info.endpoint) if info.endpoint else path
         self.register_calls += 1
-        error = await self._connect_client(info.name, endpoint)
+        error = self._take_rejection()
+        if error is None:
+            error = await self._connect_client(info.name, endpoint)
         client = self._books[info.name].endpoint if error is None else None
         if client is not None:
             self._watched[path] = client
@@ -564,28 +643,32 @@ class FakeKubelet:
         self._clients.pop(key, None)
 
     async def _run_client(self, client: _Client) -> None:
-        scope = anyio.CancelScope()
-        client.scope = scope
-        with scope:
-            try:
-                async for devices in client.plugin.list_and_watch():
-                    self._on_list(client, devices)
-            except grpc.aio.AioRpcError as exc:
-                log.info("ListAndWatch for %s ended: %s", client.resource, exc.code().name)
-            except Exception:
-                log.exception("ListAndWatch for %s failed", client.resource)
-        log.info("ListAndWatch ended unexpectedly for resource %s", client.resource)
-        # v1.32 looks the client up by resource name only: when an old registration's stream
-        # ends it finds, and disconnects, the newest client of the resource.
-        current = self._clients.get(self._key(client.resource, client.socket_path))
-        if current is None:
-            return
-        await self._disconnect(current)
+        try:
+            with client.scope:
+                try:
+                    async for devices in client.plugin.list_and_watch():
+                        self._on_list(client, devices)
+                except grpc.aio.AioRpcError as exc:
+                    log.info("ListAndWatch for %s ended: %s", client.resource, exc.code().name)
+                except Exception:
+                    log.exception("ListAndWatch for %s failed", client.resource)
+            log.info("ListAndWatch ended unexpectedly for resource %s", client.resource)
+            # v1.32 looks the client up by resource name only: when an old registration's
+            # stream ends it finds, and disconnects, the newest client of the resource.
+            current = self._clients.get(self._key(client.resource, client.socket_path))
+            if current is not None:
+                await self._disconnect(current)
+        finally:
+            self._streams.discard(client)
+            books = self._books.get(client.resource)
+            if books is not None:
+                books.streams_ended += 1
+            client.ended.set()
+            self._notify()
 
     async def _disconnect(self, client: _Client) -> None:
         self._deregister(self._key(client.resource, client.socket_path))
-        if client.scope is not None:
-            client.scope.cancel()
+        client.scope.cancel()
         await client.channel.close()
         books = self._books.get(client.resource)
         if books is not None and client.stopped_at is None:
@@ -597,6 +680,8 @@ class FakeKubelet:
         self._notify()
 
     def _on_list(self, client: _Client, devices: tuple[KubeletDevice, ...]) -> None:
+        if self.on_list is not None:
+            self.on_list(client.resource, devices)
         books = self._books.setdefault(client.resource, _Books())
         books.devices = {}
         books.healthy = set()
@@ -656,6 +741,11 @@ class FakeKubelet:
         """How many ListAndWatch messages the kubelet processed for ``resource``."""
         books = self._books.get(resource)
         return 0 if books is None else books.messages
+
+    def ended_streams(self, resource: str) -> int:
+        """How many ListAndWatch streams of ``resource`` have ended, each end processed."""
+        books = self._books.get(resource)
+        return 0 if books is None else books.streams_ended
 
     def successful_registrations(self, resource: str) -> list[Registration]:
         return [r for r in self.registrations if r.resource_name == resource and r.error is None]
