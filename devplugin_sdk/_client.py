@@ -3,13 +3,16 @@
 FakeKubelet, ``probe`` and ``conformance`` call plugins through ``DevicePluginClient``; ``_convert``
 builds and reads the messages, so none of them sees protobuf. Errors stay grpc.aio's own
 (``grpc.aio.AioRpcError`` with the plugin's status): each caller tells its own story about them.
+``ready`` and ``state_change`` bound a dial without leaving gRPC work behind the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Generic, TypeVar
 
+import anyio
 import grpc
 
 from devplugin_sdk import _convert
@@ -17,7 +20,7 @@ from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 from devplugin_sdk.types import Allocation
 
-__all__ = ["DevicePluginClient", "ListedDevice", "PluginOptions", "Stream"]
+__all__ = ["DevicePluginClient", "ListedDevice", "PluginOptions", "Stream", "ready", "state_change"]
 
 T = TypeVar("T")
 
@@ -25,6 +28,49 @@ ListedDevice = _convert.ListedDevice
 PluginOptions = _convert.PluginOptions
 
 _LIST_AND_WATCH = "/v1beta1.DevicePlugin/ListAndWatch"
+
+
+async def state_change(
+    channel: grpc.aio.Channel, state: grpc.ChannelConnectivity, timeout: float
+) -> bool:
+    """Wait up to ``timeout`` seconds for ``channel`` to leave ``state``.
+
+    grpc.aio leaves a cancelled connectivity watch registered in gRPC core, which completes it
+    later, possibly once this event loop is closed (another loop's poller then fails with
+    "Event loop is closed"). So when the wait times out or is cancelled, the channel is closed,
+    which completes the watch at once, and the watch is let finish here.
+
+    Returns:
+        True once the state changed; False after ``timeout``, with the channel closed.
+    """
+    watch = asyncio.ensure_future(channel.wait_for_state_change(state))
+    try:
+        with anyio.move_on_after(timeout):
+            await asyncio.shield(watch)
+            return True
+        return False
+    finally:
+        if not watch.done():
+            with anyio.CancelScope(shield=True):
+                await channel.close()
+                with anyio.move_on_after(1.0):
+                    await asyncio.wait([watch])
+
+
+async def ready(channel: grpc.aio.Channel, timeout: float) -> bool:
+    """Connect ``channel`` and wait up to ``timeout`` seconds for it to be READY.
+
+    Returns:
+        True when READY; False after ``timeout``, with the channel closed (see
+        ``state_change``).
+    """
+    deadline = anyio.current_time() + timeout
+    state = channel.get_state(try_to_connect=True)
+    while state is not grpc.ChannelConnectivity.READY:
+        if not await state_change(channel, state, deadline - anyio.current_time()):
+            return False
+        state = channel.get_state(try_to_connect=True)
+    return True
 
 
 class Stream(Generic[T]):

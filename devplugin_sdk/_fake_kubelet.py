@@ -509,10 +509,7 @@ class FakeKubelet:
         client = _Client(resource, path, channel, _client.DevicePluginClient(channel))
         key = self._key(resource, path)
         self._clients[key] = client
-        try:
-            with anyio.fail_after(self.dial_timeout):
-                await channel.channel_ready()
-        except TimeoutError:
+        if not await _client.ready(channel, self.dial_timeout):
             self._deregister(key)
             await channel.close()
             return "failed to dial device plugin: context deadline exceeded"

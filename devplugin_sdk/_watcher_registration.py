@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
 import grpc
 
+from devplugin_sdk import _client
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2 as preg
 from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2_grpc as preg_grpc
@@ -82,8 +82,8 @@ async def get_info(path: Path, *, dial_timeout: float, timeout: float = 1.0) -> 
         grpc.aio.AioRpcError: GetInfo failed or took longer than ``timeout`` seconds.
     """
     async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
-        with anyio.fail_after(dial_timeout):
-            await channel.channel_ready()
+        if not await _client.ready(channel, dial_timeout):
+            raise TimeoutError
         info = await preg_grpc.RegistrationStub(channel).GetInfo(
             preg.InfoRequest(), timeout=timeout
         )

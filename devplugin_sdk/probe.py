@@ -472,18 +472,20 @@ async def _check_socket(path: Path) -> None:
 
 async def _wait_ready(channel: grpc.aio.Channel, path: Path, timeout: float) -> None:
     """Wait for READY; a connection refused at the HTTP/2 level means 'not gRPC'."""
+    deadline = anyio.current_time() + timeout
     state = channel.get_state(try_to_connect=True)
-    with anyio.move_on_after(timeout):
-        while state is not grpc.ChannelConnectivity.READY:
-            if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-                # The socket accepted a plain connection a moment ago (_check_socket), so a
-                # failed channel means the HTTP/2 handshake failed: not a gRPC server.
-                raise NotADevicePluginError(
-                    f"{path} accepts connections but does not speak gRPC (HTTP/2); "
-                    "it is not a device plugin socket"
-                )
-            await channel.wait_for_state_change(state)
-            state = channel.get_state(try_to_connect=True)
+    while state is not grpc.ChannelConnectivity.READY:
+        if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            # The socket accepted a plain connection a moment ago (_check_socket), so a
+            # failed channel means the HTTP/2 handshake failed: not a gRPC server.
+            raise NotADevicePluginError(
+                f"{path} accepts connections but does not speak gRPC (HTTP/2); "
+                "it is not a device plugin socket"
+            )
+        if not await _client.state_change(channel, state, deadline - anyio.current_time()):
+            break
+        state = channel.get_state(try_to_connect=True)
+    else:
         return
     raise NotAnsweringError(
         f"{path} accepted a connection but no gRPC server answered within {timeout:g} s "
