@@ -26,8 +26,7 @@ import anyio
 import anyio.abc
 
 from devplugin_sdk import Device, DeviceNode
-from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
-from devplugin_sdk.testing import FakeKubelet
+from devplugin_sdk.testing import FakeKubelet, KubeletDevice
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN_PROCESS = Path(__file__).resolve().parent / "_plugin_process.py"
@@ -254,19 +253,18 @@ class TimedKubelet(FakeKubelet):
     """A FakeKubelet that timestamps each ListAndWatch message as it arrives.
 
     The arrival is taken after gRPC has parsed the message and before the kubelet's own
-    bookkeeping (device sets, checkpoint file), which separates the plugin's share of a
-    propagation from the fake kubelet's.
+    bookkeeping (device sets, checkpoint file), through FakeKubelet's ``on_list`` hook, which
+    separates the plugin's share of a propagation from the fake kubelet's.
     """
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(on_list=self._arrived, **kwargs)
         self.received = 0
         self.received_at = 0.0
 
-    def _on_list(self, client: Any, response: pb.ListAndWatchResponse) -> None:
+    def _arrived(self, resource: str, devices: Sequence[KubeletDevice]) -> None:
         self.received_at = time.perf_counter()
         self.received += 1
-        super()._on_list(client, response)
 
     async def wait_for_message(self, after: int, timeout: float = 30.0) -> float:
         """Wait until more than ``after`` messages arrived; return the last arrival time."""

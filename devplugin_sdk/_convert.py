@@ -17,12 +17,19 @@ from devplugin_sdk.types import Allocation, Device, DeviceNode, Health, Mount
 
 __all__ = [
     "ListedDevice",
+    "PluginOptions",
+    "allocate_request",
     "allocation_from_response",
     "allocation_to_response",
     "decode_list_and_watch",
+    "decode_listed_devices",
+    "first_preferred",
     "list_and_watch_entry",
     "listed_devices",
     "options",
+    "plugin_options",
+    "pre_start_request",
+    "preferred_request",
     "preferred_response",
 ]
 
@@ -121,3 +128,71 @@ def preferred_response(choices: Iterable[Sequence[str]]) -> pb.PreferredAllocati
             pb.ContainerPreferredAllocationResponse(deviceIDs=list(ids)) for ids in choices
         ]
     )
+
+
+# ------------------------------------------------------------------ the kubelet's side of the calls
+
+
+@dataclass(frozen=True, slots=True)
+class PluginOptions:
+    """A plugin's DevicePluginOptions, which the kubelet reads once per registration."""
+
+    pre_start_required: bool
+    preferred_allocation: bool
+
+    def to_json(self) -> dict[str, bool]:
+        return {
+            "pre_start_required": self.pre_start_required,
+            "get_preferred_allocation_available": self.preferred_allocation,
+        }
+
+
+def plugin_options(message: pb.DevicePluginOptions) -> PluginOptions:
+    """``PluginOptions`` from a GetDevicePluginOptions answer."""
+    return PluginOptions(
+        pre_start_required=message.pre_start_required,
+        preferred_allocation=message.get_preferred_allocation_available,
+    )
+
+
+def decode_listed_devices(payload: bytes) -> tuple[ListedDevice, ...]:
+    """The devices of an encoded ListAndWatchResponse, in order.
+
+    Raises:
+        google.protobuf.message.DecodeError: ``payload`` is not a ListAndWatchResponse.
+    """
+    return listed_devices(decode_list_and_watch(payload))
+
+
+def preferred_request(
+    available: Iterable[str], must_include: Iterable[str], size: int
+) -> pb.PreferredAllocationRequest:
+    """A GetPreferredAllocation request for one container, as the kubelet sends it."""
+    return pb.PreferredAllocationRequest(
+        container_requests=[
+            pb.ContainerPreferredAllocationRequest(
+                available_deviceIDs=list(available),
+                must_include_deviceIDs=list(must_include),
+                allocation_size=size,
+            )
+        ]
+    )
+
+
+def first_preferred(response: pb.PreferredAllocationResponse) -> tuple[str, ...] | None:
+    """The IDs of the first container response (the only one the kubelet reads), or None."""
+    if not response.container_responses:
+        return None
+    return tuple(response.container_responses[0].deviceIDs)
+
+
+def allocate_request(containers: Iterable[Iterable[str]]) -> pb.AllocateRequest:
+    """An AllocateRequest with one container request per ID list."""
+    return pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devices_ids=list(c)) for c in containers]
+    )
+
+
+def pre_start_request(device_ids: Iterable[str]) -> pb.PreStartContainerRequest:
+    """A PreStartContainer request for one container's devices."""
+    return pb.PreStartContainerRequest(devices_ids=list(device_ids))

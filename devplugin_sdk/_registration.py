@@ -2,13 +2,17 @@
 
 The kubelet dials back into the plugin and calls GetDevicePluginOptions inside Register, so the
 call is awaited on the event loop that serves the plugin (a blocking call there deadlocks).
+The kubelet's side of the call (``registration_server``) is here too, for the simulated kubelet.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -20,7 +24,7 @@ from devplugin_sdk.errors import RegistrationRejectedError
 
 log = logging.getLogger("devplugin_sdk")
 
-__all__ = ["Outcome", "register_once"]
+__all__ = ["Outcome", "RegisterCall", "register_once", "registration_server"]
 
 
 _CHANNEL_OPTIONS = [
@@ -91,3 +95,56 @@ async def register_once(
                 return Outcome.TIMED_OUT, f"no answer within {timeout:g}s"
             return Outcome.RETRY, f"{exc.code().name}: {details}"
     return Outcome.REGISTERED, ""
+
+
+# ------------------------------------------------------------------ the kubelet's side
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterCall:
+    """One Register request as the kubelet's registration server receives it."""
+
+    version: str
+    endpoint: str
+    resource_name: str
+    pre_start_required: bool
+    preferred_allocation: bool
+
+
+def registration_server(
+    on_register: Callable[[RegisterCall], Awaitable[str | None]],
+) -> grpc.GenericRpcHandler:
+    """The kubelet's ``v1beta1.Registration`` service, answering Register with ``on_register``.
+
+    Args:
+        on_register: Handles one request; returns None to accept it, or the kubelet's error
+            message to reject it.
+    """
+
+    async def register(
+        request: pb.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.Empty:
+        error = await on_register(
+            RegisterCall(
+                version=request.version,
+                endpoint=request.endpoint,
+                resource_name=request.resource_name,
+                pre_start_required=request.options.pre_start_required,
+                preferred_allocation=request.options.get_preferred_allocation_available,
+            )
+        )
+        if error is not None:
+            # The kubelet returns plain Go errors: the plugin sees status UNKNOWN with the message.
+            await context.abort(grpc.StatusCode.UNKNOWN, error)
+        return pb.Empty()
+
+    return grpc.method_handlers_generic_handler(
+        "v1beta1.Registration",
+        {
+            "Register": grpc.unary_unary_rpc_method_handler(
+                register,
+                request_deserializer=pb.RegisterRequest.FromString,
+                response_serializer=pb.Empty.SerializeToString,
+            )
+        },
+    )

@@ -2,20 +2,25 @@
 
 The kubelet finds our socket in plugins_registry, calls GetInfo (1 s deadline), validates it,
 connects to the DevicePlugin service (an empty endpoint means this same socket) and reports the
-outcome through NotifyRegistrationStatus.
+outcome through NotifyRegistrationStatus. The kubelet's side of those two calls (``get_info``,
+``notify_status``) is here too, for the simulated kubelet.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 
+from devplugin_sdk import _client
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2 as preg
+from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2_grpc as preg_grpc
 
-__all__ = ["handler"]
+__all__ = ["PluginInfo", "get_info", "handler", "notify_status"]
 
 
 def handler(resource_name: str, on_status: Callable[[bool, str], None]) -> grpc.GenericRpcHandler:
@@ -54,3 +59,49 @@ def handler(resource_name: str, on_status: Callable[[bool, str], None]) -> grpc.
             ),
         },
     )
+
+
+# ------------------------------------------------------------------ the kubelet's side
+
+
+@dataclass(frozen=True, slots=True)
+class PluginInfo:
+    """What a plugin's GetInfo answered."""
+
+    type: str
+    name: str
+    endpoint: str
+    supported_versions: tuple[str, ...]
+
+
+async def get_info(path: Path, *, dial_timeout: float, timeout: float = 1.0) -> PluginInfo:
+    """Dial the registration socket at ``path`` and call GetInfo, as the plugin watcher does.
+
+    Raises:
+        TimeoutError: the socket did not accept within ``dial_timeout`` seconds.
+        grpc.aio.AioRpcError: GetInfo failed or took longer than ``timeout`` seconds.
+    """
+    async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
+        if not await _client.ready(channel, dial_timeout):
+            raise TimeoutError
+        info = await preg_grpc.RegistrationStub(channel).GetInfo(
+            preg.InfoRequest(), timeout=timeout
+        )
+    return PluginInfo(
+        type=info.type,
+        name=info.name,
+        endpoint=info.endpoint,
+        supported_versions=tuple(info.supported_versions),
+    )
+
+
+async def notify_status(path: Path, registered: bool, error: str, *, timeout: float = 5.0) -> None:
+    """Call NotifyRegistrationStatus on the registration socket at ``path``.
+
+    Raises:
+        grpc.aio.AioRpcError: the call failed.
+    """
+    async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
+        await preg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
+            preg.RegistrationStatus(plugin_registered=registered, error=error), timeout=timeout
+        )

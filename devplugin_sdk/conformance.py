@@ -23,6 +23,7 @@ import anyio.abc
 import grpc
 
 from devplugin_sdk import _names
+from devplugin_sdk._fake_kubelet import FakeKubelet, Registration
 from devplugin_sdk._server import is_live_socket
 from devplugin_sdk.api import constants
 from devplugin_sdk.probe import (
@@ -33,7 +34,6 @@ from devplugin_sdk.probe import (
     PluginRpcError,
     ProbeError,
 )
-from devplugin_sdk.testing import FakeKubelet, Registration
 
 __all__ = [
     "CHECKS",

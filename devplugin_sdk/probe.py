@@ -22,10 +22,8 @@ from typing import Any
 import anyio
 import grpc
 
-from devplugin_sdk import _convert
+from devplugin_sdk import _client, _convert
 from devplugin_sdk.api import constants
-from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
-from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 from devplugin_sdk.types import Allocation
 
 __all__ = [
@@ -49,9 +47,6 @@ __all__ = [
     "probe",
     "watch",
 ]
-
-_SERVICE = "/v1beta1.DevicePlugin/"
-
 
 # ------------------------------------------------------------------------------------------ errors
 
@@ -107,19 +102,8 @@ class ProtocolViolation(ProbeError):
 # ------------------------------------------------------------------------------------------ data
 
 
-@dataclass(frozen=True, slots=True)
-class PluginOptions:
-    """The plugin's DevicePluginOptions, which the kubelet reads once per registration."""
-
-    pre_start_required: bool
-    preferred_allocation: bool
-
-    def to_json(self) -> dict[str, bool]:
-        return {
-            "pre_start_required": self.pre_start_required,
-            "get_preferred_allocation_available": self.preferred_allocation,
-        }
-
+# The plugin's DevicePluginOptions, which the kubelet reads once per registration.
+PluginOptions = _convert.PluginOptions
 
 # One device of a ListAndWatch message, as sent; shared with FakeKubelet.
 ListedDevice = _convert.ListedDevice
@@ -229,8 +213,8 @@ class ListStream:
     treats the plugin as gone) or sends a message over the receive limit.
     """
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall[pb.Empty, bytes], opened_at: float) -> None:
-        self._call = call
+    def __init__(self, stream: _client.Stream[bytes], opened_at: float) -> None:
+        self._call = stream
         self.opened_at = opened_at
         self.messages = 0
 
@@ -259,12 +243,11 @@ class ListStream:
                 payload = await self._call.read()
             except grpc.aio.AioRpcError as exc:
                 raise _stream_error(exc) from None
-        if payload is grpc.aio.EOF:
+        if payload is None:
             raise ProtocolViolation(
                 "the plugin ended the ListAndWatch stream; the kubelet treats that as the plugin "
                 "going away (its devices become unhealthy until it registers again)"
             )
-        assert isinstance(payload, bytes)
         self.messages += 1
         return _device_list(payload)
 
@@ -277,9 +260,8 @@ class ListStream:
 
 
 def _device_list(payload: bytes) -> DeviceList:
-    message = _convert.decode_list_and_watch(payload)
     return DeviceList(
-        devices=_convert.listed_devices(message),
+        devices=_convert.decode_listed_devices(payload),
         size=len(payload),
         received_at=time.time(),
     )
@@ -321,14 +303,7 @@ class PluginClient:
         self.rpc_timeout = rpc_timeout
         self.connect_seconds = 0.0
         self._channel = channel
-        self._stub: pb_grpc.DevicePluginAsyncStub = pb_grpc.DevicePluginStub(channel)
-        # ListAndWatch as raw bytes, so that message sizes can be reported.
-        self._list_and_watch: grpc.aio.UnaryStreamMultiCallable[pb.Empty, bytes]
-        self._list_and_watch = channel.unary_stream(
-            _SERVICE + "ListAndWatch",
-            request_serializer=pb.Empty.SerializeToString,
-            response_deserializer=None,
-        )
+        self._plugin = _client.DevicePluginClient(channel)
 
     @classmethod
     async def connect(
@@ -392,7 +367,7 @@ class PluginClient:
             PluginRpcError: any other error status.
         """
         try:
-            answer = await self._stub.GetDevicePluginOptions(pb.Empty(), timeout=self.rpc_timeout)
+            return await self._plugin.options(timeout=self.rpc_timeout)
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
                 hint = ""
@@ -403,14 +378,11 @@ class PluginClient:
                     f"GetDevicePluginOptions is UNIMPLEMENTED{hint}"
                 ) from None
             raise _rpc_error("GetDevicePluginOptions", exc) from None
-        return PluginOptions(
-            pre_start_required=answer.pre_start_required,
-            preferred_allocation=answer.get_preferred_allocation_available,
-        )
 
     def list_and_watch(self) -> ListStream:
         """Open a ListAndWatch stream (no deadline, like the kubelet's)."""
-        return ListStream(self._list_and_watch(pb.Empty()), time.perf_counter())
+        # Raw bytes, so that message sizes can be reported.
+        return ListStream(self._plugin.list_and_watch_raw(), time.perf_counter())
 
     async def preferred_allocation(
         self, available: Sequence[str], must_include: Sequence[str], size: int
@@ -424,22 +396,12 @@ class PluginClient:
         Raises:
             PluginRpcError: an error status (the kubelet fails the pod on it).
         """
-        request = pb.PreferredAllocationRequest(
-            container_requests=[
-                pb.ContainerPreferredAllocationRequest(
-                    available_deviceIDs=list(available),
-                    must_include_deviceIDs=list(must_include),
-                    allocation_size=size,
-                )
-            ]
-        )
         try:
-            answer = await self._stub.GetPreferredAllocation(request, timeout=self.rpc_timeout)
+            return await self._plugin.preferred_allocation(
+                available, must_include, size, timeout=self.rpc_timeout
+            )
         except grpc.aio.AioRpcError as exc:
             raise _rpc_error("GetPreferredAllocation", exc) from None
-        if not answer.container_responses:
-            return None
-        return tuple(answer.container_responses[0].deviceIDs)
 
     async def allocate(self, *containers: Sequence[str]) -> list[Allocation]:
         """Call Allocate with one container request per argument.
@@ -452,17 +414,10 @@ class PluginClient:
             ProtocolViolation: a response the kubelet could not use (an empty host path, bad
                 permissions).
         """
-        request = pb.AllocateRequest(
-            container_requests=[
-                pb.ContainerAllocateRequest(devices_ids=list(c)) for c in containers
-            ]
-        )
         try:
-            answer = await self._stub.Allocate(request, timeout=self.rpc_timeout)
+            return await self._plugin.allocate(*containers, timeout=self.rpc_timeout)
         except grpc.aio.AioRpcError as exc:
             raise _rpc_error("Allocate", exc) from None
-        try:
-            return [_convert.allocation_from_response(r) for r in answer.container_responses]
         except ValueError as exc:
             raise ProtocolViolation(
                 f"Allocate answered an unusable container response: {exc}"
@@ -476,9 +431,7 @@ class PluginClient:
         """
         timeout = min(self.rpc_timeout, constants.PRE_START_CONTAINER_TIMEOUT_S)
         try:
-            await self._stub.PreStartContainer(
-                pb.PreStartContainerRequest(devices_ids=list(device_ids)), timeout=timeout
-            )
+            await self._plugin.pre_start_container(device_ids, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise _rpc_error("PreStartContainer", exc) from None
 
@@ -519,18 +472,20 @@ async def _check_socket(path: Path) -> None:
 
 async def _wait_ready(channel: grpc.aio.Channel, path: Path, timeout: float) -> None:
     """Wait for READY; a connection refused at the HTTP/2 level means 'not gRPC'."""
+    deadline = anyio.current_time() + timeout
     state = channel.get_state(try_to_connect=True)
-    with anyio.move_on_after(timeout):
-        while state is not grpc.ChannelConnectivity.READY:
-            if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-                # The socket accepted a plain connection a moment ago (_check_socket), so a
-                # failed channel means the HTTP/2 handshake failed: not a gRPC server.
-                raise NotADevicePluginError(
-                    f"{path} accepts connections but does not speak gRPC (HTTP/2); "
-                    "it is not a device plugin socket"
-                )
-            await channel.wait_for_state_change(state)
-            state = channel.get_state(try_to_connect=True)
+    while state is not grpc.ChannelConnectivity.READY:
+        if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            # The socket accepted a plain connection a moment ago (_check_socket), so a
+            # failed channel means the HTTP/2 handshake failed: not a gRPC server.
+            raise NotADevicePluginError(
+                f"{path} accepts connections but does not speak gRPC (HTTP/2); "
+                "it is not a device plugin socket"
+            )
+        if not await _client.state_change(channel, state, deadline - anyio.current_time()):
+            break
+        state = channel.get_state(try_to_connect=True)
+    else:
         return
     raise NotAnsweringError(
         f"{path} accepted a connection but no gRPC server answered within {timeout:g} s "

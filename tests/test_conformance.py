@@ -446,3 +446,14 @@ async def test_conformance_command_exits_zero_for_a_conformant_plugin(short_dir:
     assert ok.stdout.decode().splitlines()[-1].endswith("passed, 0 failed")
     assert missing.returncode == 1
     assert "FAIL  dial  no socket at" in missing.stdout.decode()
+
+
+async def test_the_shipped_commands_do_not_import_the_testing_package() -> None:
+    """probe and conformance run the kubelet simulator from its engine home, not from testing."""
+    script = (
+        "import sys; import devplugin_sdk._cli_probe, devplugin_sdk.conformance, "
+        "devplugin_sdk.probe; "
+        "print(sorted(m for m in sys.modules if m.startswith('devplugin_sdk.testing')))"
+    )
+    result = await anyio.run_process([sys.executable, "-c", script])
+    assert result.stdout.decode().strip() == "[]"

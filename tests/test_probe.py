@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import json
 import re
@@ -25,6 +26,7 @@ from devplugin_sdk import (
     HealthEvent,
     Mount,
     _cli_probe,
+    _client,
 )
 from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.probe import (
@@ -358,3 +360,18 @@ async def test_probe_command_exits_one_with_a_message_for_a_missing_socket(
     )
     assert result.returncode == 1
     assert result.stdout.decode().startswith(f"error: no socket at {short_dir / 'gone.sock'}")
+
+
+async def test_a_timed_out_dial_leaves_no_grpc_watch_behind(short_dir: Path) -> None:
+    """The connectivity watch pending at the timeout finishes before the dial returns.
+
+    A watch left in gRPC core completes later, maybe on a closed event loop, and fails whatever
+    runs on the next one ("Event loop is closed").
+    """
+    async with anyio.create_task_group() as tg:
+        await tg.start(serve_silent, short_dir / "hung.sock")
+        channel = grpc.aio.insecure_channel(f"unix:{short_dir / 'hung.sock'}")
+        assert not await _client.ready(channel, 0.2)
+        tg.cancel_scope.cancel()
+    watches = [t for t in asyncio.all_tasks() if "wait_for_state_change" in repr(t.get_coro())]
+    assert watches == []

@@ -18,9 +18,7 @@ from typing import Any
 
 import anyio
 
-from devplugin_sdk.plugin import DevicePlugin
-from devplugin_sdk.runner import Running, raise_errors, serve
-from devplugin_sdk.testing._kubelet import (
+from devplugin_sdk._fake_kubelet import (
     AdmissionError,
     ContainerAllocation,
     ContainerStartError,
@@ -29,6 +27,8 @@ from devplugin_sdk.testing._kubelet import (
     KubeletDevice,
     Registration,
 )
+from devplugin_sdk.plugin import DevicePlugin
+from devplugin_sdk.runner import Running, raise_errors, serve
 from devplugin_sdk.testing._static import StaticPlugin
 
 if sys.version_info < (3, 11):  # pragma: no cover

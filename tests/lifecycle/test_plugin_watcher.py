@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import anyio
 import anyio.lowlevel
 from sdk_helpers import RESOURCE, widgets
@@ -54,21 +52,11 @@ async def test_a_removed_socket_is_recreated_and_registered_again() -> None:
             await kubelet.wait_for_allocatable(RESOURCE, 2)
 
 
-class _FailOnceKubelet(FakeKubelet):
-    """The first connection after GetInfo fails: the kubelet says plugin_registered=false."""
-
-    failures = 1
-
-    async def _connect_client(self, resource: str, path: Path) -> str | None:
-        if self.failures:
-            self.failures -= 1
-            return "failed to dial device plugin: context deadline exceeded"
-        return await super()._connect_client(resource, path)
-
-
 async def test_a_failed_registration_makes_the_plugin_start_over() -> None:
     """v1.32 does not retry after recording the plugin: the plugin recreates its socket."""
-    async with _FailOnceKubelet(plugin_watcher=True) as kubelet:
+    async with FakeKubelet(plugin_watcher=True) as kubelet:
+        # The first connection after GetInfo fails: the kubelet says plugin_registered=false.
+        kubelet.reject("failed to dial device plugin: context deadline exceeded", times=1)
         async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings()):
             await kubelet.wait_for_allocatable(RESOURCE, 2)
             assert [r.error is None for r in kubelet.registrations] == [False, True]

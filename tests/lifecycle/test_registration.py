@@ -12,7 +12,6 @@ from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Device, DevicePlugin, RegistrationRejectedError
 from devplugin_sdk.testing import FakeKubelet, StaticPlugin, serving
-from devplugin_sdk.testing import _kubelet as fake_kubelet_module
 
 
 async def test_registers_and_advertises_every_device(kubelet: FakeKubelet) -> None:
@@ -69,15 +68,36 @@ async def test_a_slow_kubelet_still_registers() -> None:
         assert len(kubelet.registrations) == 1
 
 
+class _Registered:
+    """An observer that counts the plugin's successful registrations as it sees them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = anyio.Event()
+
+    def registered(self, resource: str, seconds: float) -> None:
+        self.count += 1
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_for(self, count: int, timeout: float = 5.0) -> None:
+        with anyio.fail_after(timeout):
+            while self.count < count:
+                await self._changed.wait()
+
+
 async def test_register_past_its_deadline_waits_for_the_kubelet_instead_of_duplicating() -> None:
     """A Register that times out may still complete on the kubelet: no second registration."""
     # The kubelet completes about 0.2 s after the client's deadline; the plugin waits one more
     # register_timeout (0.5 s) for a ListAndWatch stream before it would retry.
+    registered = _Registered()
     async with FakeKubelet(register_delay=0.7) as kubelet:
         settings = kubelet.settings(register_timeout=0.5)
-        async with serving(StaticPlugin(RESOURCE, widgets(1)), settings=settings):
+        plugin = StaticPlugin(RESOURCE, widgets(1))
+        async with serving(plugin, settings=settings, observer=registered):
             await kubelet.wait_for_allocatable(RESOURCE, 1)
-            await anyio.sleep(0.5)  # give a wrong retry the time to happen
+            # The plugin has taken the timed-out attempt for a success: it will not retry.
+            await registered.wait_for(1)
             assert kubelet.register_calls == 1
             assert kubelet.connections(RESOURCE) == 1
             assert kubelet.is_registered(RESOURCE)
@@ -93,20 +113,32 @@ async def test_register_is_retried_when_a_timed_out_attempt_never_completes() ->
             await kubelet.wait_for_allocatable(RESOURCE, 1)
 
 
-class _RejectingKubelet(FakeKubelet):
-    """A kubelet with a different API version: every registration is a permanent rejection."""
-
-    async def _connect(self, request):  # type: ignore[no-untyped-def]
-        return 'requested API version "v1beta1" is not supported by kubelet. Supported version is ["v2"]'
-
-
-async def test_permanent_rejection_stops_with_a_clear_error() -> None:
+async def test_permanent_rejection_stops_with_a_clear_error(kubelet: FakeKubelet) -> None:
     """A version rejection is not retried: serving stops with RegistrationRejectedError."""
-    async with _RejectingKubelet() as kubelet:
-        with pytest.raises(RegistrationRejectedError, match="is not supported by kubelet"):
-            async with serving(StaticPlugin(RESOURCE, widgets(1)), settings=kubelet.settings()):
-                await anyio.sleep(5)
-        assert len(kubelet.registrations) == 1
+    # A kubelet with a different API version.
+    kubelet.reject(
+        'requested API version "v1beta1" is not supported by kubelet. Supported version is ["v2"]'
+    )
+    with pytest.raises(RegistrationRejectedError, match="is not supported by kubelet"):
+        async with serving(StaticPlugin(RESOURCE, widgets(1)), settings=kubelet.settings()):
+            await anyio.sleep(5)  # serving raises long before
+    assert len(kubelet.registrations) == 1
+    assert kubelet.registrations[0].error is not None
+    assert kubelet.connections(RESOURCE) == 0  # rejected before any dial-back
+
+
+async def test_a_transient_rejection_is_retried_until_the_kubelet_accepts(
+    kubelet: FakeKubelet,
+) -> None:
+    """Any other Register error is retried with backoff; the plugin registers once it passes."""
+    kubelet.reject("failed to dial device plugin: context deadline exceeded", times=2)
+    async with serving(StaticPlugin(RESOURCE, widgets(1)), settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 1)
+    assert [r.error for r in kubelet.registrations] == [
+        "failed to dial device plugin: context deadline exceeded",
+        "failed to dial device plugin: context deadline exceeded",
+        None,
+    ]
 
 
 async def test_kubelet_rejects_invalid_resource_names_with_its_message(
@@ -169,10 +201,6 @@ async def test_discovery_failure_at_start_stops_serving(kubelet: FakeKubelet) ->
     assert kubelet.registrations == []
 
 
-def test_fake_kubelet_module_is_public() -> None:
-    assert fake_kubelet_module.FakeKubelet is FakeKubelet
-
-
 async def test_a_kubelet_restart_during_a_failed_register_retries_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -189,7 +217,6 @@ async def test_a_kubelet_restart_during_a_failed_register_retries_at_once(
             calls += 1
             if calls == 1:
                 await kubelet.restart()
-                await anyio.sleep(0.05)
                 return _registration.Outcome.RETRY, "simulated"
             return await real(*args, **kwargs)
 

@@ -4,13 +4,55 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import AsyncIterator, Iterable
 
 import anyio
 import pytest
 from sdk_helpers import RESOURCE, widgets
 
-from devplugin_sdk import Settings, SocketInUseError
+from devplugin_sdk import Device, Settings, SocketInUseError
+from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.testing import FakeKubelet, StaticPlugin, serving
+
+
+class _Losses:
+    """An observer that records why the plugin re-registers, as it happens."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+        self._changed = anyio.Event()
+
+    def reregistering(self, resource: str, reason: str) -> None:
+        self.reasons.append(reason)
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_for(self, count: int, timeout: float = 5.0) -> None:
+        with anyio.fail_after(timeout):
+            while len(self.reasons) < count:
+                await self._changed.wait()
+
+
+class _Tracked(StaticPlugin):
+    """A StaticPlugin that counts the events the SDK has taken from watch() and handled."""
+
+    def __init__(self, resource_name: str, devices: Iterable[Device]) -> None:
+        super().__init__(resource_name, devices)
+        self.handled = 0
+        self._changed = anyio.Event()
+
+    async def watch(self) -> AsyncIterator[PluginEvent]:
+        async for event in super().watch():
+            yield event
+            # The SDK asks for the next event only once it has handled this one.
+            self.handled += 1
+            self._changed.set()
+            self._changed = anyio.Event()
+
+    async def wait_handled(self, count: int, timeout: float = 5.0) -> None:
+        with anyio.fail_after(timeout):
+            while self.handled < count:
+                await self._changed.wait()
 
 
 async def test_reregisters_after_kubelet_restart(kubelet: FakeKubelet) -> None:
@@ -32,24 +74,32 @@ async def test_reregisters_when_only_its_socket_is_removed(kubelet: FakeKubelet)
         await kubelet.wait_for_registrations(RESOURCE, 2)
         await kubelet.wait_for_allocatable(RESOURCE, 2)
         assert (kubelet.directory / "acme.com_widget.sock").exists()
-        await anyio.sleep(0.3)  # the old stream's end must not tear the new registration down
+        # The old stream's end, once the kubelet has processed it, left the new one alone.
+        await kubelet.wait_for(lambda: kubelet.ended_streams(RESOURCE) == 1, what="the old end")
         assert kubelet.is_registered(RESOURCE)
         assert kubelet.connections(RESOURCE) == 1
 
 
-class _KeepSocketsKubelet(FakeKubelet):
-    """A kubelet restart that leaves plugin sockets alone: only kubelet.sock is recreated."""
+async def test_reregisters_when_only_kubelet_sock_is_recreated(kubelet: FakeKubelet) -> None:
+    """kubelet.sock with a new identity is a restart signal on its own, our socket intact.
 
-    def _cleanup_directory(self) -> None:
-        (self.directory / "kubelet.sock").unlink(missing_ok=True)
-
-
-async def test_reregisters_when_only_kubelet_sock_is_recreated() -> None:
-    kubelet = _KeepSocketsKubelet()
-    async with kubelet, serving(StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings()):
+    No kubelet start keeps our socket (its cleanup comes before the new kubelet.sock), so this
+    isolates the second signal by hand: the kubelet drops the stream, then kubelet.sock is
+    renamed away and back (a new ctime, the same listening server). The stream-lost grace is
+    far longer than the wait, so only kubelet.sock can be what brings the plugin back.
+    """
+    losses = _Losses()
+    settings = kubelet.settings(stream_lost_grace=60.0)
+    async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=settings, observer=losses):
         await kubelet.wait_for_allocatable(RESOURCE, 2)
-        await kubelet.restart()
+        await kubelet.drop_streams()
+        aside = kubelet.directory / "kubelet.sock.aside"
+        os.rename(kubelet.socket_path, aside)
+        os.rename(aside, kubelet.socket_path)
         await kubelet.wait_for_allocatable(RESOURCE, 2)
+        (reason,) = losses.reasons
+        assert "kubelet.sock" in reason
+        assert (kubelet.directory / "acme.com_widget.sock").exists()
         assert len(kubelet.successful_registrations(RESOURCE)) == 2
 
 
@@ -59,8 +109,7 @@ async def test_reregisters_when_the_kubelet_drops_the_stream(kubelet: FakeKubele
         StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings(stream_lost_grace=0.2)
     ):
         await kubelet.wait_for_allocatable(RESOURCE, 2)
-        for client in list(kubelet._clients.values()):
-            await kubelet._disconnect(client)
+        assert await kubelet.drop_streams() == 1
         assert kubelet.allocatable(RESOURCE) == 0
         await kubelet.wait_for_allocatable(RESOURCE, 2)
         assert len(kubelet.successful_registrations(RESOURCE)) == 2
@@ -68,11 +117,13 @@ async def test_reregisters_when_the_kubelet_drops_the_stream(kubelet: FakeKubele
 
 async def test_recovers_from_a_crashed_kubelet_with_a_stale_socket(kubelet: FakeKubelet) -> None:
     """A crashed kubelet leaves a dead kubelet.sock; the plugin retries until the new one answers."""
-    async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings()):
+    losses = _Losses()
+    settings = kubelet.settings()
+    async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=settings, observer=losses):
         await kubelet.wait_for_allocatable(RESOURCE, 2)
         await kubelet.crash()
         assert kubelet.socket_path.exists()
-        await anyio.sleep(0.1)
+        await losses.wait_for(1)  # the plugin saw the stale kubelet.sock and is registering again
         await kubelet.start()
         await kubelet.wait_for_allocatable(RESOURCE, 2)
 
@@ -93,12 +144,12 @@ async def test_many_restarts_in_a_row_with_allocations(kubelet: FakeKubelet) -> 
 
 async def test_health_changes_during_an_outage_reach_the_new_kubelet(kubelet: FakeKubelet) -> None:
     """Health keeps flowing while the kubelet is down; the first list after recovery has it."""
-    plugin = StaticPlugin(RESOURCE, widgets(3))
+    plugin = _Tracked(RESOURCE, widgets(3))
     async with serving(plugin, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable(RESOURCE, 3)
         await kubelet.stop()
         plugin.set_health("w1", "Unhealthy", "failed while the kubelet was down")
-        await anyio.sleep(0.05)
+        await plugin.wait_handled(1)  # in the plugin's state before the kubelet is back
         await kubelet.start()
         await kubelet.wait_for_health(RESOURCE, "w1", "Unhealthy")
         assert kubelet.allocatable(RESOURCE) == 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import anyio
 from sdk_helpers import RESOURCE, widgets
@@ -12,13 +12,19 @@ from devplugin_sdk.testing import ContainerAllocation, FakeKubelet, StaticPlugin
 
 
 class _Slow(StaticPlugin):
-    cancelled = False
+    """An Allocate that takes 0.3 s of work, and says when it starts and if it was cancelled."""
+
+    def __init__(self, resource_name: str, devices: Iterable[Device]) -> None:
+        super().__init__(resource_name, devices)
+        self.started = anyio.Event()
+        self.cancelled = False
 
     async def allocate(self, devices: Sequence[Device]) -> Allocation:
+        self.started.set()
         try:
-            await anyio.sleep(0.3)
+            await anyio.sleep(0.3)  # the work in flight, not a wait
         except BaseException:
-            type(self).cancelled = True
+            self.cancelled = True
             raise
         return await super().allocate(devices)
 
@@ -26,17 +32,18 @@ class _Slow(StaticPlugin):
 async def test_an_allocate_in_flight_finishes_before_the_streams_end(kubelet: FakeKubelet) -> None:
     """The kubelet drops its connection when the stream ends: calls get stop_grace first."""
     results: list[ContainerAllocation] = []
+    plugin = _Slow(RESOURCE, widgets(2))
     async with anyio.create_task_group() as tg:
-        async with serving(_Slow(RESOURCE, widgets(2)), settings=kubelet.settings(stop_grace=2.0)):
+        async with serving(plugin, settings=kubelet.settings(stop_grace=2.0)):
             await kubelet.wait_for_allocatable(RESOURCE, 2)
 
             async def allocate() -> None:
                 results.append(await kubelet.allocate(RESOURCE, 1))
 
             tg.start_soon(allocate)
-            await kubelet.wait_for(lambda: _Slow.cancelled or bool(kubelet._clients), what="call")
-            await anyio.sleep(0.05)  # the Allocate is now running in the plugin
-    assert not _Slow.cancelled
+            with anyio.fail_after(5):
+                await plugin.started.wait()  # the Allocate is now running in the plugin
+    assert not plugin.cancelled
     assert len(results) == 1
     assert not (kubelet.directory / "acme.com_widget.sock").exists()
     await kubelet.wait_for_allocatable(RESOURCE, 0)  # a clean end of the stream

@@ -1,4 +1,8 @@
-"""FakeKubelet: the kubelet's side of the device-plugin protocol, for tests of real plugins.
+"""FakeKubelet: the kubelet's side of the device-plugin protocol, run against real plugins.
+
+Shipped, not only for tests: ``devplugin conformance --register-dir`` and ``devplugin demo`` run
+it, and ``devplugin_sdk.testing`` re-exports it for plugin authors' tests. It speaks to plugins
+through ``_client``, ``_registration`` and ``_watcher_registration`` and never sees protobuf.
 
 It follows the kubelet v1.32 device manager as written down in the protocol reference:
 registration validates with the kubelet's error strings and dials back synchronously, calling
@@ -32,16 +36,12 @@ import anyio
 import anyio.to_thread
 import grpc
 
-from devplugin_sdk import _convert, _names, fswatch
+from devplugin_sdk import _client, _names, _registration, _watcher_registration, fswatch
 from devplugin_sdk.api import constants
-from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
-from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
-from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2 as preg
-from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2_grpc as preg_grpc
 from devplugin_sdk.settings import Settings
 from devplugin_sdk.types import Allocation
 
-log = logging.getLogger("devplugin_sdk.testing")
+log = logging.getLogger("devplugin_sdk.fake_kubelet")
 
 T = TypeVar("T")
 
@@ -74,7 +74,7 @@ class ContainerStartError(FakeKubeletError):
 
 #: A device as the kubelet last heard of it (id, health string, NUMA nodes); ``healthy`` is
 #: true only for the exact string "Healthy".
-KubeletDevice = _convert.ListedDevice
+KubeletDevice = _client.ListedDevice
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +109,17 @@ class _Client:
     resource: str
     socket_path: Path
     channel: grpc.aio.Channel
-    stub: pb_grpc.DevicePluginAsyncStub
-    options: pb.DevicePluginOptions = field(default_factory=pb.DevicePluginOptions)
+    plugin: _client.DevicePluginClient
+    options: _client.PluginOptions = field(
+        default_factory=lambda: _client.PluginOptions(
+            pre_start_required=False, preferred_allocation=False
+        )
+    )
     stopped_at: float | None = None
-    scope: anyio.CancelScope | None = None
+    # Cancelling it ends the ListAndWatch stream from the kubelet's side, even before it opens.
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    # Set once the kubelet has processed the end of the stream.
+    ended: anyio.Event = field(default_factory=anyio.Event)
 
 
 @dataclass
@@ -126,6 +133,7 @@ class _Books:
     stopped_at: float | None = None
     seen_list: bool = False
     messages: int = 0
+    streams_ended: int = 0
 
 
 class FakeKubelet:
@@ -146,6 +154,13 @@ class FakeKubelet:
             socket there instead of calling Register).
         registry_directory: The plugins_registry directory; by default ``plugins_registry``
             beside ``directory``.
+        on_list: Called with the resource name and the devices as each ListAndWatch message
+            arrives, before the kubelet's own bookkeeping (a benchmark's clock, say); it must
+            not block.
+
+    Fault hooks, for what a real kubelet does on its own: ``drop_streams()`` ends ListAndWatch
+    streams while the kubelet stays up, ``reject(reason)`` answers registrations with an error,
+    ``crash()`` leaves a stale ``kubelet.sock``, ``restart()`` wipes the directory.
     """
 
     def __init__(
@@ -159,6 +174,7 @@ class FakeKubelet:
         seed: int = 0,
         plugin_watcher: bool = False,
         registry_directory: str | os.PathLike[str] | None = None,
+        on_list: Callable[[str, tuple[KubeletDevice, ...]], None] | None = None,
     ) -> None:
         self._own_directory = directory is None
         self.directory = Path(directory) if directory is not None else Path()
@@ -174,6 +190,9 @@ class FakeKubelet:
         self.registrations: list[Registration] = []
         self.register_calls = 0
         self.restarts = 0
+        self.on_list = on_list
+        self._rejection: tuple[str, int | None] | None = None
+        self._streams: set[_Client] = set()
         self._random = random.Random(seed)
         self._books: dict[str, _Books] = {}
         self._clients: dict[tuple[str, str], _Client] = {}
@@ -256,20 +275,7 @@ class FakeKubelet:
             self._read_checkpoint()
             self._cleanup_directory()
         server = grpc.aio.server()
-        server.add_generic_rpc_handlers(
-            [
-                grpc.method_handlers_generic_handler(
-                    "v1beta1.Registration",
-                    {
-                        "Register": grpc.unary_unary_rpc_method_handler(
-                            self._register,
-                            request_deserializer=pb.RegisterRequest.FromString,
-                            response_serializer=pb.Empty.SerializeToString,
-                        )
-                    },
-                )
-            ]
-        )
+        server.add_generic_rpc_handlers([_registration.registration_server(self._register)])
         server.add_insecure_port(f"unix:{self.socket_path}")
         with anyio.CancelScope(shield=True):  # never leave a half-started server behind
             await server.start()
@@ -310,10 +316,68 @@ class FakeKubelet:
         self._notify()
 
     async def restart(self) -> None:
-        """Stop, then start again (wiping every non-directory file but the checkpoint)."""
+        """Stop, then start again (wiping every non-directory file but the checkpoint).
+
+        There is no variant that keeps the plugins' sockets: a kubelet removes every entry
+        directly in its directory but the checkpoint and subdirectories *before* it creates the
+        new ``kubelet.sock``, and does not start at all if a removal fails (protocol reference,
+        7.1). What a restart keeps is what a real one keeps: sockets in subdirectories (where no
+        plugin should put one) and, with ``plugin_watcher``, the ``plugins_registry`` directory,
+        whose sockets the watcher finds and registers again.
+        """
         await self.stop()
         self.restarts += 1
         await self.start()
+
+    # ------------------------------------------------------------------ fault hooks
+
+    def reject(self, reason: str | None, *, times: int | None = None) -> None:
+        """Answer registrations with the error ``reason`` until cleared with ``reject(None)``.
+
+        On the ``kubelet.sock`` path Register fails with ``reason`` (status UNKNOWN, as the
+        kubelet's errors are) before any check or dial-back; e.g. the kubelet's version
+        rejection, ``requested API version "v1beta1" is not supported by kubelet. Supported
+        version is ["v2"]``. On the plugin-watcher path the connection that follows a valid
+        GetInfo fails with ``reason`` and the plugin is told so through
+        NotifyRegistrationStatus. Each rejection is recorded in ``registrations``.
+
+        Args:
+            reason: The kubelet's error message, or None to accept registrations again.
+            times: Reject only the next ``times`` registrations, then accept again.
+        """
+        if reason is not None and times is not None and times < 1:
+            raise ValueError(f"times must be at least 1, got {times}")
+        self._rejection = None if reason is None else (reason, times)
+
+    def _take_rejection(self) -> str | None:
+        if self._rejection is None:
+            return None
+        reason, times = self._rejection
+        if times is not None:
+            self._rejection = (reason, times - 1) if times > 1 else None
+        return reason
+
+    async def drop_streams(self, resource: str | None = None) -> int:
+        """End ListAndWatch streams from the kubelet's side while the kubelet stays up.
+
+        The kubelet does this on its own errors (a message over 4 MiB) and, in v1.32, when an
+        old registration's stream ends (issue #121994). Each end is processed as the kubelet
+        does: the plugin is disconnected (its healthy devices become unhealthy and the grace
+        period starts) and never redialled; only a new registration brings the resource back.
+        Returns once every end has been processed.
+
+        Args:
+            resource: Only the streams of this resource; every stream by default.
+
+        Returns:
+            How many streams were ended.
+        """
+        dropped = [c for c in self._streams if resource is None or c.resource == resource]
+        for client in dropped:
+            client.scope.cancel()
+        for client in dropped:
+            await client.ended.wait()
+        return len(dropped)
 
     def _cleanup_directory(self) -> None:
         # The kubelet removes every entry directly in its directory except the checkpoint and
@@ -394,16 +458,15 @@ class FakeKubelet:
 
     # ------------------------------------------------------------------ Register
 
-    async def _register(
-        self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.Empty:
+    async def _register(self, request: _registration.RegisterCall) -> str | None:
+        """Register: None accepts it; an error message is the kubelet's answer."""
         self.register_calls += 1
         record = Registration(
             resource_name=request.resource_name,
             endpoint=request.endpoint,
             version=request.version,
-            pre_start_required=request.options.pre_start_required,
-            preferred_allocation=request.options.get_preferred_allocation_available,
+            pre_start_required=request.pre_start_required,
+            preferred_allocation=request.preferred_allocation,
             at=time.monotonic(),
         )
         done = anyio.Event()
@@ -421,12 +484,12 @@ class FakeKubelet:
         assert self._tg is not None
         self._tg.start_soon(connect)
         await done.wait()
-        if outcome[0] is not None:
-            # The kubelet returns plain Go errors: status UNKNOWN with the message.
-            await context.abort(grpc.StatusCode.UNKNOWN, outcome[0])
-        return pb.Empty()
+        return outcome[0]
 
-    async def _connect(self, request: pb.RegisterRequest) -> str | None:
+    async def _connect(self, request: _registration.RegisterCall) -> str | None:
+        rejection = self._take_rejection()
+        if rejection is not None:
+            return rejection
         if request.version not in constants.SUPPORTED_VERSIONS:
             return (
                 f'requested API version "{request.version}" is not supported by kubelet. '
@@ -443,18 +506,15 @@ class FakeKubelet:
     async def _connect_client(self, resource: str, path: Path) -> str | None:
         """Dial the plugin, get its options and start ListAndWatch (connectClient)."""
         channel = grpc.aio.insecure_channel(f"unix:{path}")
-        client = _Client(resource, path, channel, pb_grpc.DevicePluginStub(channel))
+        client = _Client(resource, path, channel, _client.DevicePluginClient(channel))
         key = self._key(resource, path)
         self._clients[key] = client
-        try:
-            with anyio.fail_after(self.dial_timeout):
-                await channel.channel_ready()
-        except TimeoutError:
+        if not await _client.ready(channel, self.dial_timeout):
             self._deregister(key)
             await channel.close()
             return "failed to dial device plugin: context deadline exceeded"
         try:
-            client.options = await client.stub.GetDevicePluginOptions(pb.Empty())
+            client.options = await client.plugin.options()
         except grpc.aio.AioRpcError as exc:
             self._deregister(key)
             await channel.close()
@@ -467,6 +527,7 @@ class FakeKubelet:
         books.endpoint = client
         books.stopped_at = None
         assert self._tg is not None
+        self._streams.add(client)
         self._tg.start_soon(self._run_client, client)
         return None
 
@@ -522,7 +583,9 @@ class FakeKubelet:
         )
         endpoint = Path(info.endpoint) if info.endpoint else path
         self.register_calls += 1
-        error = await self._connect_client(info.name, endpoint)
+        error = self._take_rejection()
+        if error is None:
+            error = await self._connect_client(info.name, endpoint)
         client = self._books[info.name].endpoint if error is None else None
         if client is not None:
             self._watched[path] = client
@@ -531,7 +594,7 @@ class FakeKubelet:
                 endpoint=record.endpoint,
                 version=record.version,
                 pre_start_required=client.options.pre_start_required,
-                preferred_allocation=client.options.get_preferred_allocation_available,
+                preferred_allocation=client.options.preferred_allocation,
                 at=record.at,
             )
         self.registrations.append(record if error is None else _with_error(record, error))
@@ -541,16 +604,13 @@ class FakeKubelet:
             path, error is None, "" if error is None else f"RegisterPlugin error -- {error}"
         )
 
-    async def _validate_watched(self, path: Path) -> tuple[str | None, preg.PluginInfo | None]:
-        async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
-            try:
-                with anyio.fail_after(self.dial_timeout):
-                    await channel.channel_ready()
-                info = await preg_grpc.RegistrationStub(channel).GetInfo(
-                    preg.InfoRequest(), timeout=1.0
-                )
-            except (TimeoutError, grpc.aio.AioRpcError) as exc:
-                return f"failed to get plugin info: {exc}", None
+    async def _validate_watched(
+        self, path: Path
+    ) -> tuple[str | None, _watcher_registration.PluginInfo | None]:
+        try:
+            info = await _watcher_registration.get_info(path, dial_timeout=self.dial_timeout)
+        except (TimeoutError, grpc.aio.AioRpcError) as exc:
+            return f"failed to get plugin info: {exc}", None
         if info.type != constants.PLUGIN_TYPE_DEVICE_PLUGIN:
             return f"plugin type {info.type!r} is not handled here", info
         if constants.VERSION not in info.supported_versions:
@@ -568,13 +628,10 @@ class FakeKubelet:
         return None, info
 
     async def _notify_status(self, path: Path, registered: bool, error: str) -> None:
-        async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
-            try:
-                await preg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
-                    preg.RegistrationStatus(plugin_registered=registered, error=error), timeout=5.0
-                )
-            except grpc.aio.AioRpcError as exc:
-                log.info("NotifyRegistrationStatus to %s failed: %s", path, exc.code().name)
+        try:
+            await _watcher_registration.notify_status(path, registered, error)
+        except grpc.aio.AioRpcError as exc:
+            log.info("NotifyRegistrationStatus to %s failed: %s", path, exc.code().name)
 
     def _key(self, resource: str, path: Path) -> tuple[str, str]:
         return (resource, str(path) if self.per_socket_clients else "")
@@ -583,28 +640,32 @@ class FakeKubelet:
         self._clients.pop(key, None)
 
     async def _run_client(self, client: _Client) -> None:
-        scope = anyio.CancelScope()
-        client.scope = scope
-        with scope:
-            try:
-                async for response in client.stub.ListAndWatch(pb.Empty()):
-                    self._on_list(client, response)
-            except grpc.aio.AioRpcError as exc:
-                log.info("ListAndWatch for %s ended: %s", client.resource, exc.code().name)
-            except Exception:
-                log.exception("ListAndWatch for %s failed", client.resource)
-        log.info("ListAndWatch ended unexpectedly for resource %s", client.resource)
-        # v1.32 looks the client up by resource name only: when an old registration's stream
-        # ends it finds, and disconnects, the newest client of the resource.
-        current = self._clients.get(self._key(client.resource, client.socket_path))
-        if current is None:
-            return
-        await self._disconnect(current)
+        try:
+            with client.scope:
+                try:
+                    async for devices in client.plugin.list_and_watch():
+                        self._on_list(client, devices)
+                except grpc.aio.AioRpcError as exc:
+                    log.info("ListAndWatch for %s ended: %s", client.resource, exc.code().name)
+                except Exception:
+                    log.exception("ListAndWatch for %s failed", client.resource)
+            log.info("ListAndWatch ended unexpectedly for resource %s", client.resource)
+            # v1.32 looks the client up by resource name only: when an old registration's
+            # stream ends it finds, and disconnects, the newest client of the resource.
+            current = self._clients.get(self._key(client.resource, client.socket_path))
+            if current is not None:
+                await self._disconnect(current)
+        finally:
+            self._streams.discard(client)
+            books = self._books.get(client.resource)
+            if books is not None:
+                books.streams_ended += 1
+            client.ended.set()
+            self._notify()
 
     async def _disconnect(self, client: _Client) -> None:
         self._deregister(self._key(client.resource, client.socket_path))
-        if client.scope is not None:
-            client.scope.cancel()
+        client.scope.cancel()
         await client.channel.close()
         books = self._books.get(client.resource)
         if books is not None and client.stopped_at is None:
@@ -615,12 +676,14 @@ class FakeKubelet:
             books.stopped_at = client.stopped_at
         self._notify()
 
-    def _on_list(self, client: _Client, response: pb.ListAndWatchResponse) -> None:
+    def _on_list(self, client: _Client, devices: tuple[KubeletDevice, ...]) -> None:
+        if self.on_list is not None:
+            self.on_list(client.resource, devices)
         books = self._books.setdefault(client.resource, _Books())
         books.devices = {}
         books.healthy = set()
         books.unhealthy = set()
-        for kd in _convert.listed_devices(response):
+        for kd in devices:
             books.devices[kd.id] = kd
             (books.healthy if kd.healthy else books.unhealthy).add(kd.id)
         books.seen_list = True
@@ -675,6 +738,11 @@ class FakeKubelet:
         """How many ListAndWatch messages the kubelet processed for ``resource``."""
         books = self._books.get(resource)
         return 0 if books is None else books.messages
+
+    def ended_streams(self, resource: str) -> int:
+        """How many ListAndWatch streams of ``resource`` have ended, each end processed."""
+        books = self._books.get(resource)
+        return 0 if books is None else books.streams_ended
 
     def successful_registrations(self, resource: str) -> list[Registration]:
         return [r for r in self.registrations if r.resource_name == resource and r.error is None]
@@ -777,6 +845,34 @@ class FakeKubelet:
             if start:
                 await self.start_container(existing)
             return existing
+        client, available = self._candidates(resource, count)
+        chosen, preferred = await self._choose(client, available, count)
+        ids = list(chosen)
+        self._random.shuffle(ids)
+        try:
+            allocation = await _call(client.plugin.allocate_first(ids))
+        except grpc.aio.AioRpcError as exc:
+            raise AdmissionError(_rpc_error(exc)) from None
+        if allocation is None:
+            raise AdmissionError(_NO_CONTAINERS)
+        result = ContainerAllocation(
+            pod=pod,
+            container=container,
+            resource_name=resource,
+            device_ids=tuple(sorted(ids)),
+            allocation=allocation,
+            preferred=preferred,
+        )
+        self._allocations[key] = result
+        self._write_checkpoint()
+        self._notify()
+        if start:
+            await self.start_container(result)
+        return result
+
+    def _candidates(self, resource: str, count: int) -> tuple[_Client, list[str]]:
+        """The endpoint and the healthy free devices, in Go's random set order (the kubelet's
+        checks before it asks the plugin anything)."""
         books = self._live_books(resource)
         if books is None or not books.seen_list:
             raise AdmissionError(f"cannot allocate unregistered device {resource}")
@@ -802,26 +898,23 @@ class FakeKubelet:
             raise AdmissionError(f"unknown Device Plugin {resource}")
         if client.stopped_at is not None:
             raise AdmissionError(f"endpoint {client.socket_path} has been stopped")
+        return client, available
+
+    async def _choose(
+        self, client: _Client, available: list[str], count: int
+    ) -> tuple[list[str], tuple[str, ...] | None]:
+        """The devices to allocate: the plugin's preference (intersected with the candidates),
+        filled up from the candidates; and what the plugin preferred."""
         chosen: list[str] = []
         preferred: tuple[str, ...] | None = None
-        if client.options.get_preferred_allocation_available:
-            request = pb.PreferredAllocationRequest(
-                container_requests=[
-                    pb.ContainerPreferredAllocationRequest(
-                        available_deviceIDs=available,
-                        must_include_deviceIDs=[],
-                        allocation_size=count,
-                    )
-                ]
-            )
+        if client.options.preferred_allocation:
             try:
-                answer = await _call(client.stub.GetPreferredAllocation(request))
+                preferred = await _call(client.plugin.preferred_allocation(available, [], count))
             except grpc.aio.AioRpcError as exc:
                 raise AdmissionError(
                     f"device plugin GetPreferredAllocation rpc failed with err: {_rpc_error(exc)}"
                 ) from None
-            if answer.container_responses:
-                preferred = tuple(answer.container_responses[0].deviceIDs)
+            if preferred is not None:
                 # Only the intersection with the candidates counts; order means nothing.
                 valid = [i for i in dict.fromkeys(preferred) if i in set(available)]
                 if len(valid) > count:
@@ -832,34 +925,7 @@ class FakeKubelet:
                 break
             if device_id not in chosen:
                 chosen.append(device_id)
-        ids = list(chosen)
-        self._random.shuffle(ids)
-        try:
-            response = await _call(
-                client.stub.Allocate(
-                    pb.AllocateRequest(
-                        container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]
-                    )
-                )
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise AdmissionError(_rpc_error(exc)) from None
-        if not response.container_responses:
-            raise AdmissionError(f"no containers return in allocation response {response}")
-        result = ContainerAllocation(
-            pod=pod,
-            container=container,
-            resource_name=resource,
-            device_ids=tuple(sorted(ids)),
-            allocation=_convert.allocation_from_response(response.container_responses[0]),
-            preferred=preferred,
-        )
-        self._allocations[key] = result
-        self._write_checkpoint()
-        self._notify()
-        if start:
-            await self.start_container(result)
-        return result
+        return chosen, preferred
 
     async def start_container(self, allocation: ContainerAllocation) -> None:
         """Start (or restart) a container: PreStartContainer when the plugin requires it.
@@ -877,9 +943,8 @@ class FakeKubelet:
             return
         try:
             await _call(
-                client.stub.PreStartContainer(
-                    pb.PreStartContainerRequest(devices_ids=list(allocation.device_ids)),
-                    timeout=constants.PRE_START_CONTAINER_TIMEOUT_S,
+                client.plugin.pre_start_container(
+                    allocation.device_ids, timeout=constants.PRE_START_CONTAINER_TIMEOUT_S
                 )
             )
         except grpc.aio.AioRpcError as exc:
@@ -909,14 +974,13 @@ class FakeKubelet:
 
         Raises:
             grpc.aio.AioRpcError: the plugin's error status.
+            AdmissionError: the plugin answered no container response.
         """
         client = self._client_for(resource)
-        response = await client.stub.Allocate(
-            pb.AllocateRequest(
-                container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))]
-            )
-        )
-        return _convert.allocation_from_response(response.container_responses[0])
+        allocation = await client.plugin.allocate_first(list(device_ids))
+        if allocation is None:
+            raise AdmissionError(_NO_CONTAINERS)
+        return allocation
 
     def _client_for(self, resource: str) -> _Client:
         books = self._books.get(resource)
@@ -944,6 +1008,10 @@ async def _call(call: Awaitable[T]) -> T:
             grpc.aio.Metadata(),
             details="the call to the plugin was cancelled",
         ) from None
+
+
+# The kubelet's message dumps the empty response, which protobuf's text format prints as nothing.
+_NO_CONTAINERS = "no containers return in allocation response "
 
 
 def _join_endpoint(directory: Path, endpoint: str) -> Path:
