@@ -9,6 +9,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+import yaml
 from sdk_helpers import widgets
 
 from devplugin_sdk import DevicePlugin, _lifecycle
@@ -35,9 +36,9 @@ def _tree(tmp_path: Path) -> Path:
 
 CONFIG = """
 resources:
-  - name: example.com/widget
+  - resourceName: example.com/widget
     paths: ["/dev/widget*"]
-  - name: example.com/serial
+  - resourceName: example.com/serial
     paths: ["/dev/ttyS*"]
 """
 
@@ -48,7 +49,9 @@ async def test_reload_changes_only_what_changed(tmp_path: Path) -> None:
     _write(config, CONFIG)
 
     def load() -> Sequence[DevicePlugin]:
-        return generic.from_config(generic.load_config(config), root=root, poll_interval=5)
+        # The file names /dev; the plugins look at the same paths under root.
+        text = config.read_text().replace('"/dev/', f'"{root}/dev/')
+        return generic.from_config({**yaml.safe_load(text), "healthInterval": 5})
 
     reload = _lifecycle.Reload(load=load, config_path=config, sighup=False)
     async with FakeKubelet() as kubelet, anyio.create_task_group() as tg:
@@ -61,7 +64,7 @@ async def test_reload_changes_only_what_changed(tmp_path: Path) -> None:
         _write(
             config,
             CONFIG.replace('["/dev/ttyS*"]', '["/dev/ttyUSB*"]')
-            + '  - name: example.com/fuse\n    paths: ["/dev/fuse"]\n    share: 3\n',
+            + '  - resourceName: example.com/fuse\n    paths: ["/dev/fuse"]\n    share: 3\n',
         )
         await kubelet.wait_for_allocatable("example.com/fuse", 3)
         await kubelet.wait_for_allocatable("example.com/serial", 2)
@@ -147,7 +150,7 @@ def test_run_config_splits_sdk_keys_from_backend_options() -> None:
             "registration": "watcher",
             "logging": {"level": "debug", "format": "json"},
             "metrics": {"port": 9450, "stuckAfter": 10},
-            "resources": [{"name": "a.com/b", "paths": ["/dev/b"]}],
+            "resources": [{"resourceName": "a.com/b", "paths": ["/dev/b"]}],
         }
     )
     assert config == RunConfig(
@@ -158,7 +161,7 @@ def test_run_config_splits_sdk_keys_from_backend_options() -> None:
         log_format="json",
         metrics_port=9450,
         stuck_after=10.0,
-        backend_options={"resources": [{"name": "a.com/b", "paths": ["/dev/b"]}]},
+        backend_options={"resources": [{"resourceName": "a.com/b", "paths": ["/dev/b"]}]},
     )
     assert RunConfig().restart_needed(config) == [
         "backend",

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from devplugin_sdk import cli
-from devplugin_sdk.backends.generic import from_config, load_config
+from devplugin_sdk.backends.generic import from_config
+from devplugin_sdk.config import load_yaml
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.testing import AdmissionError, FakeKubelet, serving
 
@@ -33,8 +34,11 @@ def fake_dev(root: Path) -> Path:
 
 
 def plugins_of_config_yaml(root: Path) -> list[DevicePlugin]:
-    """The plugins `devplugin run generic --config config.yaml` serves, looking under ``root``."""
-    return from_config(load_config(HERE / "config.yaml"), root=root, poll_interval=0.2)
+    """The plugins `devplugin run generic --config config.yaml` serves, its paths under ``root``."""
+    config = load_yaml(HERE / "config.yaml")
+    for resource in config["resources"]:
+        resource["paths"] = [f"{root}{path}" for path in resource["paths"]]
+    return from_config(config)
 
 
 async def test_the_shared_fuse_node_goes_to_ten_containers_and_not_to_an_eleventh(
@@ -55,7 +59,7 @@ async def test_the_shared_fuse_node_goes_to_ten_containers_and_not_to_an_elevent
         # The real file as the host path, the configured path in the container.
         assert (node.host_path, node.container_path, node.permissions) == (
             str(root / "dev" / "fuse"),
-            "/dev/fuse",
+            str(root / "dev" / "fuse"),
             "rw",
         )
 
@@ -79,7 +83,7 @@ async def test_serial_adapters_come_and_go_while_tun_and_video_keep_their_counts
         got = await kubelet.allocate(SERIAL, 1)
 
     assert got.device_ids == ("ttyACM0",)
-    assert [n.container_path for n in got.allocation.device_nodes] == ["/dev/ttyACM0"]
+    assert [n.container_path for n in got.allocation.device_nodes] == [f"{root}/dev/ttyACM0"]
 
 
 def dockerfile_instruction(name: str) -> list[str]:
@@ -114,7 +118,7 @@ def test_image_daemonset_and_overlay_run_the_same_thing() -> None:
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
 
     # The ConfigMap is config.yaml (less its comments), mounted where --config points.
-    assert yaml.safe_load(config_map["data"]["config.yaml"]) == load_config(HERE / "config.yaml")
+    assert yaml.safe_load(config_map["data"]["config.yaml"]) == load_yaml(HERE / "config.yaml")
     [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/devplugin"]
     [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]
