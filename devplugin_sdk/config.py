@@ -283,11 +283,16 @@ class ConfigReader:
         return Path(value)
 
     def resource_name(self, name: str, default: str = _UNSET) -> str:
-        """An extended resource name the kubelet accepts (``vendor.com/thing``)."""
+        """An extended resource name the kubelet accepts (``vendor.com/thing``), short enough
+        for the socket named after it (``DevicePlugin.__init__`` would refuse it otherwise)."""
         value = self.string(name, default)
         problem = _names.resource_name_problem(value)
         if problem is not None:
             raise ConfigError(self.key(name), f"invalid resource name {shown(value)}: {problem}")
+        try:
+            _names.validate_socket_name(_names.default_socket_name(value))
+        except ValueError as exc:
+            raise ConfigError(self.key(name), f"{exc} (the socket is named after it)") from None
         return value
 
 

@@ -12,6 +12,8 @@ from typing import Any
 import anyio
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from devplugin_sdk.backends import generic
 from devplugin_sdk.backends.generic import GenericPlugin
@@ -434,6 +436,11 @@ def entry(**fields: Any) -> dict[str, Any]:
             "resources[1].resourceName",
             "duplicate of resources[0].resourceName",
         ),
+        (
+            {"resources": [entry(resourceName=f"{'a' * 60}.{'b' * 60}.com/{'x' * 60}")]},
+            "resources[0].resourceName",
+            "too long for a unix socket path",
+        ),
         ({"resources": [entry(paths=None)]}, "resources[0].paths", "required"),
         ({"resources": [entry(paths=[])]}, "resources[0].paths", "non-empty list"),
         ({"resources": [entry(paths="/dev/x*")]}, "resources[0].paths", "non-empty list"),
@@ -455,6 +462,37 @@ def test_config_errors_name_the_key_and_the_reason(config: Any, key: str, reason
         generic.from_config(config)
     assert caught.value.key == key
     assert reason in caught.value.reason
+
+
+# What YAML can hold, biased towards the keys and values the backend reads.
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-3, max_value=40),
+    st.floats(allow_nan=True),
+    st.sampled_from(["", "/", "/dev/x*", "dev/x", "/dev/..", "a.com/b", "x", "/dev/\0"]),
+    st.text(max_size=8),
+)
+_KEYS = st.sampled_from(["resources", "healthInterval", "resourceName", "paths", "share", "name"])
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(config=st.dictionaries(_KEYS, _VALUES, max_size=3))
+def test_from_config_raises_nothing_but_config_error(config: dict[str, Any]) -> None:
+    errors: list[ConfigError] = []
+    try:
+        plugins = generic.from_config(config)
+    except ConfigError as error:
+        errors.append(error)  # anything else fails the test
+        plugins = []
+    assert all(e.key and e.reason for e in errors)
+    assert bool(plugins) != bool(errors)
+    assert all(isinstance(p, GenericPlugin) for p in plugins)
 
 
 def test_a_yaml_file_gives_from_config_what_it_takes(tmp_path: Path) -> None:
