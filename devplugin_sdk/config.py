@@ -238,7 +238,8 @@ class ConfigReader:
                 raise ConfigError(self.key(name), "is required: a non-empty list of strings")
             return tuple(default)
         if not isinstance(value, list) or (required and not value):
-            raise ConfigError(self.key(name), f"must be a list of strings, got {shown(value)}")
+            what = "a non-empty list" if required else "a list"
+            raise ConfigError(self.key(name), f"must be {what} of strings, got {shown(value)}")
         for i, item in enumerate(value):
             if not isinstance(item, str) or not item:
                 raise ConfigError(

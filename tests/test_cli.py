@@ -81,7 +81,9 @@ async def test_run_generic_registers_and_cleans_up_on_sigterm(
     for i in range(3):
         (devices / f"tty{i}").touch()
     config = tmp_path / "config.yaml"
-    config.write_text(f"resources:\n  - name: example.com/serial\n    paths: ['{devices}/tty*']\n")
+    config.write_text(
+        f"resources:\n  - resourceName: example.com/serial\n    paths: ['{devices}/tty*']\n"
+    )
     proc = _spawn(
         "--log-format",
         "json",
@@ -128,7 +130,9 @@ def test_bad_config_names_the_key_and_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "bad.yaml"
-    config.write_text("resources:\n  - name: example.com/x\n    paths: ['/dev/x*']\n    share: 0\n")
+    config.write_text(
+        "resources:\n  - resourceName: example.com/x\n    paths: ['/dev/x*']\n    share: 0\n"
+    )
     assert (
         main(["run", "generic", "--config", str(config), "--device-plugin-dir", str(tmp_path)]) == 2
     )
@@ -239,7 +243,7 @@ async def test_run_takes_everything_from_one_config_file_and_reloads_it(
     base = (
         f"backend: generic\ndevicePluginDir: {kubelet.directory}\nregistration: kubelet\n"
         "logging: {level: info, format: json}\n"
-        f"resources:\n  - name: example.com/serial\n    paths: ['{devices}/tty*']\n"
+        f"resources:\n  - resourceName: example.com/serial\n    paths: ['{devices}/tty*']\n"
     )
     config.write_text(base)
     proc = _spawn("run", "--config", str(config))
@@ -247,7 +251,8 @@ async def test_run_takes_everything_from_one_config_file_and_reloads_it(
         await kubelet.wait_for_allocatable("example.com/serial", 1, timeout=15)
         tmp = config.with_name("new.yaml")
         tmp.write_text(
-            base + f"  - name: example.com/fuse\n    paths: ['{devices}/fuse']\n    share: 4\n"
+            base
+            + f"  - resourceName: example.com/fuse\n    paths: ['{devices}/fuse']\n    share: 4\n"
         )
         os.replace(tmp, config)
         await kubelet.wait_for_allocatable("example.com/fuse", 4, timeout=15)
@@ -273,7 +278,7 @@ async def test_run_with_cdi_config_hands_out_cdi_names(
     config.write_text(
         f"backend: generic\ndevicePluginDir: {kubelet.directory}\nregistration: kubelet\n"
         f"cdi: {{directory: {cdi_dir}}}\n"
-        f"resources:\n  - name: example.com/serial\n    paths: ['{devices}/tty*']\n"
+        f"resources:\n  - resourceName: example.com/serial\n    paths: ['{devices}/tty*']\n"
     )
     proc = _spawn("run", "--config", str(config))
     try:

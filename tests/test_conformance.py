@@ -264,19 +264,25 @@ def _generic_backend(root: Path) -> list[DevicePlugin]:
     dev.mkdir(parents=True)
     for i in range(3):
         (dev / f"ttyACM{i}").touch()
-    config = {"resources": [{"name": "acme.com/serial", "paths": ["/dev/ttyACM*"], "share": 2}]}
-    return generic.from_config(config, root=root / "host")
+    config = {
+        "resources": [{"resourceName": "acme.com/serial", "paths": [f"{dev}/ttyACM*"], "share": 2}]
+    }
+    return generic.from_config(config)
 
 
 def _generic_example(root: Path) -> list[DevicePlugin]:
     from devplugin_sdk.backends import generic
+    from devplugin_sdk.config import load_yaml
 
-    # What `devplugin run generic --config examples/generic/config.yaml` serves, re-rooted.
+    # What `devplugin run generic --config examples/generic/config.yaml` serves, with its
+    # paths moved under root/host.
     (root / "host" / "dev" / "net").mkdir(parents=True)
     for name in ("ttyUSB0", "ttyACM0", "fuse", "net/tun"):
         (root / "host" / "dev" / name).touch()
-    config = generic.load_config(EXAMPLES / "generic" / "config.yaml")
-    return generic.from_config(config, root=root / "host")
+    config = load_yaml(EXAMPLES / "generic" / "config.yaml")
+    for resource in config["resources"]:
+        resource["paths"] = [f"{root}/host{path}" for path in resource["paths"]]
+    return generic.from_config(config)
 
 
 def _fpga_example(root: Path, config: str) -> list[DevicePlugin]:

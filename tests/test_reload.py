@@ -36,9 +36,9 @@ def _tree(tmp_path: Path) -> Path:
 
 CONFIG = """
 resources:
-  - name: example.com/widget
+  - resourceName: example.com/widget
     paths: ["/dev/widget*"]
-  - name: example.com/serial
+  - resourceName: example.com/serial
     paths: ["/dev/ttyS*"]
 """
 
@@ -48,10 +48,10 @@ def _generic_plugins(path: Path, root: Path) -> list[DevicePlugin]:
     not a backend's schema), re-rooted onto ``root``."""
     plugins: list[DevicePlugin] = []
     for entry in ConfigReader(load_yaml(path)).sections("resources", required=True):
-        entry.known("name", "paths", "share")
+        entry.known("resourceName", "paths", "share")
         plugins.append(
             generic.GenericPlugin(
-                entry.string("name"),
+                entry.string("resourceName"),
                 list(entry.strings("paths", required=True)),
                 entry.integer("share", 1, minimum=1),
                 root=root,
@@ -88,7 +88,7 @@ async def test_reload_changes_only_what_changed(tmp_path: Path) -> None:
         _write(
             config,
             CONFIG.replace('["/dev/ttyS*"]', '["/dev/ttyUSB*"]')
-            + '  - name: example.com/fuse\n    paths: ["/dev/fuse"]\n    share: 3\n',
+            + '  - resourceName: example.com/fuse\n    paths: ["/dev/fuse"]\n    share: 3\n',
         )
         await kubelet.wait_for_allocatable("example.com/fuse", 3)
         await kubelet.wait_for_allocatable("example.com/serial", 2)
@@ -196,7 +196,7 @@ def test_run_config_splits_sdk_keys_from_backend_options() -> None:
             "registration": "watcher",
             "logging": {"level": "debug", "format": "json"},
             "metrics": {"port": 9450, "stuckAfter": 10},
-            "resources": [{"name": "a.com/b", "paths": ["/dev/b"]}],
+            "resources": [{"resourceName": "a.com/b", "paths": ["/dev/b"]}],
         }
     )
     assert config == RunConfig(
@@ -207,7 +207,7 @@ def test_run_config_splits_sdk_keys_from_backend_options() -> None:
         log_format="json",
         metrics_port=9450,
         stuck_after=10.0,
-        backend_options={"resources": [{"name": "a.com/b", "paths": ["/dev/b"]}]},
+        backend_options={"resources": [{"resourceName": "a.com/b", "paths": ["/dev/b"]}]},
     )
     assert RunConfig().restart_needed(config) == [
         "backend",

@@ -1,8 +1,9 @@
 """Generic backend: every file matching a path glob is one device, handed to the container as-is.
 
-Owns the YAML schema (``load_config``/``from_config``), glob discovery, path-derived device IDs
-and path-following health through ``fswatch`` (Unhealthy within milliseconds of a match going
-away, Healthy when it returns). For USB serial, FUSE, TUN or video nodes; the SDK's default.
+Owns its configuration keys (``from_config``), glob discovery, path-derived device IDs and
+path-following health through ``fswatch.changes`` (Unhealthy within milliseconds of a match
+going away, Healthy when it returns). For USB serial, FUSE, TUN or video nodes; the SDK's
+default.
 Learned from squat/generic-device-plugin ``deviceplugin/path.go``; device host paths from
 containerd ``pkg/oci/utils_unix.go``, ``internal/cri/opts/spec_linux.go``, CRI-O
 ``server/container_create_linux.go``.
@@ -19,27 +20,27 @@ import os
 import posixpath
 import re
 import stat
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from devplugin_sdk import _names, fswatch
-from devplugin_sdk.config import ConfigReader, load_yaml
+from devplugin_sdk import fswatch
+from devplugin_sdk.config import ConfigReader, shown
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.plugin import DevicePlugin, PluginEvent
 from devplugin_sdk.types import Device, DeviceNode, Health, HealthEvent, RescanEvent, replicate
 
-__all__ = ["GenericPlugin", "from_config", "load_config"]
+__all__ = ["GenericPlugin", "from_config"]
 
 log = logging.getLogger(__name__)
 
 # Device IDs stay within 63 characters, the convention the SDK documents for Device.id.
 MAX_ID_LENGTH = 63
-_RESOURCE_KEYS = ("name", "paths", "share")
-_TOP_KEYS = ("resources",)
+# Seconds between full rescans (re-glob, re-stat every known match) under the inotify watch.
+DEFAULT_HEALTH_INTERVAL = 2.0
 _NOT_ID_CHAR = re.compile(r"[^A-Za-z0-9._:-]+")
 _NATURAL = re.compile(r"(\d+)")
 
@@ -89,7 +90,8 @@ class GenericPlugin(DevicePlugin):
     Each existing match of ``paths`` is one device: allocation gives the container that path as
     a device node, at the same path, with ``rw`` access. A match that disappears stays listed,
     Unhealthy, until it returns; a new match is a new device. ``watch()`` follows the globs'
-    directories with ``fswatch`` (inotify, or listing comparisons every ``poll_interval``).
+    directories with ``fswatch.changes`` (inotify, plus a full rescan every
+    ``health_interval``).
 
     Directories never count as matches (containerd would give the container every device node
     beneath one), and ``*`` does not match names starting with ``.``, as in the shell. A
@@ -101,16 +103,18 @@ class GenericPlugin(DevicePlugin):
         paths: Absolute glob patterns (``*``, ``?``, ``[...]``), e.g. ``["/dev/ttyUSB*"]``.
         share: How many containers may use one match at once; above 1 each match becomes
             ``share`` devices ``<id>::<n>`` (see ``devplugin_sdk.types.replicate``).
-        root: Re-roots the patterns onto a directory tree (tests, demos): ``/dev/widget*`` is
-            looked up as ``<root>/dev/widget*``. Device nodes then carry the real file under
-            ``root`` as ``host_path`` and the configured path (without ``root``) as
-            ``container_path``. None means the host's ``/``.
-        poll_interval: Seconds between directory listing comparisons in ``watch()`` (the
-            safety net under inotify, and the only mechanism without it).
+        root: Re-roots the patterns onto a directory tree (``devplugin demo``, benchmarks):
+            ``/dev/widget*`` is looked up as ``<root>/dev/widget*``. Device nodes then carry the
+            real file under ``root`` as ``host_path`` and the configured path (without
+            ``root``) as ``container_path``. None means the host's ``/``. Not a configuration
+            key: a configuration names the real paths.
+        health_interval: Seconds between full rescans in ``watch()``: re-glob the patterns and
+            re-state every known match's health (the safety net under inotify, and the only
+            mechanism without it).
 
     Raises:
         ValueError: on a bad resource name, an empty or relative pattern, ``share`` < 1 or
-            ``poll_interval`` <= 0.
+            ``health_interval`` <= 0.
 
     Device IDs are the matched path relative to the patterns' common directory, with ``/``
     replaced by ``_`` (``/dev/ttyUSB0`` -> ``ttyUSB0``; ``/dev/serial/by-id/x`` with a second
@@ -126,7 +130,7 @@ class GenericPlugin(DevicePlugin):
         share: int = 1,
         *,
         root: Path | str | None = None,
-        poll_interval: float = 2.0,
+        health_interval: float = DEFAULT_HEALTH_INTERVAL,
     ) -> None:
         super().__init__(resource_name=resource_name)
         if isinstance(paths, str) or not paths:
@@ -139,18 +143,19 @@ class GenericPlugin(DevicePlugin):
             patterns.append(_normalise(pattern))
         if isinstance(share, bool) or not isinstance(share, int) or share < 1:
             raise ValueError(f"{resource_name}: share must be an integer >= 1, got {share!r}")
-        if poll_interval <= 0:
-            raise ValueError(f"{resource_name}: poll_interval must be > 0, got {poll_interval}")
+        if not health_interval > 0:
+            raise ValueError(f"{resource_name}: health_interval must be > 0, got {health_interval}")
         self.patterns: tuple[str, ...] = tuple(patterns)
         self.share = share
         self.root = Path(root).resolve() if root is not None else None
-        self.poll_interval = poll_interval
+        # DevicePlugin.health_interval: this backend's health is watched, and re-stated by a
+        # full rescan this often; it never polls check_health.
+        self.health_interval: float = float(health_interval)
         # IDs are relative to the common directory of every pattern's fixed part.
         self._id_base = posixpath.commonpath([_anchor(p) for p in self.patterns])
         self._patterns = tuple(_Pattern.make(p, self.root) for p in self.patterns)
         self._seen: dict[str, _Match] = {}  # by host path; never shrinks
         self._ids: set[str] = set()
-        self._listed: dict[str, Health] = {}  # health discover() last gave, by base ID
         # Room for the "::N" suffix of the last share.
         self._max_id = MAX_ID_LENGTH - (len(f"::{share - 1}") if share > 1 else 0)
 
@@ -168,60 +173,51 @@ class GenericPlugin(DevicePlugin):
         """
         found = await self._scan()
         self._learn(found)
-        devices: list[Device] = []
-        for match in sorted(self._seen.values(), key=lambda m: _natural_key(m.id)):
-            present = found.get(match.host_path, False)
-            health = Health.HEALTHY if present else Health.UNHEALTHY
-            self._listed[match.id] = health
-            devices.append(
-                Device(
-                    id=match.id,
-                    health=health,
-                    device_nodes=(DeviceNode(match.host_path, match.container_path, "rw"),),
-                    attributes={"path": match.container_path},
-                )
+        devices = [
+            Device(
+                id=match.id,
+                health=Health.HEALTHY if found.get(match.host_path, False) else Health.UNHEALTHY,
+                device_nodes=(DeviceNode(match.host_path, match.container_path, "rw"),),
+                attributes={"path": match.container_path},
             )
+            for match in sorted(self._seen.values(), key=lambda m: _natural_key(m.id))
+        ]
         return replicate(devices, self.share)
 
     async def watch(self) -> AsyncIterator[PluginEvent]:
-        """Follow the patterns' directories; push health at once and ask for rescans.
+        """Follow the patterns' directories: push health at once, ask for rescans of new paths.
 
-        A known match that disappears or returns yields a ``HealthEvent`` for its ID (the
-        shares' parent) straight from the file-system notification; a new match, or one that
-        returns while the listing still says Unhealthy, yields a ``RescanEvent``. On start
-        (and restart) it re-states every known device's health, so nothing pushed earlier
-        lingers. Every ``poll_interval`` without a relevant change it re-globs everything and
-        re-arms the watch, which bounds what a missed notification can cost.
+        A change to a known match yields a ``HealthEvent`` for its ID (the shares' parent)
+        straight from the file-system notification, without a thread hop. A full rescan (right
+        after the watch is armed, then every ``health_interval``) and a change to a path that
+        could be a new match re-glob the patterns in a worker thread: every known match's
+        health is stated again (the SDK ignores a report equal to the latest one) and a new
+        match yields a ``RescanEvent``, after which ``discover()`` lists it.
         """
-        pushed: dict[str, Health] = {}
-        while True:
-            directories = await anyio.to_thread.run_sync(self._watch_dirs)
-            # A full pass per round; it also covers whatever changed while no watch was armed
-            # (fswatch arms itself on the first __anext__, after this scan).
-            for event in self._reconcile(await self._scan(), pushed):
-                yield event
-            stream = fswatch.watch(directories, poll_interval=self.poll_interval)
-            async with contextlib.aclosing(stream) as batches:
-                while True:
-                    batch: set[Path] | None = None
-                    # Cancelling __anext__ ends the fswatch generator: the round is over.
-                    with anyio.move_on_after(self.poll_interval):
-                        batch = await batches.__anext__()
-                    if batch is None:
-                        break
-                    known, other = self._classify(batch)
-                    if known:
-                        # Fast path: stat the known paths right here, without a thread hop; a
-                        # stat of a /dev node (devtmpfs, in memory) does not block.
-                        present = {path: _usable(path) for path in known}
-                        for event in self._health_events(present, pushed):
-                            yield event
-                    if other:
-                        found = await self._scan()
-                        for event in self._reconcile(found, pushed):
-                            yield event
-                        if await anyio.to_thread.run_sync(self._watch_dirs) != directories:
-                            break  # a new intermediate directory: watch it too
+        # A function when a wildcard level can add directories (/dev/bus/usb/*/*): fswatch calls
+        # it in a thread after each change. Otherwise the list, and no thread hop per change.
+        directories: list[Path] | Callable[[], list[Path]] = (
+            self._watch_dirs
+            if any(p.first_wild < len(p.parts) - 1 for p in self._patterns)
+            else [p.anchor for p in self._patterns]
+        )
+        stream = fswatch.changes(directories, self.health_interval, relevant=self._relevant)
+        async with contextlib.aclosing(stream) as batches:
+            async for changed in batches:
+                unknown = not changed  # an empty batch: the full rescan
+                for path in changed:
+                    match = self._seen.get(str(path))
+                    if match is None:
+                        unknown = True
+                        continue
+                    # Fast path: a stat of a /dev node (devtmpfs, in memory) does not block.
+                    if _usable(match.host_path):
+                        yield HealthEvent(match.id, Health.HEALTHY, f"{path} is back")
+                    else:
+                        yield HealthEvent(match.id, Health.UNHEALTHY, f"{path} disappeared")
+                if unknown:
+                    for event in self._reconcile(await self._scan()):
+                        yield event
 
     # ------------------------------------------------------------------ matching
 
@@ -263,17 +259,9 @@ class GenericPlugin(DevicePlugin):
                         directories[Path(match)] = None
         return list(directories)
 
-    def _classify(self, batch: Iterable[Path]) -> tuple[set[str], bool]:
-        """Split changed paths into known matches and whether anything else could matter."""
-        known: set[str] = set()
-        other = False
-        for changed in batch:
-            path = str(changed)
-            if path in self._seen:
-                known.add(path)
-            elif not other and self._could_match(changed.parts):
-                other = True
-        return known, other
+    def _relevant(self, changed: Path) -> bool:
+        """Whether a changed path is a known match or could be one (or one of its directories)."""
+        return str(changed) in self._seen or self._could_match(changed.parts)
 
     def _could_match(self, parts: tuple[str, ...]) -> bool:
         """Whether a path matches a pattern or one of its leading directories."""
@@ -319,75 +307,43 @@ class GenericPlugin(DevicePlugin):
         )
         return device_id
 
-    def _health_events(
-        self, present: Mapping[str, bool], pushed: dict[str, Health]
-    ) -> list[PluginEvent]:
+    def _reconcile(self, found: Mapping[str, bool]) -> list[PluginEvent]:
+        """Health of every known match in ``found``, plus a rescan if it holds a new match."""
         events: list[PluginEvent] = []
-        rescan = False
-        for path, exists in present.items():
+        new: list[str] = []
+        for path, exists in found.items():
+            # Read _seen now, not before the scan: discover() may have learnt paths meanwhile.
             match = self._seen.get(path)
             if match is None:
-                continue
-            health = Health.HEALTHY if exists else Health.UNHEALTHY
-            before = pushed.get(match.id)
-            if before is not health:
-                pushed[match.id] = health
-                if before is None:  # the first statement of this watch() call
-                    reason = f"{path} is present" if exists else f"{path} is missing"
-                else:
-                    reason = f"{path} is back" if exists else f"{path} disappeared"
-                events.append(HealthEvent(match.id, health, reason))
-            # The listing's own health is the floor: lift it with a rescan.
-            if exists and self._listed.get(match.id) is Health.UNHEALTHY:
-                rescan = True
-        if rescan:
-            events.append(RescanEvent(f"{self.resource_name}: listed-unhealthy paths returned"))
-        return events
-
-    def _reconcile(self, found: Mapping[str, bool], pushed: dict[str, Health]) -> list[PluginEvent]:
-        events = self._health_events(found, pushed)
-        new = [p for p in found if p not in self._seen]
-        if new and not any(isinstance(e, RescanEvent) for e in events):
-            shown = ", ".join(sorted(new, key=_natural_key)[:5])
-            events.append(RescanEvent(f"{self.resource_name}: new matches {shown}"))
+                new.append(path)
+            elif exists:
+                events.append(HealthEvent(match.id, Health.HEALTHY, f"{path} is present"))
+            else:
+                events.append(HealthEvent(match.id, Health.UNHEALTHY, f"{path} is missing"))
+        if new:
+            shown_paths = ", ".join(sorted(new, key=_natural_key)[:5])
+            more = f" and {len(new) - 5} more" if len(new) > 5 else ""
+            events.append(RescanEvent(f"{self.resource_name}: new matches {shown_paths}{more}"))
         return events
 
 
 # ====================================================================== configuration
 
 
-def load_config(path: str | os.PathLike[str]) -> Mapping[str, Any]:
-    """Read a YAML configuration file (``devplugin_sdk.config.load_yaml``).
-
-    Args:
-        path: The file.
-
-    Returns:
-        The top-level mapping (empty for an empty file).
-
-    Raises:
-        ConfigError: keyed by the file name, when it cannot be read, is not valid YAML (with
-            the line and column) or its top level is not a mapping.
-    """
-    return load_yaml(path)
-
-
-def from_config(
-    config: Mapping[str, Any], *, root: Path | str | None = None, poll_interval: float = 2.0
-) -> list[DevicePlugin]:
+def from_config(config: Mapping[str, Any]) -> list[DevicePlugin]:
     """One ``GenericPlugin`` per entry of ``resources`` (the backend contract of ``devplugin run``).
 
-    The schema::
+    The keys::
 
+        healthInterval: 2                   # optional: seconds between full rescans
         resources:
-          - name: example.com/widget        # extended resource name
-            paths: ["/dev/widget*"]         # absolute globs; each existing match is one device
-            share: 1                        # optional: containers per match (IDs get ::N)
+          - resourceName: example.com/widget  # extended resource name, unique in the file
+            paths: ["/dev/widget*"]           # absolute globs; each existing match is one device
+            share: 1                          # optional: containers per match (IDs get ::N)
 
     Args:
-        config: The YAML-loaded mapping (see ``load_config``).
-        root: Re-roots every pattern (see ``GenericPlugin``).
-        poll_interval: Passed to every plugin.
+        config: The backend's part of the configuration file (its top-level keys less the
+            SDK's own).
 
     Returns:
         The plugins, in configuration order.
@@ -395,48 +351,34 @@ def from_config(
     Raises:
         ConfigError: naming the dotted key (``resources[1].share``) and what is wrong with it.
     """
-    if not isinstance(config, Mapping):
-        raise ConfigError("<root>", f"must be a mapping, got {type(config).__name__}")
-    _check_keys(config, _TOP_KEYS, "")
-    resources = config.get("resources")
-    if not isinstance(resources, list) or not resources:
-        raise ConfigError("resources", f"must be a non-empty list, got {resources!r}")
+    reader = ConfigReader(config)
+    reader.known("resources", "healthInterval")
+    interval = reader.interval("healthInterval", DEFAULT_HEALTH_INTERVAL)
     plugins: list[DevicePlugin] = []
-    first_seen: dict[str, int] = {}
-    for index, entry in enumerate(resources):
-        key = f"resources[{index}]"
-        if not isinstance(entry, Mapping):
-            raise ConfigError(key, f"must be a mapping, got {type(entry).__name__}")
-        _check_keys(entry, _RESOURCE_KEYS, key)
-        name = entry.get("name")
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"{key}.name", f"must be an extended resource name, got {name!r}")
-        problem = _names.resource_name_problem(name)
-        if problem is not None:
-            raise ConfigError(f"{key}.name", f"invalid resource name {name!r}: {problem}")
+    first_seen: dict[str, str] = {}
+    for entry in reader.sections("resources", required=True):
+        entry.known(
+            "resourceName",
+            "paths",
+            "share",
+            hint={"name": "renamed to resourceName (the key every backend uses)"},
+        )
+        name = entry.resource_name("resourceName")
         if name in first_seen:
             raise ConfigError(
-                f"{key}.name", f"duplicate of resources[{first_seen[name]}].name ({name!r})"
+                entry.key("resourceName"), f"duplicate of {first_seen[name]} ({shown(name)})"
             )
-        first_seen[name] = index
-        paths = entry.get("paths")
-        if not isinstance(paths, list) or not paths:
-            raise ConfigError(f"{key}.paths", f"must be a non-empty list of globs, got {paths!r}")
+        first_seen[name] = entry.key("resourceName")
+        paths = entry.strings("paths", required=True)
         for number, pattern in enumerate(paths):
             problem = _pattern_problem(pattern)
             if problem is not None:
-                raise ConfigError(f"{key}.paths[{number}]", f"{problem}, got {pattern!r}")
-        share = entry.get("share", 1)
-        if isinstance(share, bool) or not isinstance(share, int) or share < 1:
-            raise ConfigError(f"{key}.share", f"must be an integer >= 1, got {share!r}")
-        plugins.append(
-            GenericPlugin(name, list(paths), share, root=root, poll_interval=poll_interval)
-        )
+                raise ConfigError(
+                    f"{entry.key('paths')}[{number}]", f"{problem}, got {shown(pattern)}"
+                )
+        share = entry.integer("share", 1, minimum=1)
+        plugins.append(GenericPlugin(name, paths, share, health_interval=interval))
     return plugins
-
-
-def _check_keys(mapping: Mapping[Any, Any], allowed: Sequence[str], prefix: str) -> None:
-    ConfigReader(mapping, prefix).known(*allowed)
 
 
 # ====================================================================== helpers

@@ -1,19 +1,32 @@
-"""The generic plugin of config.yaml against FakeKubelet, re-rooted onto a fake /dev in tmp_path;
-and the image, the DaemonSet and the kustomize overlay agreeing on what runs."""
+"""The generic example as the image runs it: `devplugin run generic --config FILE` as a real
+process against a FakeKubelet, with config.yaml's globs moved onto a fake /dev in tmp_path
+(registration, allocation, hot-plug, hot reload, /healthz, /metrics, JSON logs, a bad config);
+finer behaviour in-process; and the image, the DaemonSet and the kustomize overlay agreeing on
+what runs."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import pytest
 import yaml
 
 from devplugin_sdk import cli
-from devplugin_sdk.backends.generic import from_config, load_config
-from devplugin_sdk.plugin import DevicePlugin
+from devplugin_sdk.backends.generic import from_config
+from devplugin_sdk.config import load_yaml
 from devplugin_sdk.testing import AdmissionError, FakeKubelet, serving
+from devplugin_sdk.types import DeviceNode
 
 HERE = Path(__file__).parent
 OVERLAY = HERE.parent.parent / "deploy" / "kustomize" / "overlays" / "generic"
@@ -32,16 +45,171 @@ def fake_dev(root: Path) -> Path:
     return root.resolve()
 
 
-def plugins_of_config_yaml(root: Path) -> list[DevicePlugin]:
-    """The plugins `devplugin run generic --config config.yaml` serves, looking under ``root``."""
-    return from_config(load_config(HERE / "config.yaml"), root=root, poll_interval=0.2)
+def config_yaml_under(root: Path) -> dict[str, Any]:
+    """config.yaml with every glob moved under ``root`` (``/dev/fuse`` -> ``<root>/dev/fuse``)."""
+    config = dict(load_yaml(HERE / "config.yaml"))
+    config["resources"] = [
+        {**resource, "paths": [f"{root}{path}" for path in resource["paths"]]}
+        for resource in config["resources"]
+    ]
+    return config
+
+
+def write_config(path: Path, config: dict[str, Any]) -> None:
+    """Write then rename, as a ConfigMap update does: a reader never sees half a file."""
+    staged = path.with_name(f".{path.name}.new")
+    staged.write_text(yaml.safe_dump(config), encoding="utf-8")
+    os.replace(staged, path)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    """One HTTP/1.1 request to the plugin's endpoint server; returns (status, body)."""
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(
+            f"GET {path} HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n".encode()
+        )
+        reply = b""
+        with anyio.fail_after(5):
+            async for chunk in stream:
+                reply += chunk
+    head, _, body = reply.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def devplugin(*args: str, stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]:
+    """``devplugin ARGS`` as the image's entry point runs it, in a child process."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "devplugin_sdk", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        text=True,
+    )
+
+
+def json_records(log: Path) -> list[dict[str, Any]]:
+    """Every line of ``log`` as JSON: a JSON log has nothing else."""
+    return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+
+
+@asynccontextmanager
+async def running(*args: str, log: Path) -> AsyncIterator[subprocess.Popen[str]]:
+    """Run ``devplugin ARGS`` (stderr to ``log``) until the block ends; then SIGTERM, a bounded
+    wait for a clean exit, and a kill if it did not come."""
+    with log.open("w", encoding="utf-8") as stderr:
+        process = devplugin(*args, stderr=stderr)
+        try:
+            yield process
+            process.send_signal(signal.SIGTERM)
+            # Wait off the event loop: the kubelet must keep serving while the plugin stops.
+            code = await anyio.to_thread.run_sync(lambda: process.wait(timeout=15))
+            assert code == 0, f"exit status {code}; its log: {log}"
+        finally:
+            process.kill()
+            process.wait(timeout=15)
+
+
+# ----------------------------------------------------------------------------- as the image runs it
+
+
+async def test_devplugin_run_generic_serves_config_yaml_reloads_it_and_reports(
+    tmp_path: Path,
+) -> None:
+    root = fake_dev(tmp_path / "host")
+    config_file = tmp_path / "config.yaml"
+    config = config_yaml_under(root)
+    # The file may carry the SDK's own keys too; the backend never sees them.
+    write_config(config_file, {**config, "logging": {"format": "json"}})
+    port = free_port()
+    log = tmp_path / "plugin.log"
+
+    async with FakeKubelet() as kubelet:
+        args = ["run", "generic", "--config", str(config_file)]
+        args += ["--device-plugin-dir", str(kubelet.directory), "--registration", "kubelet"]
+        args += ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
+        async with running(*args, log=log):
+            # Registration and capacity: config.yaml's four resources.
+            await kubelet.wait_for_allocatable(FUSE, 10, timeout=30)
+            await kubelet.wait_for_allocatable(TUN, 10, timeout=30)
+            await kubelet.wait_for_allocatable(SERIAL, 1, timeout=30)
+            await kubelet.wait_for_registrations(VIDEO, 1, timeout=30)
+            assert kubelet.capacity(VIDEO) == 0  # no camera: registered, nothing to allocate
+
+            # An allocation: the matched file as a read-write device node, at its own path.
+            got = await kubelet.allocate(SERIAL, 1)
+            tty = str(root / "dev" / "ttyUSB0")
+            assert got.device_ids == ("ttyUSB0",)
+            assert got.allocation.device_nodes == (DeviceNode(tty, tty, "rw"),)
+
+            # Hot-plug: a board plugged in, an adapter pulled out.
+            (root / "dev" / "ttyACM0").touch()
+            await kubelet.wait_for(lambda: kubelet.capacity(SERIAL) == 2, what="ttyACM0 listed")
+            (root / "dev" / "ttyUSB0").unlink()
+            await kubelet.wait_for_health(SERIAL, "ttyUSB0", "Unhealthy")
+
+            # /healthz and /metrics on --metrics-port.
+            status, _ = await http_get(port, "/healthz")
+            assert status == 200
+            status, metrics = await http_get(port, "/metrics")
+            assert status == 200
+            assert f'devplugin_registered{{resource="{FUSE}"}} 1.0' in metrics
+
+            # Hot reload: fuse shared 20 ways; the other resources keep their registration.
+            config["resources"] = [
+                {**r, "share": 20} if r["resourceName"] == FUSE else r for r in config["resources"]
+            ]
+            write_config(config_file, {**config, "logging": {"format": "json"}})
+            await kubelet.wait_for_allocatable(FUSE, 20, timeout=15)
+            assert len(kubelet.successful_registrations(TUN)) == 1
+
+    records = json_records(log)
+    assert any(r.get("resource") == FUSE and "registered" in r["message"] for r in records)
+    assert any("reloaded" in r["message"] for r in records)
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"share": 0}, "resources[1].share"),
+        ({"paths": ["dev/fuse"]}, "resources[1].paths[0]"),
+        ({"name": FUSE}, "resources[1].name"),
+    ],
+    ids=["share", "relative path", "old key"],
+)
+async def test_a_bad_config_exits_2_with_one_line_naming_the_key(
+    tmp_path: Path, change: dict[str, Any], key: str
+) -> None:
+    config = load_yaml(HERE / "config.yaml")
+    config["resources"][1].update(change)
+    config_file = tmp_path / "config.yaml"
+    write_config(config_file, dict(config))
+    process = devplugin(
+        "run", "generic", "--config", str(config_file), "--device-plugin-dir", str(tmp_path)
+    )
+    try:
+        _, stderr = await anyio.to_thread.run_sync(lambda: process.communicate(timeout=30))
+    finally:
+        process.kill()
+        process.communicate()
+    assert process.returncode == 2
+    [line] = stderr.splitlines()
+    assert line.startswith(f"devplugin: error: {key}: "), line
+
+
+# ----------------------------------------------------------------------------- in-process
 
 
 async def test_the_shared_fuse_node_goes_to_ten_containers_and_not_to_an_eleventh(
     tmp_path: Path,
 ) -> None:
     root = fake_dev(tmp_path)
-    plugins = plugins_of_config_yaml(root)
+    plugins = from_config(config_yaml_under(root))
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable(FUSE, 10)
@@ -50,36 +218,24 @@ async def test_the_shared_fuse_node_goes_to_ten_containers_and_not_to_an_elevent
             await kubelet.allocate(FUSE, 1)
 
     assert sorted(g.device_ids[0] for g in got) == sorted(f"fuse::{n}" for n in range(10))
+    fuse = str(root / "dev" / "fuse")
     for container in got:
-        [node] = container.allocation.device_nodes
-        # The real file as the host path, the configured path in the container.
-        assert (node.host_path, node.container_path, node.permissions) == (
-            str(root / "dev" / "fuse"),
-            "/dev/fuse",
-            "rw",
-        )
+        assert container.allocation.device_nodes == (DeviceNode(fuse, fuse, "rw"),)
 
 
-async def test_serial_adapters_come_and_go_while_tun_and_video_keep_their_counts(
-    tmp_path: Path,
-) -> None:
+async def test_a_pulled_adapter_comes_back_healthy_under_the_same_id(tmp_path: Path) -> None:
     root = fake_dev(tmp_path)
-    plugins = plugins_of_config_yaml(root)
+    plugins = from_config(config_yaml_under(root))
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable(SERIAL, 1)
-        await kubelet.wait_for_allocatable(TUN, 10)
-        await kubelet.wait_for_registrations(VIDEO, 1)
-        assert kubelet.capacity(VIDEO) == 0  # no camera: registered, nothing to allocate
-
-        (root / "dev" / "ttyACM0").touch()  # a board plugged in
-        await kubelet.wait_for_allocatable(SERIAL, 2)
-        (root / "dev" / "ttyUSB0").unlink()  # an adapter pulled out
+        (root / "dev" / "ttyUSB0").unlink()
         await kubelet.wait_for_health(SERIAL, "ttyUSB0", "Unhealthy")
-        got = await kubelet.allocate(SERIAL, 1)
-
-    assert got.device_ids == ("ttyACM0",)
-    assert [n.container_path for n in got.allocation.device_nodes] == ["/dev/ttyACM0"]
+        (root / "dev" / "ttyACM0").touch()  # a rescan lists it; ttyUSB0 stays Unhealthy
+        await kubelet.wait_for(lambda: kubelet.capacity(SERIAL) == 2, what="ttyACM0 listed")
+        assert kubelet.devices(SERIAL)["ttyUSB0"].health == "Unhealthy"
+        (root / "dev" / "ttyUSB0").touch()
+        await kubelet.wait_for_allocatable(SERIAL, 2)
 
 
 def dockerfile_instruction(name: str) -> list[str]:
@@ -114,7 +270,7 @@ def test_image_daemonset_and_overlay_run_the_same_thing() -> None:
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
 
     # The ConfigMap is config.yaml (less its comments), mounted where --config points.
-    assert yaml.safe_load(config_map["data"]["config.yaml"]) == load_config(HERE / "config.yaml")
+    assert yaml.safe_load(config_map["data"]["config.yaml"]) == load_yaml(HERE / "config.yaml")
     [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/devplugin"]
     [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]

@@ -1,5 +1,6 @@
 """The generic backend on real temporary files: discovery, IDs, allocation, path-following health,
-hot-plug, sharing and the YAML schema, through watch() and end to end against a FakeKubelet."""
+hot-plug, sharing and its configuration keys, through watch() and end to end against a
+FakeKubelet."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from typing import Any
 
 import anyio
 import pytest
-from anyio.abc import ObjectReceiveStream
+from anyio.streams.memory import MemoryObjectReceiveStream
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from devplugin_sdk.backends import generic
 from devplugin_sdk.backends.generic import GenericPlugin
+from devplugin_sdk.config import load_yaml
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.testing import FakeKubelet, serving
@@ -32,19 +36,18 @@ def make_dev(root: Path, *names: str) -> Path:
     return dev
 
 
-def widgets(root: Path, share: int = 1, **kwargs: Any) -> GenericPlugin:
-    # A short poll interval bounds what a change made while no watch is armed can cost.
-    return GenericPlugin(
-        WIDGET, ["/dev/widget*"], share, root=root, poll_interval=kwargs.pop("poll", 0.5), **kwargs
-    )
+def widgets(root: Path, share: int = 1, interval: float = 30) -> GenericPlugin:
+    """``/dev/widget*`` under ``root``. The long default interval leaves the work to inotify: no
+    periodic rescan can stand in for a missed notification, or add events to a sequence."""
+    return GenericPlugin(WIDGET, ["/dev/widget*"], share, root=root, health_interval=interval)
 
 
 @contextlib.asynccontextmanager
 async def watching(
     plugin: GenericPlugin, initial: int
-) -> AsyncIterator[ObjectReceiveStream[PluginEvent]]:
-    """Run ``plugin.watch()`` in a task; take its ``initial`` health re-statements, then yield
-    the stream of further events once the watch is armed."""
+) -> AsyncIterator[MemoryObjectReceiveStream[PluginEvent]]:
+    """Run ``plugin.watch()`` in a task; take the ``initial`` health statements of its first
+    rescan, then yield the stream of further events once the watch is armed."""
     send, receive = anyio.create_memory_object_stream[PluginEvent](100)
 
     async def pump() -> None:
@@ -67,7 +70,9 @@ async def watching(
             tg.cancel_scope.cancel()
 
 
-async def next_event(events: ObjectReceiveStream[PluginEvent], timeout: float = 5) -> PluginEvent:
+async def next_event(
+    events: MemoryObjectReceiveStream[PluginEvent], timeout: float = 5
+) -> PluginEvent:
     with anyio.fail_after(timeout):
         return await events.receive()
 
@@ -180,6 +185,8 @@ def test_constructor_rejects_misuse() -> None:
         GenericPlugin(WIDGET, ["/dev/widget*"], share=0)
     with pytest.raises(ValueError, match="invalid resource name"):
         GenericPlugin("widget", ["/dev/widget*"])
+    with pytest.raises(ValueError, match="health_interval"):
+        GenericPlugin(WIDGET, ["/dev/widget*"], health_interval=0)
 
 
 # ----------------------------------------------------------------------------- watch()
@@ -187,7 +194,7 @@ def test_constructor_rejects_misuse() -> None:
 
 async def test_watch_pushes_unhealthy_on_unlink_and_healthy_on_return(tmp_path: Path) -> None:
     dev = make_dev(tmp_path, "widget0", "widget1")
-    plugin = widgets(tmp_path, poll=30)  # inotify only: no polling round can help
+    plugin = widgets(tmp_path)  # inotify only: no periodic rescan can help
     await plugin.discover()
     async with watching(plugin, initial=2) as events:
         (dev / "widget1").unlink()
@@ -198,11 +205,11 @@ async def test_watch_pushes_unhealthy_on_unlink_and_healthy_on_return(tmp_path: 
         assert event == HealthEvent("widget1", Health.HEALTHY, f"{dev / 'widget1'} is back")
 
 
-async def test_watch_reports_a_match_that_vanished_before_it_started(tmp_path: Path) -> None:
+async def test_watch_states_every_known_match_once_armed(tmp_path: Path) -> None:
     dev = make_dev(tmp_path, "widget0", "widget1")
     plugin = widgets(tmp_path)
     await plugin.discover()
-    (dev / "widget0").unlink()
+    (dev / "widget0").unlink()  # before the watch: only its first rescan can see it
     async with watching(plugin, initial=0) as events:
         got = {await next_event(events), await next_event(events)}
     assert got == {
@@ -211,33 +218,56 @@ async def test_watch_reports_a_match_that_vanished_before_it_started(tmp_path: P
     }
 
 
+async def test_the_periodic_rescan_catches_what_no_notification_shows(tmp_path: Path) -> None:
+    # The link lives in the watched directory, its target elsewhere: removing the target
+    # changes nothing inotify reports here, yet the link now dangles, so the device is gone.
+    target = tmp_path / "elsewhere" / "real"
+    target.parent.mkdir()
+    target.touch()
+    dev = make_dev(tmp_path)
+    (dev / "widget0").symlink_to(target)
+    plugin = widgets(tmp_path, interval=0.2)
+    await plugin.discover()
+    async with watching(plugin, initial=1) as events:
+        target.unlink()
+        present = HealthEvent("widget0", Health.HEALTHY, f"{dev / 'widget0'} is present")
+        while (event := await next_event(events)) == present:
+            pass
+    assert event == HealthEvent("widget0", Health.UNHEALTHY, f"{dev / 'widget0'} is missing")
+
+
 async def test_watch_asks_for_a_rescan_when_a_new_match_appears(tmp_path: Path) -> None:
     dev = make_dev(tmp_path, "widget0")
-    plugin = widgets(tmp_path, poll=30)
+    plugin = widgets(tmp_path)
     await plugin.discover()
     async with watching(plugin, initial=1) as events:
         (dev / "gadget0").touch()  # not a match: nothing
         (dev / "widget1").touch()
-        event = await next_event(events)
-        assert isinstance(event, RescanEvent)
+        while not isinstance(event := await next_event(events), RescanEvent):
+            # The rescan re-states what it knows on the way.
+            assert event == HealthEvent("widget0", Health.HEALTHY, f"{dev / 'widget0'} is present")
         assert "widget1" in event.reason
+        assert "gadget0" not in event.reason
     assert [d.id for d in await plugin.discover()] == ["widget0", "widget1"]
 
 
 async def test_watch_follows_new_directories_of_a_deep_glob(tmp_path: Path) -> None:
     dev = make_dev(tmp_path, "bus/usb/001/001")
-    plugin = GenericPlugin("example.com/usb", ["/dev/bus/usb/*/*"], root=tmp_path, poll_interval=30)
+    plugin = GenericPlugin(
+        "example.com/usb", ["/dev/bus/usb/*/*"], root=tmp_path, health_interval=30
+    )
     await plugin.discover()
     async with watching(plugin, initial=1) as events:
         (dev / "bus/usb/002").mkdir()
         (dev / "bus/usb/002/005").touch()
-        assert isinstance(await next_event(events), RescanEvent)
+        while not isinstance(await next_event(events), RescanEvent):
+            pass
         assert [d.id for d in await plugin.discover()] == ["001_001", "002_005"]
         # The new directory is watched now: a removal there is pushed at once.
         while True:
             event = await next_event(events)
             if isinstance(event, HealthEvent) and event.device_id == "002_005":
-                assert event.health is Health.HEALTHY  # the next round's re-statement
+                assert event.health is Health.HEALTHY  # the new watch's first rescan
                 break
         await anyio.wait_all_tasks_blocked()
         (dev / "bus/usb/002/005").unlink()
@@ -247,20 +277,24 @@ async def test_watch_follows_new_directories_of_a_deep_glob(tmp_path: Path) -> N
         )
 
 
-async def test_watch_asks_for_a_rescan_when_a_listed_unhealthy_match_returns(
+async def test_a_match_listed_unhealthy_that_returns_is_pushed_healthy_without_a_rescan(
     tmp_path: Path,
 ) -> None:
     dev = make_dev(tmp_path, "widget0")
-    plugin = widgets(tmp_path, poll=30)
+    plugin = widgets(tmp_path)
     await plugin.discover()
     (dev / "widget0").unlink()
-    await plugin.discover()  # now listed Unhealthy: a pushed Healthy alone cannot lift that
+    (listed,) = await plugin.discover()
+    assert listed.health is Health.UNHEALTHY
     async with watching(plugin, initial=1) as events:
         (dev / "widget0").touch()
         assert await next_event(events) == HealthEvent(
             "widget0", Health.HEALTHY, f"{dev / 'widget0'} is back"
         )
-        assert isinstance(await next_event(events), RescanEvent)
+        # The SDK lets a later Healthy report clear discovery's Unhealthy: nothing else comes.
+        await anyio.wait_all_tasks_blocked()
+        with pytest.raises(anyio.WouldBlock):
+            events.receive_nowait()
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -329,26 +363,47 @@ async def test_share_three_gives_three_ids_per_match_that_fail_together(
 # ----------------------------------------------------------------------------- configuration
 
 
-def test_from_config_builds_one_plugin_per_resource(tmp_path: Path) -> None:
+def test_from_config_builds_one_plugin_per_resource() -> None:
     plugins = generic.from_config(
         {
+            "healthInterval": 0.5,
             "resources": [
-                {"name": "example.com/serial", "paths": ["/dev/ttyUSB*", "/dev/ttyACM*"]},
-                {"name": "example.com/fuse", "paths": ["/dev/fuse"], "share": 32},
-            ]
-        },
-        root=tmp_path,
+                {"resourceName": "example.com/serial", "paths": ["/dev/ttyUSB*", "/dev/ttyACM*"]},
+                {"resourceName": "example.com/fuse", "paths": ["/dev/fuse"], "share": 32},
+            ],
+        }
     )
-    assert [(p.resource_name, type(p)) for p in plugins] == [
-        ("example.com/serial", GenericPlugin),
-        ("example.com/fuse", GenericPlugin),
+    assert all(isinstance(p, GenericPlugin) for p in plugins)
+    assert [
+        (p.resource_name, p.patterns, p.share, p.health_interval)
+        for p in plugins
+        if isinstance(p, GenericPlugin)
+    ] == [
+        ("example.com/serial", ("/dev/ttyUSB*", "/dev/ttyACM*"), 1, 0.5),
+        ("example.com/fuse", ("/dev/fuse",), 32, 0.5),
     ]
-    assert isinstance(plugins[1], GenericPlugin)
-    assert plugins[1].share == 32
+
+
+def test_from_config_defaults_to_a_rescan_every_two_seconds() -> None:
+    (plugin,) = generic.from_config({"resources": [entry()]})
+    assert plugin.health_interval == 2.0
+
+
+async def test_a_configuration_names_the_real_paths(kubelet: FakeKubelet, tmp_path: Path) -> None:
+    """No re-rooting from a configuration: host and container path are the configured match."""
+    dev = make_dev(tmp_path, "widget0", "widget1")
+    (plugin,) = generic.from_config({"resources": [entry(paths=[f"{dev}/widget*"])]})
+    async with serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(WIDGET, 2)
+        got = await kubelet.allocate(WIDGET, 1)
+        path = str(dev / got.device_ids[0])
+        assert got.allocation.device_nodes == (DeviceNode(path, path, "rw"),)
+        (dev / "widget1").unlink()
+        await kubelet.wait_for_health(WIDGET, "widget1", "Unhealthy")
 
 
 def entry(**fields: Any) -> dict[str, Any]:
-    return {"name": "example.com/widget", "paths": ["/dev/widget*"], **fields}
+    return {"resourceName": "example.com/widget", "paths": ["/dev/widget*"], **fields}
 
 
 @pytest.mark.parametrize(
@@ -358,24 +413,48 @@ def entry(**fields: Any) -> dict[str, Any]:
         ({}, "resources", "non-empty list"),
         ({"resources": []}, "resources", "non-empty list"),
         ({"resources": [entry()], "extra": 1}, "extra", "unknown key"),
+        ({"resources": [entry()], "healthinterval": 1}, "healthinterval", "'healthInterval'?"),
+        ({"resources": [entry()], "healthInterval": 0}, "healthInterval", "> 0"),
+        ({"resources": [entry()], "healthInterval": "2s"}, "healthInterval", "seconds"),
         ({"resources": ["x"]}, "resources[0]", "mapping"),
         ({"resources": [entry(), entry(color="red")]}, "resources[1].color", "unknown key"),
-        ({"resources": [entry(name=None)]}, "resources[0].name", "extended resource name"),
-        ({"resources": [entry(name="widget")]}, "resources[0].name", "no '/'"),
-        ({"resources": [entry(name="kubernetes.io/x")]}, "resources[0].name", "reserved"),
+        (
+            {"resources": [{"name": "example.com/widget", "paths": ["/dev/widget*"]}]},
+            "resources[0].name",
+            "renamed to resourceName",
+        ),
+        ({"resources": [{"paths": ["/dev/x"]}]}, "resources[0].resourceName", "required"),
+        ({"resources": [entry(resourceName=None)]}, "resources[0].resourceName", "string"),
+        ({"resources": [entry(resourceName="widget")]}, "resources[0].resourceName", "no '/'"),
+        (
+            {"resources": [entry(resourceName="kubernetes.io/x")]},
+            "resources[0].resourceName",
+            "reserved",
+        ),
         (
             {"resources": [entry(), entry(paths=["/dev/x"])]},
-            "resources[1].name",
-            "duplicate of resources[0].name",
+            "resources[1].resourceName",
+            "duplicate of resources[0].resourceName",
         ),
+        (
+            {"resources": [entry(resourceName=f"{'a' * 60}.{'b' * 60}.com/{'x' * 60}")]},
+            "resources[0].resourceName",
+            "too long for a unix socket path",
+        ),
+        ({"resources": [entry(paths=None)]}, "resources[0].paths", "required"),
         ({"resources": [entry(paths=[])]}, "resources[0].paths", "non-empty list"),
         ({"resources": [entry(paths="/dev/x*")]}, "resources[0].paths", "non-empty list"),
         ({"resources": [entry(paths=["/dev/a", ""])]}, "resources[0].paths[1]", "non-empty"),
         ({"resources": [entry(paths=["dev/x*"])]}, "resources[0].paths[0]", "absolute"),
+        ({"resources": [entry(paths=["/dev/.."])]}, "resources[0].paths[0]", "not /"),
         ({"resources": [entry(paths=[7])]}, "resources[0].paths[0]", "string"),
         ({"resources": [entry(share=0)]}, "resources[0].share", ">= 1"),
-        ({"resources": [entry(), entry(name="a.com/b", share=True)]}, "resources[1].share", ">= 1"),
-        ({"resources": [entry(share="2")]}, "resources[0].share", ">= 1"),
+        (
+            {"resources": [entry(), entry(resourceName="a.com/b", share=True)]},
+            "resources[1].share",
+            "integer",
+        ),
+        ({"resources": [entry(share="2")]}, "resources[0].share", "integer"),
     ],
 )
 def test_config_errors_name_the_key_and_the_reason(config: Any, key: str, reason: str) -> None:
@@ -385,41 +464,51 @@ def test_config_errors_name_the_key_and_the_reason(config: Any, key: str, reason
     assert reason in caught.value.reason
 
 
-def test_load_config_reads_yaml_that_from_config_takes(tmp_path: Path) -> None:
+# What YAML can hold, biased towards the keys and values the backend reads.
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-3, max_value=40),
+    st.floats(allow_nan=True),
+    st.sampled_from(["", "/", "/dev/x*", "dev/x", "/dev/..", "a.com/b", "x", "/dev/\0"]),
+    st.text(max_size=8),
+)
+_KEYS = st.sampled_from(["resources", "healthInterval", "resourceName", "paths", "share", "name"])
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(config=st.dictionaries(_KEYS, _VALUES, max_size=3))
+def test_from_config_raises_nothing_but_config_error(config: dict[str, Any]) -> None:
+    errors: list[ConfigError] = []
+    try:
+        plugins = generic.from_config(config)
+    except ConfigError as error:
+        errors.append(error)  # anything else fails the test
+        plugins = []
+    assert all(e.key and e.reason for e in errors)
+    assert bool(plugins) != bool(errors)
+    assert all(isinstance(p, GenericPlugin) for p in plugins)
+
+
+def test_a_yaml_file_gives_from_config_what_it_takes(tmp_path: Path) -> None:
     path = tmp_path / "generic.yaml"
     path.write_text(
+        "healthInterval: 5\n"
         "resources:\n"
-        "  - name: example.com/widget   # extended resource name\n"
+        "  - resourceName: example.com/widget   # extended resource name\n"
         '    paths: ["/dev/widget*"]\n'
         "    share: 2\n"
     )
-    (plugin,) = generic.from_config(generic.load_config(path))
+    (plugin,) = generic.from_config(load_yaml(path))
     assert isinstance(plugin, GenericPlugin)
-    assert (plugin.resource_name, plugin.patterns, plugin.share) == (WIDGET, ("/dev/widget*",), 2)
-
-
-def test_load_config_names_the_file_and_line_of_a_yaml_syntax_error(tmp_path: Path) -> None:
-    path = tmp_path / "broken.yaml"
-    path.write_text("resources:\n  - name: example.com/widget\n    paths: [/dev/widget*\n")
-    with pytest.raises(ConfigError) as caught:
-        generic.load_config(path)
-    assert caught.value.key == str(path)
-    assert caught.value.reason.startswith("invalid YAML at line 4, column 1: expected ',' or ']'")
-    assert "while parsing a flow sequence from line 3" in caught.value.reason
-
-
-@pytest.mark.parametrize(("text", "reason"), [("- a\n- b\n", "mapping"), (None, "cannot read")])
-def test_load_config_rejects_a_missing_file_or_a_non_mapping(
-    tmp_path: Path, text: str | None, reason: str
-) -> None:
-    path = tmp_path / "config.yaml"
-    if text is not None:
-        path.write_text(text)
-    with pytest.raises(ConfigError, match=reason):
-        generic.load_config(path)
-
-
-def test_load_config_of_an_empty_file_is_empty(tmp_path: Path) -> None:
-    path = tmp_path / "empty.yaml"
-    path.write_text("")
-    assert generic.load_config(path) == {}
+    assert (plugin.resource_name, plugin.patterns, plugin.share, plugin.health_interval) == (
+        WIDGET,
+        ("/dev/widget*",),
+        2,
+        5.0,
+    )
