@@ -36,8 +36,8 @@ from devplugin_sdk import (
 )
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.backends.generic import GenericPlugin
-from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.testing import StaticPlugin
+from devplugin_sdk.types import RescanEvent
 
 
 class PolledPlugin(DevicePlugin):
@@ -62,7 +62,7 @@ class ControlledPlugin(StaticPlugin):
         self._fd = control_fd
         os.set_blocking(control_fd, False)
 
-    async def watch(self) -> AsyncIterator[PluginEvent]:
+    async def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
         pending = b""
         while True:
             await anyio.wait_readable(self._fd)

@@ -23,8 +23,8 @@ import anyio
 import anyio.to_thread
 
 from devplugin_sdk.errors import BackendError
-from devplugin_sdk.plugin import DevicePlugin, PluginEvent
-from devplugin_sdk.types import Allocation, Device, Health
+from devplugin_sdk.plugin import DevicePlugin
+from devplugin_sdk.types import Allocation, Device, Health, HealthEvent, RescanEvent
 
 __all__ = [
     "DEFAULT_SPEC_DIR",
@@ -491,7 +491,7 @@ class CdiPlugin(DevicePlugin):
     async def check_health(self, devices: Sequence[Device]) -> Mapping[str, Health]:
         return await self.plugin.check_health(devices)
 
-    def watch(self) -> AsyncIterator[PluginEvent]:
+    def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
         """The wrapped plugin's events."""
         return self.plugin.watch()
 

@@ -16,9 +16,7 @@ from pathlib import PurePath
 from devplugin_sdk import _names
 from devplugin_sdk.types import Allocation, Device, Health, HealthEvent, RescanEvent
 
-__all__ = ["DevicePlugin", "PluginEvent"]
-
-PluginEvent = HealthEvent | RescanEvent
+__all__ = ["DevicePlugin"]
 
 
 class DevicePlugin(abc.ABC):
@@ -115,7 +113,7 @@ class DevicePlugin(abc.ABC):
         """
         raise NotImplementedError
 
-    def watch(self) -> AsyncIterator[PluginEvent]:
+    def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
         """Push health and rescan events (optional; overriding it starts it at serve time).
 
         Write it as an async generator that runs for the plugin's whole life::

@@ -32,8 +32,8 @@ from devplugin_sdk.cdi import (
     validate_kind,
     write_spec,
 )
-from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.testing import FakeKubelet, StaticPlugin, serving
+from devplugin_sdk.types import HealthEvent, RescanEvent
 
 KIND = "acme.com/widget"
 
@@ -488,7 +488,7 @@ class FlakyWatchPlugin(StaticPlugin):
         super().__init__(KIND, devices)
         self.watch_calls = 0
 
-    async def watch(self) -> AsyncIterator[PluginEvent]:
+    async def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
         self.watch_calls += 1
         if self.watch_calls == 1:
             raise RuntimeError("event source lost")

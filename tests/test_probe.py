@@ -28,7 +28,6 @@ from devplugin_sdk import (
     _cli_probe,
     _client,
 )
-from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.probe import (
     NotADevicePluginError,
     NotAnsweringError,
@@ -38,6 +37,7 @@ from devplugin_sdk.probe import (
     probe,
 )
 from devplugin_sdk.testing import FakeKubelet, serving
+from devplugin_sdk.types import RescanEvent
 
 RESOURCE = "acme.com/widget"
 SOCKET = "acme.com_widget.sock"
@@ -71,7 +71,7 @@ class Widgets(DevicePlugin):
     ) -> Sequence[str]:
         return sorted((d.id for d in available), reverse=True)[:size]
 
-    async def watch(self) -> AsyncIterator[PluginEvent]:
+    async def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
         await self.break_w1.wait()
         yield HealthEvent("w1", Health.UNHEALTHY, reason="test")
         await anyio.sleep_forever()

@@ -81,3 +81,12 @@ def test_the_backend_contract_forbids_every_private_module() -> None:
         if path.stem not in ("__init__", "__main__")
     }
     assert private <= set(contract["forbidden_modules"])
+
+
+def test_the_plugin_event_alias_is_gone() -> None:
+    """watch() is annotated with the two event types; there is no third name for their union."""
+    import devplugin_sdk.plugin
+
+    assert not hasattr(devplugin_sdk.plugin, "PluginEvent")
+    annotation = devplugin_sdk.plugin.DevicePlugin.watch.__annotations__["return"]
+    assert "HealthEvent | RescanEvent" in str(annotation)

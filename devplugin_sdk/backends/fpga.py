@@ -29,8 +29,8 @@ from devplugin_sdk import fswatch
 from devplugin_sdk.backends import _sysfs
 from devplugin_sdk.config import ConfigReader, shown
 from devplugin_sdk.errors import ConfigError
-from devplugin_sdk.plugin import DevicePlugin, PluginEvent
-from devplugin_sdk.types import Device, DeviceNode, Health
+from devplugin_sdk.plugin import DevicePlugin
+from devplugin_sdk.types import Device, DeviceNode, Health, HealthEvent, RescanEvent
 
 __all__ = [
     "CONFIG_KEYS",
@@ -693,7 +693,7 @@ class FpgaPlugin(DevicePlugin):
         self._served = {b.id: b for b in boards}
         return [self._device(b) for b in boards]
 
-    def watch(self) -> AsyncIterator[PluginEvent]:
+    def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
         """Ask for a rescan when a relevant /dev entry changes, and every ``healthInterval``."""
         return fswatch.watch_or_rescan(
             self._watch_dirs(), self.config.health_interval, relevant=self._relevant

@@ -30,7 +30,7 @@ import anyio
 from devplugin_sdk import fswatch
 from devplugin_sdk.config import ConfigReader, shown
 from devplugin_sdk.errors import ConfigError
-from devplugin_sdk.plugin import DevicePlugin, PluginEvent
+from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.types import Device, DeviceNode, Health, HealthEvent, RescanEvent, replicate
 
 __all__ = ["GenericPlugin", "from_config"]
@@ -184,7 +184,7 @@ class GenericPlugin(DevicePlugin):
         ]
         return replicate(devices, self.share)
 
-    async def watch(self) -> AsyncIterator[PluginEvent]:
+    async def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
         """Follow the patterns' directories: push health at once, ask for rescans of new paths.
 
         A change to a known match yields a ``HealthEvent`` for its ID (the shares' parent)
@@ -307,9 +307,9 @@ class GenericPlugin(DevicePlugin):
         )
         return device_id
 
-    def _reconcile(self, found: Mapping[str, bool]) -> list[PluginEvent]:
+    def _reconcile(self, found: Mapping[str, bool]) -> list[HealthEvent | RescanEvent]:
         """Health of every known match in ``found``, plus a rescan if it holds a new match."""
-        events: list[PluginEvent] = []
+        events: list[HealthEvent | RescanEvent] = []
         new: list[str] = []
         for path, exists in found.items():
             # Read _seen now, not before the scan: discover() may have learnt paths meanwhile.

@@ -33,7 +33,7 @@ from devplugin_sdk.allocation import TopologyScorer
 from devplugin_sdk.backends import _sysfs
 from devplugin_sdk.config import ConfigReader, shown
 from devplugin_sdk.errors import AllocationError, BackendError, ConfigError, MissingDependencyError
-from devplugin_sdk.plugin import DevicePlugin, PluginEvent
+from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.types import (
     Allocation,
     Device,
@@ -41,6 +41,7 @@ from devplugin_sdk.types import (
     Health,
     HealthEvent,
     Mount,
+    RescanEvent,
     replicate,
 )
 
@@ -1018,7 +1019,7 @@ class NvmlPlugin(DevicePlugin):
                 log.info("%s: %s probed clean for the recovery period", self.resource_name, unit)
         return {d.id: self._health.health(_units(d)) for d in wanted}
 
-    async def watch(self) -> AsyncIterator[PluginEvent]:
+    async def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
         """Push Xid and double-bit ECC faults the moment NVML reports them (the pushed signal).
 
         One event set covers every GPU of this resource; it is opened again when a rescan

@@ -29,8 +29,16 @@ from devplugin_sdk import cdi, fswatch
 from devplugin_sdk.backends import _sysfs
 from devplugin_sdk.config import ConfigReader, shown
 from devplugin_sdk.errors import ConfigError
-from devplugin_sdk.plugin import DevicePlugin, PluginEvent
-from devplugin_sdk.types import Allocation, Device, DeviceNode, Health, replicate
+from devplugin_sdk.plugin import DevicePlugin
+from devplugin_sdk.types import (
+    Allocation,
+    Device,
+    DeviceNode,
+    Health,
+    HealthEvent,
+    RescanEvent,
+    replicate,
+)
 
 __all__ = [
     "RdmaConfig",
@@ -612,7 +620,7 @@ class RdmaPlugin(DevicePlugin):
         self._logged_reasons = reasons
         return devices
 
-    def watch(self) -> AsyncIterator[PluginEvent]:
+    def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
         """Rescans: at once when ``/dev/infiniband`` changes, else every ``rescan_interval``."""
         # udev creates and removes /dev/infiniband nodes (inotify sees them within a
         # millisecond); sysfs sends no inotify events, so port state is read on every rescan.

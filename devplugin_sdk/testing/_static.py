@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 
 import anyio
 
-from devplugin_sdk.plugin import DevicePlugin, PluginEvent
+from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.types import Device, Health, HealthEvent, RescanEvent
 
 __all__ = ["StaticPlugin"]
@@ -30,20 +30,20 @@ class StaticPlugin(DevicePlugin):
     ) -> None:
         super().__init__(resource_name=resource_name, socket_name=socket_name)
         self._devices = list(devices)
-        self._events: deque[PluginEvent] = deque()
+        self._events: deque[HealthEvent | RescanEvent] = deque()
         self._wakeup = anyio.Event()
 
     async def discover(self) -> Sequence[Device]:
         return list(self._devices)
 
-    async def watch(self) -> AsyncIterator[PluginEvent]:
+    async def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
         while True:
             while self._events:
                 yield self._events.popleft()
             self._wakeup = anyio.Event()
             await self._wakeup.wait()
 
-    def push(self, event: PluginEvent) -> None:
+    def push(self, event: HealthEvent | RescanEvent) -> None:
         """Queue an event for ``watch()`` to yield."""
         self._events.append(event)
         self._wakeup.set()

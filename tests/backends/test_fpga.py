@@ -18,7 +18,6 @@ from anyio.abc import ObjectReceiveStream
 
 from devplugin_sdk.backends import fpga
 from devplugin_sdk.errors import ConfigError
-from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.testing import FakeKubelet, serving
 from devplugin_sdk.testing.fpga_trees import (
     DFL_INTERFACE_ID,
@@ -29,7 +28,7 @@ from devplugin_sdk.testing.fpga_trees import (
     alveo_u250_host,
     dfl_pac_host,
 )
-from devplugin_sdk.types import Health, RescanEvent
+from devplugin_sdk.types import Health, HealthEvent, RescanEvent
 
 ALL_F = "f" * 32
 
@@ -50,9 +49,11 @@ def only(host: FpgaHost, **config: Any) -> fpga.FpgaPlugin:
 
 
 @contextlib.asynccontextmanager
-async def watching(plugin: fpga.FpgaPlugin) -> AsyncIterator[ObjectReceiveStream[PluginEvent]]:
+async def watching(
+    plugin: fpga.FpgaPlugin,
+) -> AsyncIterator[ObjectReceiveStream[HealthEvent | RescanEvent]]:
     """Run ``plugin.watch()`` in a task; yield once it is waiting, with its events as a stream."""
-    send, receive = anyio.create_memory_object_stream[PluginEvent](100)
+    send, receive = anyio.create_memory_object_stream[HealthEvent | RescanEvent](100)
 
     async def pump() -> None:
         with send:
@@ -68,7 +69,9 @@ async def watching(plugin: fpga.FpgaPlugin) -> AsyncIterator[ObjectReceiveStream
             tg.cancel_scope.cancel()
 
 
-async def next_event(events: ObjectReceiveStream[PluginEvent], timeout: float = 5) -> PluginEvent:
+async def next_event(
+    events: ObjectReceiveStream[HealthEvent | RescanEvent], timeout: float = 5
+) -> HealthEvent | RescanEvent:
     with anyio.fail_after(timeout):
         return await events.receive()
 

@@ -19,7 +19,6 @@ from devplugin_sdk.backends import generic
 from devplugin_sdk.backends.generic import GenericPlugin
 from devplugin_sdk.config import load_yaml
 from devplugin_sdk.errors import ConfigError
-from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.testing import FakeKubelet, serving
 from devplugin_sdk.types import DeviceNode, Health, HealthEvent, RescanEvent
 
@@ -45,10 +44,10 @@ def widgets(root: Path, share: int = 1, interval: float = 30) -> GenericPlugin:
 @contextlib.asynccontextmanager
 async def watching(
     plugin: GenericPlugin, initial: int
-) -> AsyncIterator[MemoryObjectReceiveStream[PluginEvent]]:
+) -> AsyncIterator[MemoryObjectReceiveStream[HealthEvent | RescanEvent]]:
     """Run ``plugin.watch()`` in a task; take the ``initial`` health statements of its first
     rescan, then yield the stream of further events once the watch is armed."""
-    send, receive = anyio.create_memory_object_stream[PluginEvent](100)
+    send, receive = anyio.create_memory_object_stream[HealthEvent | RescanEvent](100)
 
     async def pump() -> None:
         with send:
@@ -71,8 +70,8 @@ async def watching(
 
 
 async def next_event(
-    events: MemoryObjectReceiveStream[PluginEvent], timeout: float = 5
-) -> PluginEvent:
+    events: MemoryObjectReceiveStream[HealthEvent | RescanEvent], timeout: float = 5
+) -> HealthEvent | RescanEvent:
     with anyio.fail_after(timeout):
         return await events.receive()
 

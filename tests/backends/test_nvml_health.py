@@ -14,10 +14,9 @@ import pytest
 from anyio.abc import ObjectReceiveStream
 
 from devplugin_sdk.backends.nvml import NvidiaConfig, NvmlPlugin
-from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.testing import FakeKubelet, fake_nvml, serving
 from devplugin_sdk.testing.fake_nvml import FakeNVML
-from devplugin_sdk.types import Health, HealthEvent
+from devplugin_sdk.types import Health, HealthEvent, RescanEvent
 
 NEVER = 3600.0  # a probe interval that never comes round within a test
 XID_79 = "Xid 79 (GPU has fallen off the bus)"
@@ -47,9 +46,9 @@ def plugin_for(
 @asynccontextmanager
 async def watching(
     plugin: NvmlPlugin, nvml: FakeNVML
-) -> AsyncIterator[ObjectReceiveStream[PluginEvent]]:
+) -> AsyncIterator[ObjectReceiveStream[HealthEvent | RescanEvent]]:
     """Run ``plugin.watch()`` in the background until its event set is waiting for events."""
-    send, receive = anyio.create_memory_object_stream[PluginEvent](100)
+    send, receive = anyio.create_memory_object_stream[HealthEvent | RescanEvent](100)
 
     async def pump() -> None:
         async with send:
@@ -63,14 +62,17 @@ async def watching(
         tg.cancel_scope.cancel()
 
 
-async def next_event(events: ObjectReceiveStream[PluginEvent]) -> PluginEvent:
+async def next_event(
+    events: ObjectReceiveStream[HealthEvent | RescanEvent],
+) -> HealthEvent | RescanEvent:
     with anyio.fail_after(5):
         return await events.receive()
 
 
 async def until(
-    events: ObjectReceiveStream[PluginEvent], stop: Callable[[PluginEvent], bool]
-) -> list[PluginEvent]:
+    events: ObjectReceiveStream[HealthEvent | RescanEvent],
+    stop: Callable[[HealthEvent | RescanEvent], bool],
+) -> list[HealthEvent | RescanEvent]:
     """Events received up to and including the first one ``stop`` accepts."""
     got = [await next_event(events)]
     while not stop(got[-1]):

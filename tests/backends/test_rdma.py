@@ -16,7 +16,6 @@ from anyio.abc import ObjectReceiveStream
 
 from devplugin_sdk.backends import rdma
 from devplugin_sdk.errors import ConfigError
-from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.testing import FakeKubelet, serving
 from devplugin_sdk.testing.rdma_trees import (
     RdmaHost,
@@ -24,7 +23,7 @@ from devplugin_sdk.testing.rdma_trees import (
     connectx_ib_host,
     connectx_roce_host,
 )
-from devplugin_sdk.types import Device, Health, RescanEvent
+from devplugin_sdk.types import Device, Health, HealthEvent, RescanEvent
 
 
 def roots(host: RdmaHost) -> dict[str, str]:
@@ -47,9 +46,11 @@ def info(host: RdmaHost, name: str) -> rdma.RdmaDeviceInfo:
 
 
 @contextlib.asynccontextmanager
-async def watching(plugin: rdma.RdmaPlugin) -> AsyncIterator[ObjectReceiveStream[PluginEvent]]:
+async def watching(
+    plugin: rdma.RdmaPlugin,
+) -> AsyncIterator[ObjectReceiveStream[HealthEvent | RescanEvent]]:
     """Run ``plugin.watch()`` in a task, with its events as a stream."""
-    send, receive = anyio.create_memory_object_stream[PluginEvent](100)
+    send, receive = anyio.create_memory_object_stream[HealthEvent | RescanEvent](100)
 
     async def pump() -> None:
         with send:
@@ -64,7 +65,9 @@ async def watching(plugin: rdma.RdmaPlugin) -> AsyncIterator[ObjectReceiveStream
             tg.cancel_scope.cancel()
 
 
-async def next_event(events: ObjectReceiveStream[PluginEvent], timeout: float = 5) -> PluginEvent:
+async def next_event(
+    events: ObjectReceiveStream[HealthEvent | RescanEvent], timeout: float = 5
+) -> HealthEvent | RescanEvent:
     with anyio.fail_after(timeout):
         return await events.receive()
 

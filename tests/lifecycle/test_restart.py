@@ -11,8 +11,8 @@ import pytest
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Device, Settings, SocketInUseError
-from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.testing import FakeKubelet, StaticPlugin, serving
+from devplugin_sdk.types import HealthEvent, RescanEvent
 
 
 class _Losses:
@@ -41,7 +41,7 @@ class _Tracked(StaticPlugin):
         self.handled = 0
         self._changed = anyio.Event()
 
-    async def watch(self) -> AsyncIterator[PluginEvent]:
+    async def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
         async for event in super().watch():
             yield event
             # The SDK asks for the next event only once it has handled this one.

@@ -22,7 +22,6 @@ from devplugin_sdk import (
     Health,
     RescanEvent,
 )
-from devplugin_sdk.plugin import PluginEvent
 from devplugin_sdk.testing import (
     AdmissionError,
     ContainerStartError,
@@ -30,6 +29,7 @@ from devplugin_sdk.testing import (
     StaticPlugin,
     serving,
 )
+from devplugin_sdk.types import HealthEvent
 
 RESOURCE = "reliability.example.com/dev"
 
@@ -83,7 +83,7 @@ class FaultyPlugin(StaticPlugin):
         await self._hook("check_health")
         return self.polled
 
-    async def watch(self) -> AsyncIterator[PluginEvent]:
+    async def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
         await self._hook("watch")
         async for event in super().watch():
             yield event
