@@ -3,7 +3,7 @@
 The plugin process uses production settings (``Settings()`` with only the directory changed)
 and serves three kinds of plugin, 8 devices each: pushed health only (``watch()`` idle until
 an event), polled health (``check_health`` every ``health_interval``, 10 s) and the generic
-backend (8 files followed with fswatch: inotify, plus a re-glob every ``poll_interval``, 2 s).
+backend (8 files followed with fswatch: inotify, plus a re-glob every ``healthInterval``, 2 s).
 Once all three are registered with a FakeKubelet, it samples the process for ``--seconds``
 (60 by default) and prints RSS, CPU time, threads and context switches (a wakeup count: what
 polls, and how often). ``--kinds static`` (or ``polled``, ``generic``) measures one kind alone.

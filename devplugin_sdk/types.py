@@ -1,7 +1,8 @@
 """The plain data a plugin author works with: devices, what a container gets, health.
 
 Everything here is a frozen dataclass or an enum; hooks receive and return these and never
-see protobuf (``_convert`` is the only module that does).
+see protobuf (only ``_convert`` and the gRPC service and registration modules do; an
+import-linter contract checks it).
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ class Device:
     Args:
         id: The ID the kubelet schedules; unique within the resource, stable across restarts,
             printable, at most 63 characters by convention.
-        health: Health as discovered. Pushed or polled health can only make it worse
-            (see ``DevicePlugin``).
+        health: Health as discovered: the device's first health report. A later report
+            (an event, a poll, a rescan that sees otherwise) replaces it (see ``DevicePlugin``).
         numa_nodes: NUMA nodes the device is attached to; empty when unknown. Reporting
             topology for any device opts the resource into Topology Manager alignment.
         device_nodes: Device nodes the container gets when this device is allocated.
