@@ -5,11 +5,13 @@ device plugin needs, with the same names and signatures (the SDK's tests compare
 ``inspect.signature`` of the real module), the same constants, the same ``NVMLError``
 subclasses, and NVML's count of ``nvmlInit``/``nvmlShutdown`` pairs. Ready-made machines:
 ``dgx_a100``, ``hgx_h100``, ``t4_pcie`` and ``a100_mig`` (deterministic: the same UUIDs in every
-process); faults: ``xid``, ``ecc_double_bit``, ``lose``, ``recover`` and ``fail``. ``write_host``
-writes the matching sysfs, /dev and /proc trees, and ``installed()`` makes ``import pynvml``
-give the fake. Behaviour follows nvml.h and nvidia-ml-py's ``pynvml.py``; the mig-minors layout
-follows the driver's ``/proc/driver/nvidia-caps/mig-minors`` as read by nvidia-container-toolkit
-(``internal/nvcaps``) and Slurm (``gpu_nvml.c``).
+process); faults: ``xid``, ``ecc_double_bit``, ``lose``/``recover``, the memory faults
+``ecc_uncorrected`` (counters that keep rising until ``clear``), ``remap_rows`` and
+``retire_pages`` (pending until ``reset``), and ``fail`` (any function, any NVML error).
+``write_host`` writes the matching sysfs, /dev and /proc trees, and ``installed()`` makes
+``import pynvml`` give the fake. Behaviour follows nvml.h and nvidia-ml-py's ``pynvml.py``; the
+mig-minors layout follows the driver's ``/proc/driver/nvidia-caps/mig-minors`` as read by
+nvidia-container-toolkit (``internal/nvcaps``) and Slurm (``gpu_nvml.c``).
 
 Example::
 
@@ -122,6 +124,11 @@ NVML_P2P_CAPS_INDEX_ATOMICS = 3
 NVML_P2P_CAPS_INDEX_PCI = 4
 NVML_P2P_STATUS_OK = 0
 NVML_P2P_STATUS_NOT_SUPPORTED = 5
+
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 
 NVML_DEVICE_MIG_DISABLE = 0x0
 NVML_DEVICE_MIG_ENABLE = 0x1
@@ -345,6 +352,20 @@ class FakeGPU:
         migs: MIG devices (only when ``mig_enabled``).
         supported_events: Event mask ``nvmlDeviceGetSupportedEventTypes`` returns.
         temperature: Degrees C for ``nvmlDeviceGetTemperature``.
+        lost: Fallen off the bus: every call on the GPU answers ``NVMLError_GpuIsLost``.
+        ecc: ECC supported and enabled; without it the ECC counters answer Not Supported
+            (consumer boards, or ECC switched off as L40S boards often ship).
+        row_remapping: Ampere or newer: ``nvmlDeviceGetRemappedRows`` answers (Not Supported
+            otherwise, and on a MIG-enabled GPU with instances, as nvml.h says).
+        page_retirement: Dynamic page retirement (pre-Ampere boards with ECC, such as the T4):
+            ``nvmlDeviceGetRetiredPagesPendingStatus`` answers (Not Supported otherwise).
+        ecc_counts: ECC error counters by (``NVML_MEMORY_ERROR_TYPE_*``, ``NVML_*_ECC``).
+        ecc_rising: Uncorrected errors added to both uncorrected counters at every read of
+            one (a memory fault in progress; ``FakeNVML.ecc_uncorrected`` sets it).
+        remapped_rows: Rows remapped for correctable and for uncorrectable errors.
+        remap_pending: A row remapping waits for a GPU reset.
+        remap_failed: A row remapping failed at some time (the flag stays set).
+        pages_pending: Retired pages wait for a reboot or GPU reset to be blacklisted.
     """
 
     index: int
@@ -368,6 +389,17 @@ class FakeGPU:
     )
     temperature: int = 34
     lost: bool = False
+    ecc: bool = True
+    row_remapping: bool = False
+    page_retirement: bool = False
+    ecc_counts: dict[tuple[int, int], int] = field(
+        default_factory=lambda: {(t, c): 0 for t in (0, 1) for c in (0, 1)}
+    )
+    ecc_rising: int = 0
+    remapped_rows: tuple[int, int] = (0, 0)
+    remap_pending: bool = False
+    remap_failed: bool = False
+    pages_pending: bool = False
 
     @property
     def sysfs_address(self) -> str:
@@ -519,9 +551,58 @@ class FakeNVML:
             self.gpu(gpu).lost = True
 
     def recover(self, gpu: int | str) -> None:
-        """Undo ``lose`` (as after a GPU reset)."""
+        """Undo ``lose``: the GPU answers again (its other faults stay; ``reset`` ends them)."""
         with self._cond:
             self.gpu(gpu).lost = False
+
+    def ecc_uncorrected(self, gpu: int | str, count: int = 1, *, rising: bool = True) -> None:
+        """Uncorrectable memory errors on ``gpu``: ``count`` more in both uncorrected counters
+        (volatile and aggregate) now and, with ``rising``, ``count`` more at every later read of
+        either, until ``clear`` or ``reset`` (what a failing memory looks like to a poller).
+
+        Raises:
+            ValueError: ``count`` below 1.
+        """
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        with self._cond:
+            g = self.gpu(gpu)
+            _add_uncorrected(g, count)
+            g.ecc_rising = count if rising else 0
+
+    def remap_rows(self, gpu: int | str, rows: int = 1, *, failed: bool = False) -> None:
+        """Rows remapped for uncorrectable errors on ``gpu``, pending until a ``reset``;
+        ``failed`` also sets the failure flag, which nothing clears (the GPU needs service)."""
+        with self._cond:
+            g = self.gpu(gpu)
+            corrected, uncorrected = g.remapped_rows
+            g.remapped_rows = (corrected, uncorrected + rows)
+            g.remap_pending = True
+            g.remap_failed = g.remap_failed or failed
+
+    def retire_pages(self, gpu: int | str) -> None:
+        """Pages of ``gpu`` retired for double-bit errors, pending until a ``reset``."""
+        with self._cond:
+            self.gpu(gpu).pages_pending = True
+
+    def clear(self, gpu: int | str) -> None:
+        """The ECC counters of ``gpu`` stop rising; they keep their values."""
+        with self._cond:
+            self.gpu(gpu).ecc_rising = 0
+
+    def reset(self, gpu: int | str) -> None:
+        """As after a GPU reset (``nvidia-smi -r``): the GPU answers again, the ECC counters stop
+        rising and the volatile ones start again from 0, pending row remappings and page
+        retirements are done. The aggregate counters and a failed remapping stay."""
+        with self._cond:
+            g = self.gpu(gpu)
+            g.lost = False
+            g.ecc_rising = 0
+            for error_type, counter_type in g.ecc_counts:
+                if counter_type == NVML_VOLATILE_ECC:
+                    g.ecc_counts[(error_type, counter_type)] = 0
+            g.remap_pending = False
+            g.pages_pending = False
 
     def fail(self, function: str, code: int, times: int | None = 1) -> None:
         """Make the next ``times`` calls of ``function`` raise ``NVMLError(code)``.
@@ -749,6 +830,41 @@ class FakeNVML:
             raise NVMLError_NotSupported()
         return h.gpu.temperature
 
+    # ------------------------------------------------------------------ memory health
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: _Handle, errorType: int, counterType: int) -> int:
+        self._enter("nvmlDeviceGetTotalEccErrors")
+        gpu = self._memory_health(handle, "ecc")
+        if (errorType, counterType) not in gpu.ecc_counts:
+            raise NVMLError_InvalidArgument()
+        with self._cond:
+            if errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED and gpu.ecc_rising:
+                _add_uncorrected(gpu, gpu.ecc_rising)
+            return gpu.ecc_counts[(errorType, counterType)]
+
+    def nvmlDeviceGetRemappedRows(self, device: _Handle) -> tuple[int, int, int, int]:
+        self._enter("nvmlDeviceGetRemappedRows")
+        gpu = self._memory_health(device, "row_remapping")
+        # nvml.h: not supported on a MIG-enabled GPU with active instances.
+        if gpu.mig_enabled and gpu.migs:
+            raise NVMLError_NotSupported()
+        with self._cond:
+            corrected, uncorrected = gpu.remapped_rows
+            return (corrected, uncorrected, int(gpu.remap_pending), int(gpu.remap_failed))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: _Handle) -> int:
+        self._enter("nvmlDeviceGetRetiredPagesPendingStatus")
+        gpu = self._memory_health(device, "page_retirement")
+        with self._cond:
+            return NVML_FEATURE_ENABLED if gpu.pages_pending else NVML_FEATURE_DISABLED
+
+    def _memory_health(self, handle: object, feature: str) -> FakeGPU:
+        h = self._gpu_of(handle)
+        # Memory health is the whole GPU's: a MIG device handle has none of it to report.
+        if h.mig is not None or not getattr(h.gpu, feature):
+            raise NVMLError_NotSupported()
+        return h.gpu
+
     # ------------------------------------------------------------------ MIG
 
     def nvmlDeviceGetMigMode(self, device: _Handle) -> list[int]:
@@ -932,6 +1048,11 @@ def _pci_info(bus_id: str) -> PciInfo:
     )
 
 
+def _add_uncorrected(gpu: FakeGPU, count: int) -> None:
+    for counter_type in (NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC):
+        gpu.ecc_counts[(NVML_MEMORY_ERROR_TYPE_UNCORRECTED, counter_type)] += count
+
+
 def _nvlinked(a: FakeGPU, b: FakeGPU) -> bool:
     if any(remote == b.bus_id for remote, _ in a.nvlinks):
         return True
@@ -975,6 +1096,8 @@ def _uuid(prefix: str, *parts: object) -> str:
 def dgx_a100() -> FakeNVML:
     """8x A100-SXM4-80GB on NVSwitch (12 NVLinks each, to 6 switches), as in a DGX A100.
 
+    ECC on; Ampere remaps rows and retires no pages (that query answers Not Supported).
+
     GPU pairs (0,1) (2,3) (4,5) (6,7) share a PCIe switch tree; NUMA nodes 3, 1, 7, 5.
     """
     bus = ["07", "0F", "47", "4E", "87", "90", "B7", "BD"]
@@ -992,6 +1115,7 @@ def dgx_a100() -> FakeNVML:
             pcie_path=(f"rc{i // 2}", f"sw{i // 2}", f"sw{i // 2}.{i % 2}"),
             nvlinks=[(switches[link // 2], NVML_NVLINK_DEVICE_TYPE_SWITCH) for link in range(12)],
             mig_capable=True,
+            row_remapping=True,
         )
         for i in range(8)
     ]
@@ -1001,7 +1125,8 @@ def dgx_a100() -> FakeNVML:
 def hgx_h100() -> FakeNVML:
     """8x H100 80GB HBM3 SXM on NVSwitch (18 NVLinks each, to 4 switches), as in an HGX H100.
 
-    Each GPU sits behind its own PCIe switch; GPUs 0-3 on NUMA node 0, 4-7 on node 1.
+    Each GPU sits behind its own PCIe switch; GPUs 0-3 on NUMA node 0, 4-7 on node 1. ECC on,
+    rows remapped, no page retirement (as on every GPU since Ampere).
     """
     bus = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
     switches = [f"00000000:{0xE0 + i:02X}:00.0" for i in range(4)]
@@ -1018,6 +1143,7 @@ def hgx_h100() -> FakeNVML:
             pcie_path=(f"rc{i}", f"sw{i}"),
             nvlinks=[(switches[s], NVML_NVLINK_DEVICE_TYPE_SWITCH) for s in link_switch],
             mig_capable=True,
+            row_remapping=True,
         )
         for i in range(8)
     ]
@@ -1025,7 +1151,10 @@ def hgx_h100() -> FakeNVML:
 
 
 def t4_pcie() -> FakeNVML:
-    """4x Tesla T4 on PCIe only: no NVLink, no MIG; (0,1) under one switch on NUMA 0, (2,3) on 1."""
+    """4x Tesla T4 on PCIe only: no NVLink, no MIG; (0,1) under one switch on NUMA 0, (2,3) on 1.
+
+    ECC on; Turing retires pages and remaps no rows (that query answers Not Supported).
+    """
     bus = ["3B", "3C", "AF", "B0"]
     gpus = [
         FakeGPU(
@@ -1037,6 +1166,7 @@ def t4_pcie() -> FakeNVML:
             minor=i,
             numa_node=i // 2,
             pcie_path=(f"rc{i // 2}", f"sw{i // 2}"),
+            page_retirement=True,
         )
         for i in range(4)
     ]
@@ -1098,6 +1228,7 @@ def a100_mig(
                 pcie_path=(f"rc{i}", f"sw{i}"),
                 mig_capable=True,
                 mig_enabled=layout is not None,
+                row_remapping=True,
                 migs=migs,
             )
         )

@@ -164,6 +164,133 @@ def test_a_lost_gpu_answers_gpu_is_lost_until_recovered() -> None:
     assert nvml.nvmlDeviceGetUUID(handle) == nvml.gpus[3].uuid
 
 
+UNCORRECTED_VOLATILE = (fake_nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, fake_nvml.NVML_VOLATILE_ECC)
+UNCORRECTED_AGGREGATE = (fake_nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, fake_nvml.NVML_AGGREGATE_ECC)
+
+
+def test_real_memory_health_getters_return_what_the_fake_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pynvml's own wrappers around stand-in C functions: the shapes and errors the fake mirrors."""
+
+    def c_function(name: str) -> Any:
+        def remapped_rows(device: Any, corr: Any, unc: Any, pending: Any, failure: Any) -> int:
+            for ref, value in ((corr, 3), (unc, 2), (pending, 1), (failure, 0)):
+                ctypes.cast(ref, ctypes.POINTER(ctypes.c_uint)).contents.value = value
+            return pynvml.NVML_SUCCESS
+
+        def pending_status(device: Any, pending: Any) -> int:
+            ctypes.cast(pending, ctypes.POINTER(ctypes.c_int)).contents.value = 1
+            return pynvml.NVML_SUCCESS
+
+        def total_ecc(device: Any, error_type: Any, counter_type: Any, count: Any) -> int:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED  # a board without ECC
+
+        return {
+            "nvmlDeviceGetRemappedRows": remapped_rows,
+            "nvmlDeviceGetRetiredPagesPendingStatus": pending_status,
+            "nvmlDeviceGetTotalEccErrors": total_ecc,
+        }[name]
+
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", c_function)
+    nvml = fake_nvml.dgx_a100()
+    nvml.nvmlInit()
+    nvml.remap_rows(0, 2)
+    fake_a100 = nvml.nvmlDeviceGetHandleByIndex(0)
+    t4 = fake_nvml.t4_pcie()
+    t4.nvmlInit()
+    t4.retire_pages(0)
+    t4.gpus[1].ecc = False
+
+    assert pynvml.nvmlDeviceGetRemappedRows(None) == (3, 2, 1, 0)
+    assert nvml.nvmlDeviceGetRemappedRows(fake_a100) == (0, 2, 1, 0)
+    assert pynvml.nvmlDeviceGetRetiredPagesPendingStatus(None) == pynvml.NVML_FEATURE_ENABLED
+    assert t4.nvmlDeviceGetRetiredPagesPendingStatus(t4.nvmlDeviceGetHandleByIndex(0)) == 1
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetTotalEccErrors(None, *UNCORRECTED_VOLATILE)
+    with pytest.raises(t4.NVMLError_NotSupported):
+        t4.nvmlDeviceGetTotalEccErrors(t4.nvmlDeviceGetHandleByIndex(1), *UNCORRECTED_VOLATILE)
+
+
+def test_uncorrected_ecc_counters_keep_rising_at_every_read_until_cleared() -> None:
+    nvml = fake_nvml.dgx_a100()
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(3)
+
+    assert nvml.nvmlDeviceGetTotalEccErrors(handle, *UNCORRECTED_VOLATILE) == 0
+    nvml.ecc_uncorrected(3, 2)
+    reads = [nvml.nvmlDeviceGetTotalEccErrors(handle, *UNCORRECTED_VOLATILE) for _ in range(3)]
+    nvml.clear(3)
+    after = [nvml.nvmlDeviceGetTotalEccErrors(handle, *UNCORRECTED_VOLATILE) for _ in range(2)]
+
+    assert reads == [4, 6, 8]
+    assert after == [8, 8]
+    # Every read of an uncorrected counter adds to both; corrected errors are another count.
+    assert nvml.nvmlDeviceGetTotalEccErrors(handle, *UNCORRECTED_AGGREGATE) == 8
+    corrected = (fake_nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, fake_nvml.NVML_VOLATILE_ECC)
+    assert nvml.nvmlDeviceGetTotalEccErrors(handle, *corrected) == 0
+    with pytest.raises(nvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetTotalEccErrors(handle, 2, fake_nvml.NVML_VOLATILE_ECC)
+
+
+def test_a_one_off_ecc_fault_does_not_rise() -> None:
+    nvml = fake_nvml.t4_pcie()
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+
+    nvml.ecc_uncorrected(0, 5, rising=False)
+
+    assert [nvml.nvmlDeviceGetTotalEccErrors(handle, *UNCORRECTED_VOLATILE) for _ in "ab"] == [5, 5]
+    with pytest.raises(ValueError, match="count must be >= 1"):
+        nvml.ecc_uncorrected(0, 0)
+
+
+def test_a_reset_ends_pending_remaps_and_retirements_and_zeroes_volatile_counts() -> None:
+    a100, t4 = fake_nvml.dgx_a100(), fake_nvml.t4_pcie()
+    a100.nvmlInit()
+    t4.nvmlInit()
+    gpu, old = a100.nvmlDeviceGetHandleByIndex(1), t4.nvmlDeviceGetHandleByIndex(2)
+    a100.ecc_uncorrected(1, 4)
+    a100.remap_rows(1, 3)
+    a100.remap_rows(1, 1, failed=True)
+    a100.lose(1)
+    t4.retire_pages(2)
+
+    a100.reset(1)
+    t4.reset(2)
+
+    assert a100.nvmlDeviceGetRemappedRows(gpu) == (0, 4, 0, 1)  # a failure stays recorded
+    assert a100.nvmlDeviceGetTotalEccErrors(gpu, *UNCORRECTED_VOLATILE) == 0
+    assert a100.nvmlDeviceGetTotalEccErrors(gpu, *UNCORRECTED_AGGREGATE) == 4
+    assert t4.nvmlDeviceGetRetiredPagesPendingStatus(old) == fake_nvml.NVML_FEATURE_DISABLED
+
+
+def test_memory_health_queries_answer_not_supported_where_nvml_does() -> None:
+    t4, a100 = fake_nvml.t4_pcie(), fake_nvml.dgx_a100()
+    mig = fake_nvml.a100_mig([("1g.10gb",), None])
+    for nvml in (t4, a100, mig):
+        nvml.nvmlInit()
+    t4.gpus[3].ecc = False  # ECC switched off
+    mig_device = mig.nvmlDeviceGetHandleByUUID(mig.gpus[0].migs[0].uuid)
+    unsupported = [
+        lambda: t4.nvmlDeviceGetRemappedRows(t4.nvmlDeviceGetHandleByIndex(0)),  # Turing
+        lambda: a100.nvmlDeviceGetRetiredPagesPendingStatus(a100.nvmlDeviceGetHandleByIndex(0)),
+        lambda: t4.nvmlDeviceGetTotalEccErrors(t4.nvmlDeviceGetHandleByIndex(3), 1, 0),
+        # nvml.h: no remapped rows on a MIG-enabled GPU with instances, none per MIG device.
+        lambda: mig.nvmlDeviceGetRemappedRows(mig.nvmlDeviceGetHandleByIndex(0)),
+        lambda: mig.nvmlDeviceGetTotalEccErrors(mig_device, 1, 0),
+    ]
+
+    for call in unsupported:
+        with pytest.raises(fake_nvml.NVMLError_NotSupported):
+            call()
+    assert mig.nvmlDeviceGetRemappedRows(mig.nvmlDeviceGetHandleByIndex(1)) == (0, 0, 0, 0)
+    lost = a100.nvmlDeviceGetHandleByIndex(0)
+    a100.lose(0)
+    with pytest.raises(fake_nvml.NVMLError_GpuIsLost):
+        a100.nvmlDeviceGetTotalEccErrors(lost, 1, 0)
+
+
 def test_fail_injects_an_error_for_the_next_calls_only() -> None:
     nvml = fake_nvml.t4_pcie()
     nvml.fail("nvmlInit", fake_nvml.NVML_ERROR_DRIVER_NOT_LOADED, times=2)
