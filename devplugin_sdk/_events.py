@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from devplugin_sdk.observe import Observer, PluginStatus
+from devplugin_sdk.types import Health
 
 log = logging.getLogger("devplugin_sdk")
 
@@ -39,6 +40,11 @@ class Events:
 
     def rpc_error(self, resource: str, rpc: str, code: str) -> None:
         self._call("rpc_error", resource, rpc, code)
+
+    def health_changed(
+        self, resource: str, device: str, health: Health | None, reason: str
+    ) -> None:
+        self._call("health_changed", resource, device, health, reason)
 
     def _call(self, event: str, *args: object) -> None:
         method = getattr(self._observer, event, None)

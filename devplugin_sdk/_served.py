@@ -61,7 +61,7 @@ class ServedPlugin:
         self.settings = settings
         self.watcher = watcher
         self.strategy = strategy
-        self.state = DeviceState(self.resource)
+        self.state = DeviceState(self.resource, events=events)
         self.streams = Streams(self.resource, watcher.notify)
         self.link = Link(self.resource, events)
         self.servicer = DevicePluginServicer(

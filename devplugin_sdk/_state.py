@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import anyio
 
 from devplugin_sdk import _convert
+from devplugin_sdk._events import Events
 from devplugin_sdk.errors import BackendError, UnknownDeviceError, summarize_ids
-from devplugin_sdk.types import Device, Health
+from devplugin_sdk.types import Device, Health, HealthReport
 
 log = logging.getLogger("devplugin_sdk")
 
@@ -52,11 +53,21 @@ class DeviceState:
     * Discovery reports a device's health when what discovery says about it changes (for a
       new device: when discovery says Unhealthy), so a rescan that still sees a device as
       Healthy leaves a pushed fault in place.
+
+    Each change of a device's health is logged once, with the reason of the report that made
+    it, and handed to the observer (``Observer.health_changed``).
     """
 
-    def __init__(self, resource_name: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        resource_name: str,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        events: Events | None = None,
+    ) -> None:
         self.resource_name = resource_name
         self.clock = clock
+        self._events = events or Events(None)
         self._devices: dict[str, Device] = {}
         self._children: dict[str, list[str]] = {}
         # Latest report per device or parent ID: (sequence number, health).
@@ -121,6 +132,10 @@ class DeviceState:
             if old_effective.get(device_id, Health.HEALTHY) is not health
         ]
         self._log_flips(flips, "discovered")
+        for device_id, health in flips:
+            self._events.health_changed(self.resource_name, device_id, health, "discovered")
+        for device_id in old_devices.keys() - by_id.keys():
+            self._events.health_changed(self.resource_name, device_id, None, "removed")
         changed = list(old_devices) != list(by_id) or entries != self._entries
         self._entries = entries
         if changed:
@@ -146,20 +161,29 @@ class DeviceState:
 
         Keys that name neither a device nor a parent of one are ignored.
 
+        Args:
+            health: Health by device or parent ID; a ``HealthReport``'s reason for a key wins
+                over ``reason``.
+            reason: Why, for the log line and the observer of each change.
+
         Returns:
             IDs of devices whose effective health changed.
         """
-        affected: set[str] = set()
+        reasons = health.reasons if isinstance(health, HealthReport) else {}
+        # Device -> reason of the latest report that may change it (later keys are later
+        # reports, as their sequence numbers say).
+        affected: dict[str, str] = {}
         for key, reported in health.items():
             if key not in self._devices and key not in self._children:
                 continue
             if not self._record(key, Health(reported)):
                 continue
+            why = reasons.get(key) or reason
             if key in self._devices:
-                affected.add(key)
-            affected.update(self._children.get(key, ()))
+                affected[key] = why
+            affected.update(dict.fromkeys(self._children.get(key, ()), why))
         flipped: list[str] = []
-        for device_id in affected:
+        for device_id, why in affected.items():
             device = self._devices[device_id]
             new = self._compute(device)
             if new is not self._effective[device_id]:
@@ -167,7 +191,8 @@ class DeviceState:
                 self._effective[device_id] = new
                 self._entries[device_id] = _convert.list_and_watch_entry(device, new)
                 flipped.append(device_id)
-                self._log_flip(device_id, new, reason)
+                self._log_flip(device_id, new, why)
+                self._events.health_changed(self.resource_name, device_id, new, why)
         if flipped:
             self._bump()
         return flipped

@@ -10,17 +10,26 @@ imported when an observer is made, so ``import devplugin_sdk.metrics`` itself ne
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from devplugin_sdk.errors import MissingDependencyError
 from devplugin_sdk.observe import PluginStatus
+from devplugin_sdk.types import Health
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-__all__ = ["ALLOCATION_BUCKETS", "REGISTRATION_BUCKETS", "PrometheusObserver", "reregister_reason"]
+__all__ = [
+    "ALLOCATION_BUCKETS",
+    "MAX_HEALTH_REASONS",
+    "REGISTRATION_BUCKETS",
+    "PrometheusObserver",
+    "health_reason",
+    "reregister_reason",
+]
 
 #: Allocate latency buckets, seconds: a merge of declared nodes takes well under a millisecond;
 #: the SDK's hook timeout (Settings.hook_timeout) is 8 s, and the kubelet sets none.
@@ -50,6 +59,12 @@ REGISTRATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 _REASONS = ("kubelet_restart", "stream_lost", "other")
 _HEALTH_STATES = ("Healthy", "Unhealthy")
 
+#: At most this many ``reason`` label values per resource for health changes; later causes are
+#: counted as ``other``, so that a backend that puts values in its reasons cannot grow the
+#: number of series without bound.
+MAX_HEALTH_REASONS = 32
+_HEALTH_REASON_CHARS = 48
+
 
 def reregister_reason(reason: str) -> str:
     """Map the lifecycle's free-text reason for a lost registration to a label value.
@@ -66,6 +81,26 @@ def reregister_reason(reason: str) -> str:
     if "ListAndWatch" in reason:
         return "stream_lost"
     return "other"
+
+
+def health_reason(reason: str) -> str:
+    """Map the free-text reason of a health change to a label value: its cause.
+
+    The cause is the text before the first ``:`` or ``(``, lower case, with every run of other
+    characters than letters and digits made one ``_`` (at most 48 characters):
+    ``"Xid 79 (GPU has fallen off the bus)"`` gives ``xid_79``, ``"uncorrected ECC errors
+    rising: 3 -> 7"`` gives ``uncorrected_ecc_errors_rising``. Backends put the stable cause
+    first and the details after a colon; the details stay in the log line.
+
+    Args:
+        reason: The text ``Observer.health_changed`` received.
+
+    Returns:
+        The label value; ``unspecified`` for an empty cause.
+    """
+    cause = re.split(r"[:(]", reason, maxsplit=1)[0].lower()
+    label = re.sub(r"[^a-z0-9]+", "_", cause).strip("_")[:_HEALTH_REASON_CHARS].rstrip("_")
+    return label or "unspecified"
 
 
 def _prometheus() -> ModuleType:
@@ -122,8 +157,10 @@ class PrometheusObserver:
     ``devplugin_registration_seconds``, ``devplugin_reregistrations_total{reason}``,
     ``devplugin_kubelet_restarts_total``, ``devplugin_list_and_watch_sends_total``,
     ``devplugin_devices{health}``, ``devplugin_allocations_total``,
-    ``devplugin_allocation_seconds``, ``devplugin_allocation_errors_total{code}`` and
-    ``devplugin_rpc_errors_total{rpc,code}``. A resource's series appear, at zero, on its first
+    ``devplugin_allocation_seconds``, ``devplugin_allocation_errors_total{code}``,
+    ``devplugin_rpc_errors_total{rpc,code}``, ``devplugin_health_changes_total{health,reason}``
+    and ``devplugin_device_unhealthy{device,reason}`` (1 per device out, and why; see
+    ``health_reason``). A resource's series appear, at zero, on its first
     event, so ``rate()`` works from the start. State series, read from each plugin's status when
     scraped: ``devplugin_registered``, ``devplugin_list_and_watch_streams`` and
     ``devplugin_list_pending_seconds``, for the plugins of the runner this observer serves
@@ -209,7 +246,23 @@ class PrometheusObserver:
             ["resource", "rpc", "code"],
             registry=reg,
         )
+        self._health_changes = prom.Counter(
+            "devplugin_health_changes",
+            "Device health changes, by the new health and their cause (the reason's text before"
+            " any ':' or '(').",
+            ["resource", "health", "reason"],
+            registry=reg,
+        )
+        self._unhealthy = prom.Gauge(
+            "devplugin_device_unhealthy",
+            "1 for each listed device that is Unhealthy, labelled with the cause of its change;"
+            " no series while it is Healthy.",
+            ["resource", "device", "reason"],
+            registry=reg,
+        )
         self._seen: set[str] = set()
+        self._out: dict[tuple[str, str], str] = {}  # (resource, device) -> reason label
+        self._reasons: dict[str, set[str]] = {}  # resource -> reason labels used
 
     def _touch(self, resource: str) -> None:
         """Create a resource's label-complete series at zero on its first event."""
@@ -267,3 +320,27 @@ class PrometheusObserver:
         """Count a failed RPC other than Allocate."""
         self._touch(resource)
         self._rpc_errors.labels(resource, rpc, code).inc()
+
+    def health_changed(
+        self, resource: str, device: str, health: Health | None, reason: str
+    ) -> None:
+        """Count a device's health change by its cause, and keep the unhealthy-device gauge."""
+        self._touch(resource)
+        label = self._reason_label(resource, reason)
+        previous = self._out.pop((resource, device), None)
+        if previous is not None:
+            self._unhealthy.remove(resource, device, previous)
+        if health is None:  # the device left the list
+            return
+        self._health_changes.labels(resource, Health(health).value, label).inc()
+        if health is Health.UNHEALTHY:
+            self._unhealthy.labels(resource, device, label).set(1)
+            self._out[(resource, device)] = label
+
+    def _reason_label(self, resource: str, reason: str) -> str:
+        label = health_reason(reason)
+        used = self._reasons.setdefault(resource, set())
+        if label not in used and len(used) >= MAX_HEALTH_REASONS:
+            return "other"
+        used.add(label)
+        return label

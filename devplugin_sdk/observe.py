@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from devplugin_sdk.types import Health
+
 __all__ = ["Observer", "PluginStatus"]
 
 
@@ -35,6 +37,13 @@ class Observer(Protocol):
 
     def rpc_error(self, resource: str, rpc: str, code: str) -> None:
         """An RPC other than Allocate failed with ``code``."""
+
+    def health_changed(
+        self, resource: str, device: str, health: Health | None, reason: str
+    ) -> None:
+        """A listed device's health changed, for ``reason`` (free text from the backend, such
+        as ``"Xid 79 (GPU has fallen off the bus)"``, or ``"discovered"``, ``"polled"``);
+        ``health`` is None when the device left the list (reason ``"removed"``)."""
 
 
 @dataclass(frozen=True, slots=True)

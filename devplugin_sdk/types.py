@@ -8,7 +8,7 @@ import-linter contract checks it).
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "DeviceNode",
     "Health",
     "HealthEvent",
+    "HealthReport",
     "Mount",
     "RescanEvent",
     "replicate",
@@ -233,3 +234,35 @@ class RescanEvent:
     """
 
     reason: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class HealthReport(Mapping[str, Health]):
+    """A ``check_health`` answer that says why: health by device or parent ID, with reasons.
+
+    It is the ``Mapping[str, Health]`` that ``check_health`` returns (a plain ``dict`` works as
+    well), so callers read it as one. The SDK takes an ID's reason into the log line and the
+    observer's ``health_changed`` call when the report changes that device's health; an ID
+    without a reason is reported as ``"polled"``. Put the stable cause first and details after
+    a colon (``"row remapping pending: 2 rows"``): metrics label changes by the cause.
+
+    Args:
+        health: Health by device ID or parent ID.
+        reasons: Why, by the same IDs (``"Xid 79 (GPU has fallen off the bus)"``).
+    """
+
+    health: Mapping[str, Health]
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "health", {k: Health(v) for k, v in self.health.items()})
+        object.__setattr__(self, "reasons", dict(self.reasons))
+
+    def __getitem__(self, device_id: str) -> Health:
+        return self.health[device_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.health)
+
+    def __len__(self) -> int:
+        return len(self.health)

@@ -11,7 +11,9 @@ import logging
 import pytest
 
 from devplugin_sdk import Device, Health
+from devplugin_sdk._events import Events
 from devplugin_sdk._state import DeviceState
+from devplugin_sdk.types import HealthReport
 
 H, U = Health.HEALTHY, Health.UNHEALTHY
 
@@ -135,3 +137,81 @@ def test_many_flips_at_once_are_logged_as_one_line(caplog: pytest.LogCaptureFixt
         "example.com/w: device d2 is now Unhealthy (discovered)",
         "example.com/w: device d3 is now Unhealthy (discovered)",
     ]
+
+
+# ----------------------------------------------------------------------------- reasons
+
+
+class Changes:
+    """An observer that records ``health_changed`` calls."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, Health | None, str]] = []
+
+    def health_changed(
+        self, resource: str, device: str, health: Health | None, reason: str
+    ) -> None:
+        self.seen.append((device, health, reason))
+
+
+def test_each_change_goes_to_the_observer_and_the_log_once_with_its_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    changes = Changes()
+    state = DeviceState("example.com/w", events=Events(changes))
+    state.set_devices([Device("gpu"), *(Device(f"gpu::{n}", parent="gpu") for n in range(2))])
+    with caplog.at_level(logging.INFO, logger="devplugin_sdk"):
+        state.report_health({"gpu": U}, "Xid 79 (GPU has fallen off the bus)")
+        state.report_health({"gpu": U}, "Xid 79 again")  # no change: no line, no call
+        state.report_health(
+            HealthReport({"gpu::0": H, "gpu::1": U}, {"gpu::0": "recovered: clean for 60 s"}),
+            "polled",
+        )
+
+    why = "Xid 79 (GPU has fallen off the bus)"
+    assert changes.seen == [
+        ("gpu", U, why),
+        ("gpu::0", U, why),
+        ("gpu::1", U, why),
+        ("gpu::0", H, "recovered: clean for 60 s"),
+    ]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"example.com/w: device gpu is now Unhealthy ({why})",
+        f"example.com/w: device gpu::0 is now Unhealthy ({why})",
+        f"example.com/w: device gpu::1 is now Unhealthy ({why})",
+        "example.com/w: device gpu::0 is now Healthy (recovered: clean for 60 s)",
+    ]
+
+
+def test_a_report_without_a_reason_for_a_key_uses_the_callers() -> None:
+    changes = Changes()
+    state = DeviceState("example.com/w", events=Events(changes))
+    state.set_devices([Device("a"), Device("b")])
+
+    state.report_health(HealthReport({"a": U, "b": U}, {"a": "row remapping pending"}), "polled")
+
+    assert changes.seen == [("a", U, "row remapping pending"), ("b", U, "polled")]
+
+
+def test_discovery_changes_and_removals_reach_the_observer() -> None:
+    changes = Changes()
+    state = DeviceState("example.com/w", events=Events(changes))
+    state.set_devices([Device("a"), Device("b", health=U)])
+    state.set_devices([Device("a", health=U)])
+
+    assert changes.seen == [
+        ("b", U, "discovered"),
+        ("a", U, "discovered"),
+        ("b", None, "removed"),
+    ]
+
+
+def test_a_health_report_is_a_mapping_of_health() -> None:
+    report = HealthReport({"a": "Unhealthy"}, {"a": "Xid 48"})
+
+    assert report == {"a": U}
+    assert report["a"] is U
+    assert report.get("b") is None
+    assert report.reasons == {"a": "Xid 48"}
+    with pytest.raises(ValueError, match="'sick' is not a valid Health"):
+        HealthReport({"a": "sick"})  # type: ignore[dict-item]

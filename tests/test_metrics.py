@@ -13,7 +13,12 @@ from prometheus_client import CollectorRegistry
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Allocation, Device, Health, MissingDependencyError
-from devplugin_sdk.metrics import PrometheusObserver, reregister_reason
+from devplugin_sdk.metrics import (
+    MAX_HEALTH_REASONS,
+    PrometheusObserver,
+    health_reason,
+    reregister_reason,
+)
 from devplugin_sdk.runner import Http
 from devplugin_sdk.testing import AdmissionError, FakeKubelet, StaticPlugin, serving
 
@@ -109,6 +114,69 @@ async def test_devices_gauge_follows_health_changes(kubelet: FakeKubelet) -> Non
             what="one unhealthy device counted",
         )
         assert value(registry, "devplugin_devices", health="Healthy") == 2
+
+
+async def test_an_unhealthy_device_is_labelled_with_why_until_it_is_back(
+    kubelet: FakeKubelet,
+) -> None:
+    registry = CollectorRegistry()
+    plugin = StaticPlugin(RESOURCE, widgets(2))
+    async with serving(plugin, settings=kubelet.settings(), observer=PrometheusObserver(registry)):
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        plugin.set_health("w1", Health.UNHEALTHY, "Xid 79 (GPU has fallen off the bus)")
+        await kubelet.wait_for_allocatable(RESOURCE, 1)
+        out = value(registry, "devplugin_device_unhealthy", device="w1", reason="xid_79")
+        changes = value(
+            registry, "devplugin_health_changes_total", health="Unhealthy", reason="xid_79"
+        )
+        plugin.set_health("w1", Health.HEALTHY, "recovered: clean for 60 s")
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+    assert (out, changes) == (1, 1)
+    assert value(registry, "devplugin_device_unhealthy", device="w1", reason="xid_79") is None
+    assert (
+        value(registry, "devplugin_health_changes_total", health="Healthy", reason="recovered") == 1
+    )
+
+
+def test_a_device_that_leaves_the_list_leaves_the_unhealthy_gauge() -> None:
+    registry = CollectorRegistry()
+    observer = PrometheusObserver(registry)
+    observer.health_changed(RESOURCE, "w0", Health.UNHEALTHY, "discovered")
+    observer.health_changed(RESOURCE, "w0", None, "removed")
+    assert value(registry, "devplugin_device_unhealthy", device="w0", reason="discovered") is None
+    assert (
+        value(registry, "devplugin_health_changes_total", health="Unhealthy", reason="discovered")
+        == 1
+    )
+
+
+def test_health_reasons_beyond_the_cap_are_counted_as_other() -> None:
+    registry = CollectorRegistry()
+    observer = PrometheusObserver(registry)
+    for n in range(MAX_HEALTH_REASONS + 2):
+        observer.health_changed(RESOURCE, f"w{n}", Health.UNHEALTHY, f"cause {n}: details")
+    last = MAX_HEALTH_REASONS + 1
+    assert value(registry, "devplugin_device_unhealthy", device="w0", reason="cause_0") == 1
+    assert value(registry, "devplugin_device_unhealthy", device=f"w{last}", reason="other") == 1
+    assert (
+        value(registry, "devplugin_health_changes_total", health="Unhealthy", reason="other") == 2
+    )
+
+
+@pytest.mark.parametrize(
+    ("reason", "label"),
+    [
+        ("Xid 79 (GPU has fallen off the bus)", "xid_79"),
+        ("uncorrected ECC errors rising: 3 -> 7 (volatile)", "uncorrected_ecc_errors_rising"),
+        ("double-bit ECC error", "double_bit_ecc_error"),
+        ("polled", "polled"),
+        ("", "unspecified"),
+        (": no cause", "unspecified"),
+        ("x" * 60, "x" * 48),
+    ],
+)
+def test_health_reasons_map_to_their_cause(reason: str, label: str) -> None:
+    assert health_reason(reason) == label
 
 
 async def test_registered_gauge_follows_the_kubelet_going_and_coming_back(
