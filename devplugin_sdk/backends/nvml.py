@@ -1,4 +1,4 @@
-"""NVIDIA GPUs through NVML: discovery, MIG, container setup, Xid health that recovers, placement.
+"""NVIDIA GPUs through NVML: discovery, MIG, container setup, health by stated rules, placement.
 
 ``NvmlPlugin`` serves one resource (``nvidia.com/gpu``, ``nvidia.com/mig-1g.10gb``, ...);
 ``from_config`` builds the plugins a node needs from a YAML mapping. NVML comes from nvidia-ml-py
@@ -40,6 +40,7 @@ from devplugin_sdk.types import (
     DeviceNode,
     Health,
     HealthEvent,
+    HealthReport,
     Mount,
     RescanEvent,
     replicate,
@@ -140,9 +141,11 @@ class NvidiaConfig:
         health_disabled: No Xid events and no probe; devices stay Healthy.
         ignored_xids: Xids that do not make a GPU unhealthy.
         probe_interval: Seconds between NVML probes of every GPU, the plugin's
-            ``health_interval`` (finds lost GPUs without an event, and drives recovery).
-        recovery_period: Seconds a faulted GPU must probe clean before it is Healthy again;
-            ``None`` never recovers (NVIDIA's own plugin's behaviour).
+            ``health_interval`` (finds lost GPUs and rising ECC counts without an event, and
+            drives recovery).
+        recovery_period: Seconds a faulted GPU must probe clean before it is Healthy again
+            (0: at the first clean probe); ``None`` never recovers (NVIDIA's own plugin's
+            behaviour).
         sysfs_root: Where sysfs is mounted (NUMA nodes).
         dev_root: Where the host's /dev is visible (control nodes present or not).
         proc_root: Where the host's /proc is visible (MIG capability minors).
@@ -432,7 +435,7 @@ class _Scanner:
                     log.warning("GPU %d cannot be read (%s); it is not advertised", index, exc)
                     continue
                 log.warning("GPU %d (%s) cannot be read: %s", index, previous.uuid, exc)
-                out.append(replace(previous, fault=f"NVML: {exc}"))
+                out.append(replace(previous, fault=_nvml_fault(nvml, exc, "discovery")))
         return out
 
     def gpu(self, index: int, mig_minors: Mapping[str, int]) -> GpuInfo:
@@ -511,6 +514,13 @@ class _Scanner:
 # ----------------------------------------------------------------------------- health
 
 
+@dataclass
+class _Fault:
+    since: float  # when the unit went out
+    last: float  # the last bad signal: the clean period starts here
+    reason: str  # what took it out
+
+
 class _HealthTracker:
     """The backend's own fault signals by unit (GPU or MIG UUID), and recovery after a clean
     period. Not the engine's device health: it decides what to report, the engine keeps it.
@@ -519,27 +529,33 @@ class _HealthTracker:
     def __init__(self, recovery_period: float | None, clock: Callable[[], float]) -> None:
         self.recovery_period = recovery_period
         self.clock = clock
-        self.faults: dict[str, tuple[float, str]] = {}  # unit -> (last bad time, reason)
+        self.faults: dict[str, _Fault] = {}
 
-    def fault(self, unit: str, reason: str) -> bool:
-        """Record a fault (restarts the clean period); True if the unit was healthy."""
-        fresh = unit not in self.faults
-        self.faults[unit] = (self.clock(), reason)
-        return fresh
+    def fault(self, unit: str, reason: str) -> None:
+        """Record a bad signal: the unit is out (for its first reason), clean period restarted."""
+        now = self.clock()
+        fault = self.faults.get(unit)
+        if fault is None:
+            self.faults[unit] = _Fault(now, now, reason)
+        else:
+            fault.last = now
 
-    def clean(self, unit: str) -> bool:
-        """Record a clean probe; True if the unit has just recovered."""
+    def clean(self, unit: str) -> _Fault | None:
+        """Record a clean probe; the fault it ends, if the unit has just recovered."""
         fault = self.faults.get(unit)
         if fault is None or self.recovery_period is None:
-            return False
-        if self.clock() - fault[0] < self.recovery_period:
-            return False
-        del self.faults[unit]
-        return True
+            return None
+        if self.clock() - fault.last < self.recovery_period:
+            return None
+        return self.faults.pop(unit)
+
+    def reason(self, units: Sequence[str]) -> str | None:
+        """Why a device on ``units`` (its MIG instance, then its GPU) is out; None if it is not."""
+        return next((self.faults[u].reason for u in units if u in self.faults), None)
 
     def health(self, units: Sequence[str]) -> Health:
         """Unhealthy while any of ``units`` (a device's MIG instance and its GPU) is faulted."""
-        return Health.UNHEALTHY if any(u in self.faults for u in units) else Health.HEALTHY
+        return Health.UNHEALTHY if self.reason(units) is not None else Health.HEALTHY
 
 
 class _EventWaiter:
@@ -610,11 +626,14 @@ class NvmlPlugin(DevicePlugin):
     Devices are GPU or MIG UUIDs (``<uuid>::<n>`` with time-slicing); each carries its device
     nodes and NUMA node. Health has one source per signal: Xid and double-bit ECC events are
     pushed from ``watch()`` as NVML delivers them; a probe of every GPU and MIG device (a lost
-    GPU sends no event) is polled through ``check_health`` every ``probe_interval``. A faulted
-    GPU (and every replica and MIG device on it) is reported Healthy again once it has probed
-    clean for ``recovery_period``. Preferred allocation picks the best-connected GPUs (NVLink,
-    PCIe, NUMA) and spreads replicas across physical GPUs. ``on_stop`` frees the event set and
-    balances this plugin's ``nvmlInit`` with ``nvmlShutdown`` (NVML counts them per process).
+    GPU sends no event; a failing memory shows in counters) is polled through ``check_health``
+    every ``probe_interval``. A faulted GPU (and every replica and MIG device on it) is reported
+    Healthy again once it has probed clean for ``recovery_period``: it answers, its
+    uncorrected ECC count stopped rising, no row remapping or page retirement is pending, no
+    row remapping failed. Every report carries its reason (docs/backends.md, "GPU health").
+    Preferred allocation picks the best-connected GPUs (NVLink, PCIe, NUMA) and spreads
+    replicas across physical GPUs. ``on_stop`` frees the event set and balances this plugin's
+    ``nvmlInit`` with ``nvmlShutdown`` (NVML counts them per process).
 
     Args:
         config: Backend settings.
@@ -665,6 +684,8 @@ class NvmlPlugin(DevicePlugin):
         self._devices: list[Device] = []
         self._topology: _Topology | None = None
         self._health = _HealthTracker(self.config.recovery_period, clock)
+        self._probe_lock = threading.Lock()
+        self._ecc_seen: dict[str, int] = {}  # GPU -> volatile uncorrected ECC count, last probe
 
     # ------------------------------------------------------------------ building
 
@@ -996,12 +1017,16 @@ class NvmlPlugin(DevicePlugin):
     async def check_health(self, devices: Sequence[Device]) -> Mapping[str, Health]:
         """Probe the GPUs and MIG devices behind ``devices`` through NVML (the polled signal).
 
-        A unit that fails the probe is faulted (its clean period starts again); one that has
-        probed clean for ``recovery_period`` since its last fault, Xid or probe, recovers.
+        A GPU probes clean when it answers, its volatile uncorrected ECC count has not risen
+        since the last probe, no row remapping is pending or has failed, and no retired page is
+        pending; a MIG device when it answers. Not Supported (and No Permission, Function Not
+        Found) is no signal. A unit that fails the probe is faulted (its clean period starts
+        again); one that has probed clean for ``recovery_period`` since its last fault, Xid or
+        probe, recovers. The rules, as a table: docs/backends.md, "GPU health".
 
         Returns:
-            Health of each of ``devices`` that this plugin discovered, by device ID: Unhealthy
-            while its GPU or its MIG instance is faulted.
+            A ``HealthReport``: health of each of ``devices`` this plugin discovered, by device
+            ID, Unhealthy while its GPU or its MIG instance is faulted, with the reason.
         """
         if self.config.health_disabled:
             return {}
@@ -1010,14 +1035,26 @@ class NvmlPlugin(DevicePlugin):
         gpus = sorted({d.attributes["gpu_uuid"] for d in wanted})
         migs = sorted({d.attributes["uuid"] for d in wanted} - set(gpus))
         problems = await anyio.to_thread.run_sync(self._probe_blocking, gpus, migs)
+        recovered: dict[str, str] = {}
         for unit in (*gpus, *migs):
             problem = problems.get(unit)
             if problem is not None:
-                if self._health.fault(unit, problem):
-                    log.warning("%s: %s is unhealthy: %s", self.resource_name, unit, problem)
-            elif self._health.clean(unit):
-                log.info("%s: %s probed clean for the recovery period", self.resource_name, unit)
-        return {d.id: self._health.health(_units(d)) for d in wanted}
+                self._health.fault(unit, problem)
+            elif (cleared := self._health.clean(unit)) is not None:
+                recovered[unit] = (
+                    f"recovered: probed clean for {self._health.recovery_period:g} s "
+                    f"(out since {cleared.reason})"
+                )
+        health: dict[str, Health] = {}
+        reasons: dict[str, str] = {}
+        for device in wanted:
+            units = _units(device)
+            why = self._health.reason(units)
+            health[device.id] = Health.HEALTHY if why is None else Health.UNHEALTHY
+            why = why or next((recovered[u] for u in units if u in recovered), None)
+            if why is not None:
+                reasons[device.id] = why
+        return HealthReport(health, reasons)
 
     async def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
         """Push Xid and double-bit ECC faults the moment NVML reports them (the pushed signal).
@@ -1117,8 +1154,8 @@ class NvmlPlugin(DevicePlugin):
         unit = self._event_unit(gpu, int(event.gpuInstanceId), int(event.computeInstanceId))
         if unit is None:
             return []
-        if self._health.fault(unit, reason):
-            log.warning("%s: %s is unhealthy: %s", self.resource_name, unit, reason)
+        # The engine logs each device's change once, with this reason.
+        self._health.fault(unit, reason)
         return [
             HealthEvent(d.id, Health.UNHEALTHY, reason) for d in self._devices if unit in _units(d)
         ]
@@ -1141,25 +1178,80 @@ class NvmlPlugin(DevicePlugin):
         return gpu
 
     def _probe_blocking(self, gpus: Sequence[str], migs: Sequence[str]) -> dict[str, str | None]:
+        """Each unit's problem, None when it probed clean (worker thread; one probe at a time,
+        since each compares its ECC counts with the previous probe's)."""
         nvml = self._ensure_init()
-        # Answers that say nothing about the GPU's state are not faults.
-        inconclusive = (
-            nvml.NVMLError_NotSupported,
-            nvml.NVMLError_NoPermission,
-            nvml.NVMLError_FunctionNotFound,
-        )
-        out: dict[str, str | None] = {}
-        for uuid in (*gpus, *migs):
-            try:
-                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-                # Any query that reaches the GPU: a lost GPU answers "GPU is lost".
-                nvml.nvmlDeviceGetMemoryInfo(handle)
-                out[uuid] = None
-            except inconclusive:
-                out[uuid] = None
-            except nvml.NVMLError as exc:
-                out[uuid] = f"NVML: {exc}"
+        with self._probe_lock:
+            out = {uuid: self._probe_unit(nvml, uuid, whole_gpu=True) for uuid in gpus}
+            out.update({uuid: self._probe_unit(nvml, uuid, whole_gpu=False) for uuid in migs})
         return out
+
+    def _probe_unit(self, nvml: Any, uuid: str, *, whole_gpu: bool) -> str | None:
+        call = "nvmlDeviceGetHandleByUUID"
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            # Any query that reaches the GPU: a lost GPU answers "GPU is lost".
+            call = "nvmlDeviceGetMemoryInfo"
+            _signal(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
+            if not whole_gpu:
+                return None  # memory health is the whole GPU's, probed with it
+            problems: list[str] = []
+            call = "nvmlDeviceGetTotalEccErrors"
+            count = _signal(
+                nvml,
+                nvml.nvmlDeviceGetTotalEccErrors,
+                handle,
+                nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                nvml.NVML_VOLATILE_ECC,  # since the driver loaded: a reset starts it at 0
+            )
+            if count is not None:
+                before = self._ecc_seen.get(uuid)
+                self._ecc_seen[uuid] = int(count)
+                if before is not None and count > before:
+                    problems.append(
+                        f"uncorrected ECC errors rising: {before} -> {count} (volatile count)"
+                    )
+            call = "nvmlDeviceGetRemappedRows"
+            rows = _signal(nvml, nvml.nvmlDeviceGetRemappedRows, handle)
+            if rows is not None:
+                # pynvml: (correctable rows, uncorrectable rows, pending, failure occurred).
+                _, uncorrectable, pending, failed = rows
+                if failed:
+                    problems.append(
+                        "row remapping failed: the GPU needs service "
+                        f"({uncorrectable} rows remapped for uncorrectable errors)"
+                    )
+                if pending:
+                    problems.append(
+                        "row remapping pending: a GPU reset applies it "
+                        f"({uncorrectable} rows remapped for uncorrectable errors)"
+                    )
+            call = "nvmlDeviceGetRetiredPagesPendingStatus"
+            retired = _signal(nvml, nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+            if retired == nvml.NVML_FEATURE_ENABLED:
+                problems.append("retired pages pending: a reboot or GPU reset retires them")
+            return "; ".join(problems) or None
+        except nvml.NVMLError as exc:
+            return _nvml_fault(nvml, exc, call)
+
+
+def _signal(nvml: Any, query: Callable[..., Any], *args: Any) -> Any:
+    """NVML's answer, or None when the answer says nothing about the GPU's state."""
+    try:
+        return query(*args)
+    except (
+        nvml.NVMLError_NotSupported,  # this board or driver has no such counter (T4, L40S...)
+        nvml.NVMLError_NoPermission,
+        nvml.NVMLError_FunctionNotFound,  # a driver older than the query
+    ):
+        return None
+
+
+def _nvml_fault(nvml: Any, exc: Exception, call: str) -> str:
+    """The reason for a unit NVML could not read."""
+    if isinstance(exc, nvml.NVMLError_GpuIsLost):
+        return f"GPU lost: NVML answered '{exc}' to {call} (fallen off the bus?)"
+    return f"NVML error: NVML answered '{exc}' to {call}"
 
 
 def _units(device: Device) -> tuple[str, ...]:

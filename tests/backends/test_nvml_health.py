@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -12,11 +12,13 @@ import anyio
 import anyio.to_thread
 import pytest
 from anyio.abc import ObjectReceiveStream
+from prometheus_client import CollectorRegistry
 
 from devplugin_sdk.backends.nvml import NvidiaConfig, NvmlPlugin
+from devplugin_sdk.metrics import PrometheusObserver
 from devplugin_sdk.testing import FakeKubelet, fake_nvml, serving
 from devplugin_sdk.testing.fake_nvml import FakeNVML
-from devplugin_sdk.types import Health, HealthEvent, RescanEvent
+from devplugin_sdk.types import Device, Health, HealthEvent, HealthReport, RescanEvent
 
 NEVER = 3600.0  # a probe interval that never comes round within a test
 XID_79 = "Xid 79 (GPU has fallen off the bus)"
@@ -472,6 +474,270 @@ async def test_one_failed_gpu_leaves_allocation_of_the_others_untouched(
     allocation = await plugin.allocate([d for d in others if d.id in chosen])
 
     assert len(allocation.env["NVIDIA_VISIBLE_DEVICES"].split(",")) == 4
+
+
+# ----------------------------------------------------------------------------- the GPU health rules
+# docs/backends.md, "GPU health": one test per row of the table.
+
+RECOVERY = 60.0
+
+
+async def probe(plugin: NvmlPlugin, devices: Sequence[Device]) -> HealthReport:
+    report = await plugin.check_health(devices)
+    assert isinstance(report, HealthReport)
+    return report
+
+
+def out(report: HealthReport) -> dict[str, str]:
+    """The devices the report says are Unhealthy, with why."""
+    return {i: report.reasons[i] for i, h in report.items() if h is Health.UNHEALTHY}
+
+
+async def test_an_xid_with_rising_ecc_is_not_declared_healthy_while_the_ecc_rises(
+    tmp_path: Path,
+) -> None:
+    """The issue's A100: Xid 79, then uncorrected ECC errors rising on every read."""
+    nvml = fake_nvml.dgx_a100()
+    clock = Clock()
+    plugin = plugin_for(nvml, tmp_path, clock, recovery_period=RECOVERY)
+    devices = await plugin.discover()
+    gpu3 = nvml.gpus[3].uuid
+    await probe(plugin, devices)  # the ECC baseline
+    async with watching(plugin, nvml) as events:
+        nvml.xid(3, 79)
+        nvml.ecc_uncorrected(3, 2)
+        assert await next_event(events) == HealthEvent(gpu3, Health.UNHEALTHY, XID_79)
+
+    for _ in range(5):  # well past the recovery period, the GPU still answers every query
+        clock.now += RECOVERY * 2
+        report = await probe(plugin, devices)
+        assert list(out(report)) == [gpu3]
+    assert out(report)[gpu3] == XID_79  # out for what took it out first
+    nvml.clear(3)
+    clock.now += RECOVERY - 1
+    assert list(out(await probe(plugin, devices))) == [gpu3]
+    clock.now += 1
+    report = await probe(plugin, devices)
+
+    assert out(report) == {}
+    assert report.reasons[gpu3] == f"recovered: probed clean for 60 s (out since {XID_79})"
+
+
+async def test_rising_ecc_without_any_event_is_a_fault_of_its_own(tmp_path: Path) -> None:
+    nvml = fake_nvml.dgx_a100()
+    clock = Clock()
+    plugin = plugin_for(nvml, tmp_path, clock, recovery_period=RECOVERY)
+    devices = await plugin.discover()
+    gpu5 = nvml.gpus[5].uuid
+    await probe(plugin, devices)
+
+    nvml.ecc_uncorrected(5, 3)
+    first = out(await probe(plugin, devices))
+    clock.now += RECOVERY
+    second = out(await probe(plugin, devices))
+
+    assert first == {gpu5: "uncorrected ECC errors rising: 0 -> 6 (volatile count)"}
+    assert list(second) == [gpu5]
+    nvml.clear(5)  # the counter stays at its new value: not rising is clean
+    clock.now += RECOVERY
+    assert out(await probe(plugin, devices)) == {}
+
+
+async def test_the_first_probe_takes_the_ecc_count_as_it_finds_it(tmp_path: Path) -> None:
+    """Errors from before the plugin started, and a count a reset took back to 0, are clean."""
+    nvml = fake_nvml.t4_pcie()
+    nvml.ecc_uncorrected(0, 7, rising=False)
+    plugin = plugin_for(nvml, tmp_path, recovery_period=RECOVERY)
+    devices = await plugin.discover()
+
+    assert out(await probe(plugin, devices)) == {}
+    nvml.reset(0)
+    assert out(await probe(plugin, devices)) == {}
+
+
+async def test_a_lost_gpu_stays_out_until_it_answers_then_for_the_recovery_period(
+    tmp_path: Path,
+) -> None:
+    nvml = fake_nvml.dgx_a100()
+    clock = Clock()
+    plugin = plugin_for(nvml, tmp_path, clock, recovery_period=RECOVERY)
+    devices = await plugin.discover()
+    gpu2 = nvml.gpus[2].uuid
+    nvml.lose(2)
+
+    report = await probe(plugin, devices)
+    for _ in range(3):
+        clock.now += RECOVERY * 10
+        assert list(out(await probe(plugin, devices))) == [gpu2]
+    nvml.recover(2)
+    clock.now += RECOVERY - 1
+    assert list(out(await probe(plugin, devices))) == [gpu2]
+    clock.now += 1
+
+    assert out(report) == {
+        gpu2: "GPU lost: NVML answered 'GPU is lost' to nvmlDeviceGetHandleByUUID "
+        "(fallen off the bus?)"
+    }
+    assert out(await probe(plugin, devices)) == {}
+
+
+async def test_a_pending_row_remapping_is_a_fault_until_a_reset_applies_it(
+    tmp_path: Path,
+) -> None:
+    nvml = fake_nvml.hgx_h100()
+    clock = Clock()
+    plugin = plugin_for(nvml, tmp_path, clock, recovery_period=RECOVERY)
+    devices = await plugin.discover()
+    gpu1 = nvml.gpus[1].uuid
+    nvml.remap_rows(1, 2)
+
+    report = await probe(plugin, devices)
+    clock.now += RECOVERY * 10
+    assert list(out(await probe(plugin, devices))) == [gpu1]
+    nvml.reset(1)
+    clock.now += RECOVERY
+
+    assert out(report) == {
+        gpu1: "row remapping pending: a GPU reset applies it "
+        "(2 rows remapped for uncorrectable errors)"
+    }
+    assert out(await probe(plugin, devices)) == {}
+
+
+async def test_a_failed_row_remapping_keeps_the_gpu_out_after_a_reset(tmp_path: Path) -> None:
+    nvml = fake_nvml.dgx_a100()
+    clock = Clock()
+    plugin = plugin_for(nvml, tmp_path, clock, recovery_period=RECOVERY)
+    devices = await plugin.discover()
+    nvml.remap_rows(6, failed=True)
+    await probe(plugin, devices)
+    nvml.reset(6)
+
+    clock.now += RECOVERY * 100
+    report = await probe(plugin, devices)
+
+    assert list(out(report)) == [nvml.gpus[6].uuid]
+    assert out(report)[nvml.gpus[6].uuid].startswith(
+        "row remapping failed: the GPU needs service (1 rows remapped for uncorrectable errors); "
+        "row remapping pending"  # both found by the first probe, which took it out
+    )
+
+
+async def test_pending_retired_pages_are_a_fault_until_a_reset(tmp_path: Path) -> None:
+    nvml = fake_nvml.t4_pcie()
+    clock = Clock()
+    plugin = plugin_for(nvml, tmp_path, clock, recovery_period=RECOVERY)
+    devices = await plugin.discover()
+    nvml.retire_pages(3)
+
+    report = await probe(plugin, devices)
+    nvml.reset(3)
+    clock.now += RECOVERY
+
+    assert out(report) == {
+        nvml.gpus[3].uuid: "retired pages pending: a reboot or GPU reset retires them"
+    }
+    assert out(await probe(plugin, devices)) == {}
+
+
+@pytest.mark.parametrize(
+    "code", [fake_nvml.NVML_ERROR_NOT_SUPPORTED, fake_nvml.NVML_ERROR_FUNCTION_NOT_FOUND]
+)
+async def test_a_getter_that_gives_no_signal_never_marks_a_gpu_out(
+    tmp_path: Path, code: int
+) -> None:
+    """T4, L40S, consumer boards: ECC off or absent, no row remapping, an older driver."""
+    nvml = fake_nvml.t4_pcie()
+    nvml.gpus[0].ecc = False
+    plugin = plugin_for(nvml, tmp_path, recovery_period=RECOVERY)
+    devices = await plugin.discover()
+    for getter in (
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+    ):
+        nvml.fail(getter, code, times=None)
+
+    reports = [await probe(plugin, devices) for _ in range(3)]
+
+    assert [out(r) for r in reports] == [{}, {}, {}]
+    assert nvml.calls["nvmlDeviceGetRemappedRows"] == 4 * 3
+
+
+async def test_any_other_nvml_error_from_a_health_query_is_a_fault(tmp_path: Path) -> None:
+    nvml = fake_nvml.dgx_a100()
+    plugin = plugin_for(nvml, tmp_path, recovery_period=RECOVERY)
+    devices = await plugin.discover()
+    nvml.fail("nvmlDeviceGetRemappedRows", fake_nvml.NVML_ERROR_UNKNOWN)
+
+    report = await probe(plugin, devices)
+
+    # The first GPU probed (by UUID) met the failure; the others answered.
+    assert out(report) == {
+        min(g.uuid for g in nvml.gpus): "NVML error: NVML answered 'Unknown Error' to "
+        "nvmlDeviceGetRemappedRows"
+    }
+
+
+async def test_rising_ecc_under_mig_takes_out_every_mig_device_of_that_gpu(
+    tmp_path: Path,
+) -> None:
+    """Memory health is the whole GPU's; NVML has no remapped rows with MIG instances."""
+    nvml = fake_nvml.a100_mig([("1g.10gb",) * 3, ("1g.10gb",) * 3])
+    plugin = plugin_for(nvml, tmp_path, mig_strategy="single", recovery_period=RECOVERY)
+    devices = await plugin.discover()
+    await probe(plugin, devices)
+
+    nvml.ecc_uncorrected(1, 1)
+    report = await probe(plugin, devices)
+
+    assert sorted(out(report)) == sorted(m.uuid for m in nvml.gpus[1].migs)
+    assert {r.split(":")[0] for r in out(report).values()} == {"uncorrected ECC errors rising"}
+
+
+async def test_each_gpu_change_is_logged_once_with_its_reason_and_labelled_in_metrics(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    nvml = fake_nvml.dgx_a100()
+    clock = Clock()
+    plugin = plugin_for(nvml, tmp_path, clock, probe_interval=0.01, recovery_period=RECOVERY)
+    registry = CollectorRegistry()
+    gpu4 = nvml.gpus[4].uuid
+    caplog.set_level(logging.INFO)
+
+    async with (
+        FakeKubelet() as kubelet,
+        serving(plugin, settings=kubelet.settings(), observer=PrometheusObserver(registry)),
+    ):
+        await kubelet.wait_for_allocatable("nvidia.com/gpu", 8)
+        nvml.ecc_uncorrected(4, 1)  # rising at every probe, every 10 ms
+        await kubelet.wait_for_health("nvidia.com/gpu", gpu4, "Unhealthy")
+        labels = {"resource": "nvidia.com/gpu", "device": gpu4}
+        gauge = registry.get_sample_value(
+            "devplugin_device_unhealthy", {**labels, "reason": "uncorrected_ecc_errors_rising"}
+        )
+        before = nvml.calls["nvmlDeviceGetTotalEccErrors"]
+        await kubelet.wait_for(
+            lambda: nvml.calls["nvmlDeviceGetTotalEccErrors"] >= before + 8 * 3,
+            what="three more probes",
+        )
+        nvml.clear(4)
+        clock.now += RECOVERY
+        await kubelet.wait_for_allocatable("nvidia.com/gpu", 8)
+
+    assert gauge == 1
+    lines = [r.getMessage() for r in caplog.records if gpu4 in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(
+        f"nvidia.com/gpu: device {gpu4} is now Unhealthy (uncorrected ECC errors rising: "
+    )
+    assert lines[1].startswith(f"nvidia.com/gpu: device {gpu4} is now Healthy (recovered: ")
+    assert (
+        registry.get_sample_value(
+            "devplugin_device_unhealthy", {**labels, "reason": "uncorrected_ecc_errors_rising"}
+        )
+        is None
+    )
 
 
 # ----------------------------------------------------------------------------- NVML's lifetime
