@@ -1,10 +1,12 @@
-"""``devplugin conformance``: a suite of named checks that any device plugin must pass.
+"""``devplugin conformance``: named checks that judge a device plugin as the kubelet would.
 
-Each check is a small async function that returns what it saw or raises ``CheckFailed`` or
-``Skip``; the suite talks to the plugin through ``probe.PluginClient``, as the kubelet would.
-``check_socket`` tests a plugin on its socket; ``check_register_dir`` plays the kubelet
-(``FakeKubelet``) on a directory, tests what registers, then restarts the kubelet. The rules are
-the plugin obligations of the protocol reference (kubelet-device-plugin-protocol.md, section 14).
+Each check is a small async function that returns what it saw or raises ``CheckFailed`` (the
+kubelet breaks or misbehaves: a pod fails admission, the resource drops out),
+``CheckWarning`` (the kubelet copes, but what the plugin meant is lost) or ``Skip``; each
+``Check`` cites the kubelet code its levels come from (``kubelet``, functions of
+``pkg/kubelet/cm/devicemanager``). The suite talks to the plugin through ``probe.PluginClient``,
+as the kubelet would. ``check_socket`` tests a plugin on its socket; ``check_register_dir``
+plays the kubelet (``FakeKubelet``) on a directory, tests what registers, then restarts it.
 """
 
 from __future__ import annotations
@@ -37,9 +39,12 @@ from devplugin_sdk.probe import (
 
 __all__ = [
     "CHECKS",
+    "RESTART_CHECK",
+    "RESTART_KUBELET",
     "Check",
     "CheckFailed",
     "CheckResult",
+    "CheckWarning",
     "ConformanceError",
     "ConformanceReport",
     "Limits",
@@ -48,7 +53,8 @@ __all__ = [
     "check_socket",
 ]
 
-Status = Literal["pass", "fail", "skip"]
+Status = Literal["pass", "warn", "fail", "skip"]
+Level = Literal["warn", "fail"]
 OnResult = Callable[["CheckResult"], None]
 
 UNKNOWN_ID = "conformance-unknown-1"
@@ -60,7 +66,12 @@ _MEASURE_LIMIT = 64 * 1024 * 1024
 
 
 class CheckFailed(Exception):
-    """Raised by a check: the plugin broke the rule; the message says how."""
+    """Raised by a check: the kubelet breaks or misbehaves with it; the message says how."""
+
+
+class CheckWarning(Exception):
+    """Raised by a check: the kubelet copes, but the plugin's intent is lost; the message says
+    how."""
 
 
 class Skip(Exception):
@@ -77,8 +88,8 @@ class CheckResult:
 
     Attributes:
         name: The check's name, e.g. ``"unknown-ids-rejected"``.
-        status: ``"pass"``, ``"fail"`` or ``"skip"``.
-        detail: What was seen, or why it failed or was skipped.
+        status: ``"pass"``, ``"warn"``, ``"fail"`` or ``"skip"``.
+        detail: What was seen (with any note), or why it warned, failed or was skipped.
         resource: The resource tested, in ``--register-dir`` mode.
     """
 
@@ -117,26 +128,35 @@ class ConformanceReport:
     def count(self, status: Status) -> int:
         return sum(1 for r in self.results if r.status == status)
 
+    def succeeded(self, *, strict: bool = False) -> bool:
+        """No check failed (nor, with ``strict``, warned), and at least one ran to a verdict."""
+        bad = self.count("fail") + (self.count("warn") if strict else 0)
+        return bad == 0 and self.count("pass") + self.count("warn") > 0
+
     @property
     def ok(self) -> bool:
-        """True when no check failed and at least one passed."""
-        return self.count("fail") == 0 and self.count("pass") > 0
+        """The verdict without ``strict``: no check failed (warnings allowed)."""
+        return self.succeeded()
 
     def summary(self) -> str:
-        """``N passed, M failed`` (plus skipped checks, when any)."""
-        text = f"{self.count('pass')} passed, {self.count('fail')} failed"
+        """``N passed, M failed`` (with the warned and skipped checks, when any)."""
+        warned = self.count("warn")
+        text = f"{self.count('pass')} passed, " + (f"{warned} warned, " if warned else "")
+        text += f"{self.count('fail')} failed"
         skipped = self.count("skip")
         return f"{text}, {skipped} skipped" if skipped else text
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, strict: bool = False) -> dict[str, Any]:
         return {
             "mode": self.mode,
             "target": self.target,
             "results": [r.to_json() for r in self.results],
             "passed": self.count("pass"),
+            "warned": self.count("warn"),
             "failed": self.count("fail"),
             "skipped": self.count("skip"),
-            "ok": self.ok,
+            "strict": strict,
+            "ok": self.succeeded(strict=strict),
         }
 
 
@@ -294,13 +314,19 @@ class Check:
     Attributes:
         name: The name printed on its line.
         rule: The rule it checks, one sentence.
-        run: The check: returns a detail line, or raises ``CheckFailed``/``Skip``.
+        run: The check: returns a detail line, or raises ``CheckFailed``, ``CheckWarning`` or
+            ``Skip``.
+        levels: The levels it can give besides pass and skip.
+        kubelet: What the kubelet does that the levels come from, naming its functions
+            (``dm/`` is ``pkg/kubelet/cm/devicemanager/``, as in the protocol reference).
         register_only: Runs only in ``--register-dir`` mode.
     """
 
     name: str
     rule: str
     run: Callable[[_Subject], Awaitable[str]]
+    levels: tuple[Level, ...]
+    kubelet: str
     register_only: bool = False
 
 
@@ -318,7 +344,7 @@ async def _options_fast(s: _Subject) -> str:
     s.options = options
     if elapsed > s.limits.fast_within:
         # The kubelet calls it inside Register, with no deadline: registration waits on it.
-        raise CheckFailed(
+        raise CheckWarning(
             f"answered in {_ms(elapsed)}, over {_ms(s.limits.fast_within)}; the kubelet calls it "
             "inside Register and the plugin's registration waits for it"
         )
@@ -337,23 +363,30 @@ async def _registration_valid(s: _Subject) -> str:
     name_problem = _names.resource_name_problem(reg.resource_name)
     if name_problem is not None:
         problems.append(f"resource name {reg.resource_name!r} is invalid: {name_problem}")
+    if problems:
+        raise CheckFailed("; ".join(problems))
     try:
-        # Only files directly in the directory are wiped at kubelet start (restart detection).
+        # Only files directly in the directory are wiped at kubelet start (restart detection);
+        # the kubelet itself joins any endpoint onto the directory and dials it.
         _names.validate_socket_name(reg.endpoint)
     except ValueError as exc:
-        problems.append(f"endpoint must be a bare socket file name in the directory: {exc}")
+        problems.append(
+            f"endpoint must be a bare socket file name in the directory: {exc}; the kubelet "
+            "dials it, but never deletes it when it restarts"
+        )
     if s.options is not None and (
         reg.pre_start_required != s.options.pre_start_required
         or reg.preferred_allocation != s.options.preferred_allocation
     ):
+        # The kubelet reads no RegisterRequest.options: GetDevicePluginOptions is what it uses.
         problems.append(
             "RegisterRequest.options (pre_start_required="
             f"{str(reg.pre_start_required).lower()}, get_preferred_allocation_available="
             f"{str(reg.preferred_allocation).lower()}) differ from GetDevicePluginOptions "
-            f"({_flags(s.options)})"
+            f"({_flags(s.options)}), which is all the kubelet reads"
         )
     if problems:
-        raise CheckFailed("; ".join(problems))
+        raise CheckWarning("; ".join(problems))
     return f"{reg.resource_name} registered {reg.version} with endpoint {reg.endpoint!r}"
 
 
@@ -373,7 +406,7 @@ async def _list_prompt(s: _Subject) -> str:
     s.largest = devices.size
     s.start_draining(stream)
     if elapsed > s.limits.fast_within:
-        raise CheckFailed(
+        raise CheckWarning(
             f"first message after {_ms(elapsed)}, over {_ms(s.limits.fast_within)}; pods "
             "admitted before it fail with UnexpectedAdmissionError"
         )
@@ -407,15 +440,16 @@ async def _ids_unique_valid(s: _Subject) -> str:
             f"ID {device_id!r} is listed {n} times ({len(duplicates)} duplicated IDs); "
             "IDs must be unique within the resource"
         )
+    # The kubelet checks nothing else about IDs; they show in pod status and podresources.
     for device in devices:
         if not device.id:
-            raise CheckFailed("a device has an empty ID")
+            raise CheckWarning("a device has an empty ID")
         if not device.id.isprintable():
-            raise CheckFailed(f"ID {device.id!r} is not printable")
+            raise CheckWarning(f"ID {device.id!r} is not printable")
         if len(device.id) > MAX_ID_LENGTH:
-            raise CheckFailed(
+            raise CheckWarning(
                 f"ID {device.id[:24]!r}... is {len(device.id)} characters; the API limits IDs "
-                f"to {MAX_ID_LENGTH}"
+                f"to {MAX_ID_LENGTH} (the kubelet does not check it)"
             )
     if not devices:
         return "no devices listed (an empty list is valid)"
@@ -437,31 +471,38 @@ async def _health_values(s: _Subject) -> str:
 
 async def _topology_valid(s: _Subject) -> str:
     devices = s.need_list().devices
+    # The kubelet stores topology as given; a node that is not a machine's never aligns.
     for device in devices:
         if any(n < 0 for n in device.numa_nodes):
-            raise CheckFailed(
+            raise CheckWarning(
                 f"device {device.id!r} reports NUMA nodes {list(device.numa_nodes)}; NUMA IDs "
-                "are >= 0 (omit topology when unknown)"
+                "are >= 0 (omit topology when unknown): the kubelet never aligns it"
             )
         if len(set(device.numa_nodes)) != len(device.numa_nodes):
-            raise CheckFailed(
+            raise CheckWarning(
                 f"device {device.id!r} repeats a NUMA node: {list(device.numa_nodes)}"
             )
     with_topology = sum(1 for d in devices if d.numa_nodes)
     return f"{with_topology} of {len(devices)} devices report NUMA nodes"
 
 
-async def _one_response(client: PluginClient, containers: Sequence[Sequence[str]]) -> None:
-    label = f"Allocate({[list(c) for c in containers]!r:.80})"
+async def _one_response(client: PluginClient, device_ids: Sequence[str]) -> None:
+    """Allocate as the kubelet calls it: one container request, whose response it reads."""
+    label = f"Allocate({[list(device_ids)]!r:.80})"
     try:
-        responses = await client.allocate(*containers)
+        responses = await client.allocate(device_ids)
     except ProbeError as exc:
+        # Any error fails the pod's admission (UnexpectedAdmissionError).
         raise CheckFailed(f"{label}: {exc}") from None
-    if len(responses) != len(containers):
-        # The kubelet sends one container request and reads the first response.
+    if not responses:
         raise CheckFailed(
-            f"{label} answered {len(responses)} container responses for {len(containers)} "
-            "container requests; it must answer one per request"
+            f"{label} answered no container response; the kubelet fails the pod with 'no "
+            "containers return in allocation response'"
+        )
+    if len(responses) > 1:
+        raise CheckWarning(
+            f"{label} answered {len(responses)} container responses for 1 container request; "
+            "the kubelet reads only the first"
         )
 
 
@@ -472,7 +513,7 @@ async def _allocate_each(s: _Subject) -> str:
     slowest = 0.0
     for device_id in sample:
         started = time.perf_counter()
-        await _one_response(client, [[device_id]])
+        await _one_response(client, [device_id])
         slowest = max(slowest, time.perf_counter() - started)
     shown = "" if len(sample) == len(ids) else f" (first {len(sample)} of {len(ids)})"
     return (
@@ -485,7 +526,7 @@ async def _allocate_all(s: _Subject) -> str:
     ids = s.healthy_ids()
     started = time.perf_counter()
     # Also re-sends IDs already allocated above: Allocate must be idempotent.
-    await _one_response(client, [ids])
+    await _one_response(client, ids)
     return (
         f"{_n(len(ids), 'device')} in one container request, one response in "
         f"{_ms(time.perf_counter() - started)}"
@@ -495,7 +536,17 @@ async def _allocate_all(s: _Subject) -> str:
 async def _allocate_multi(s: _Subject) -> str:
     client = s.need_client()
     ids = s.healthy_ids(at_least=2)[:4]
-    await _one_response(client, [[i] for i in ids])
+    label = f"Allocate({[[i] for i in ids]!r:.80})"
+    # The kubelet sends one container request per Allocate: other callers may send several.
+    try:
+        responses = await client.allocate(*[[i] for i in ids])
+    except ProbeError as exc:
+        raise CheckWarning(f"{label}: {exc} (the kubelet sends one container request)") from None
+    if len(responses) != len(ids):
+        raise CheckWarning(
+            f"{label} answered {len(responses)} container responses for {len(ids)} "
+            "container requests; the protocol wants one per request (the kubelet sends one)"
+        )
     return f"{len(ids)} container requests, {len(ids)} container responses"
 
 
@@ -521,7 +572,8 @@ async def _unknown_rejected(s: _Subject) -> str:
         except ProbeError:
             pass  # answered with a response: accepted
         others = f" next to known ID {ids[0]!r}" if len(ids) > 1 else ""
-        raise CheckFailed(f"Allocate accepted unknown ID {unknown!r}{others}")
+        # The kubelet only sends IDs it was listed: accepting others hides mistakes elsewhere.
+        raise CheckWarning(f"Allocate accepted unknown ID {unknown!r}{others}")
     return f"Allocate rejected unknown IDs with {', '.join(dict.fromkeys(codes))}"
 
 
@@ -539,6 +591,9 @@ async def _preferred(s: _Subject) -> str:
         # Leave the first device out of the candidates: naive plugins pick from their own list.
         cases.append((healthy[1:], [healthy[2]], 2))
     cases.append((healthy, [], n))
+    warnings: list[str] = []
+    empty = 0
+    repeats = 0
     for available, must, size in cases:
         label = (
             f"GetPreferredAllocation(size={size}, must_include={must!r}, "
@@ -547,24 +602,52 @@ async def _preferred(s: _Subject) -> str:
         try:
             answer = await client.preferred_allocation(available, must, size)
         except ProbeError as exc:
-            # The kubelet fails the pod on any GetPreferredAllocation error.
+            # The kubelet fails the pod's admission on any GetPreferredAllocation error.
             raise CheckFailed(f"{label}: {exc}") from None
-        if answer is None:
-            raise CheckFailed(f"{label} answered no container response")
-        if len(answer) != size:
-            raise CheckFailed(f"{label} returned {len(answer)} IDs: {list(answer)!r:.120}")
-        if len(set(answer)) != len(answer):
-            raise CheckFailed(f"{label} repeats IDs: {list(answer)!r:.120}")
-        missing = [i for i in must if i not in answer]
-        if missing:
-            raise CheckFailed(f"{label} left out must-include ID {missing[0]!r}")
-        outside = [i for i in answer if i not in set(available)]
-        if outside:
-            raise CheckFailed(f"{label} returned {outside[0]!r}, which is not available")
-    return (
-        f"{len(cases)} requests answered with exactly the requested size, every must-include "
-        "ID and only available IDs"
-    )
+        if not answer:
+            empty += 1  # no container response, or no IDs in it: the kubelet chooses
+            continue
+        repeats += len(set(answer)) != len(answer)
+        warnings += _preferred_problems(label, answer, available, must, size)
+    if warnings:
+        more = f" (and {len(warnings) - 2} more)" if len(warnings) > 2 else ""
+        raise CheckWarning(
+            "; ".join(warnings[:2]) + more + "; the kubelet keeps only the available IDs and "
+            "chooses the rest itself"
+        )
+    answered = len(cases) - empty
+    detail = f"{_n(len(cases), 'request')}"
+    if answered:
+        detail += (
+            f", {answered} answered with exactly the size asked, every must-include ID and "
+            "only available IDs"
+        )
+    if empty:
+        detail += (
+            f"; note: {empty} got no preference (an empty answer: the kubelet chooses by itself)"
+        )
+    if repeats:
+        detail += f"; note: {repeats} repeated IDs (the kubelet reads a set)"
+    return detail
+
+
+def _preferred_problems(
+    label: str, answer: Sequence[str], available: Sequence[str], must: Sequence[str], size: int
+) -> list[str]:
+    """What of a preferred answer the kubelet would drop or fill up itself."""
+    # The kubelet reads the answer as a set, keeps what is available, fills up the rest from
+    # the candidates and takes a random subset of too many.
+    chosen = list(dict.fromkeys(answer))
+    outside = [i for i in chosen if i not in set(available)]
+    missing = [i for i in must if i not in chosen]
+    problems: list[str] = []
+    if outside:
+        problems.append(f"{label} returned {outside[0]!r}, which is not available")
+    if missing:
+        problems.append(f"{label} left out must-include ID {missing[0]!r}")
+    if len(chosen) != size:
+        problems.append(f"{label} returned {len(chosen)} IDs: {chosen!r:.80}")
+    return problems
 
 
 async def _prestart(s: _Subject) -> str:
@@ -641,55 +724,168 @@ async def _survives_disconnect(s: _Subject) -> str:
     return "still serving after a client disconnected mid-stream"
 
 
+FAIL: tuple[Level, ...] = ("fail",)
+WARN: tuple[Level, ...] = ("warn",)
+BOTH: tuple[Level, ...] = ("fail", "warn")
+
 CHECKS: tuple[Check, ...] = (
-    Check("dial", "the socket accepts a gRPC connection within the kubelet's 10 s", _dial),
-    Check("options-fast", "GetDevicePluginOptions answers quickly", _options_fast),
+    Check(
+        "dial",
+        "the socket accepts a gRPC connection within the kubelet's 10 s",
+        _dial,
+        FAIL,
+        "dm/plugin/client.go:dial dials once per registration, blocking, for 10 s; a failed "
+        "dial fails the Register call (failed to dial device plugin)",
+    ),
+    Check(
+        "options-fast",
+        "GetDevicePluginOptions answers, quickly",
+        _options_fast,
+        BOTH,
+        "dm/manager.go:PluginConnected calls it inside Register (dm/plugin/handler.go:"
+        "connectClient) with no deadline: an error fails the registration (fail); a slow "
+        "answer only delays it (warn)",
+    ),
     Check(
         "registration-valid",
         "Register sends v1beta1, a valid resource name, a bare socket name and the same options "
         "as GetDevicePluginOptions",
         _registration_valid,
+        BOTH,
+        "dm/plugin/server.go:Register refuses another version or an invalid resource name "
+        "(fail); it joins any endpoint onto its directory and reads no RegisterRequest.options, "
+        "and dm/manager.go:CleanupPluginDirectory skips subdirectories at kubelet start "
+        "(warn: the plugin's restart signal and declared options are lost)",
         register_only=True,
     ),
-    Check("list-prompt", "ListAndWatch sends the full list promptly", _list_prompt),
-    Check("list-size", "every ListAndWatch message fits the kubelet's 4 MiB limit", _list_size),
     Check(
-        "ids-unique-valid", "device IDs are unique, printable, at most 63 chars", _ids_unique_valid
+        "list-prompt",
+        "ListAndWatch sends the full list, promptly",
+        _list_prompt,
+        BOTH,
+        "dm/manager.go:genericDeviceUpdateCallback creates the resource from the first "
+        "message; until then dm/manager.go:devicesToAllocate fails every pod asking for it "
+        "(cannot allocate unregistered device): never (fail), late (warn)",
     ),
-    Check("health-values", "health is exactly Healthy or Unhealthy", _health_values),
-    Check("topology-valid", "NUMA node IDs are >= 0 and not repeated", _topology_valid),
+    Check(
+        "list-size",
+        "every ListAndWatch message fits the kubelet's 4 MiB limit",
+        _list_size,
+        FAIL,
+        "dm/plugin/client.go:Run reads with grpc-go's 4 MiB limit: a larger message ends the "
+        "stream and dm/manager.go:PluginDisconnected marks every device unhealthy",
+    ),
+    Check(
+        "ids-unique-valid",
+        "device IDs are unique, non-empty, printable, at most 63 chars",
+        _ids_unique_valid,
+        BOTH,
+        "dm/manager.go:genericDeviceUpdateCallback keeps one entry per ID and may count a "
+        "duplicate twice in capacity (fail); it checks nothing else about IDs, which end up in "
+        "the checkpoint, podresources and pod status (warn)",
+    ),
+    Check(
+        "health-values",
+        "health is exactly Healthy or Unhealthy",
+        _health_values,
+        FAIL,
+        "dm/manager.go:genericDeviceUpdateCallback counts a device as healthy only if its "
+        "health is exactly 'Healthy': any other string takes it out of allocatable",
+    ),
+    Check(
+        "topology-valid",
+        "NUMA node IDs are >= 0 and not repeated",
+        _topology_valid,
+        WARN,
+        "dm/manager.go:genericDeviceUpdateCallback stores topology as given and "
+        "dm/manager.go:filterByAffinity matches it against the NUMA hint: a node ID the "
+        "machine lacks never aligns (the Topology Manager's intent is lost)",
+    ),
     Check(
         "allocate-each-device",
         "Allocate of each healthy device gets one container response",
         _allocate_each,
+        BOTH,
+        "dm/endpoint.go:allocate sends one container request; dm/manager.go:"
+        "allocateContainerResources fails the pod on an error or on no container response "
+        "(fail) and reads only the first of several (warn)",
     ),
     Check(
         "allocate-all-healthy",
         "Allocate of all healthy devices (some allocated before) gets one container response",
         _allocate_all,
+        BOTH,
+        "as allocate-each-device; the kubelet sends IDs again (init containers, re-allocation "
+        "after a restart, dm/manager.go:devicesToAllocate), so Allocate must be idempotent",
     ),
     Check(
         "allocate-multi-container",
         "Allocate with several container requests gets one response per request",
         _allocate_multi,
+        WARN,
+        "dm/endpoint.go:allocate always sends exactly one container request, so the kubelet "
+        "never meets this; the protocol asks for one response per request",
     ),
-    Check("unknown-ids-rejected", "Allocate of unknown IDs fails with an error", _unknown_rejected),
+    Check(
+        "unknown-ids-rejected",
+        "Allocate of unknown IDs fails with an error",
+        _unknown_rejected,
+        BOTH,
+        "dm/manager.go:devicesToAllocate sends only IDs the plugin listed, so accepting others "
+        "costs the kubelet nothing (warn); Allocate has no deadline and admission is serial, so "
+        "one that never answers blocks every pod of the node (fail)",
+    ),
     Check(
         "preferred-allocation",
-        "GetPreferredAllocation returns the size asked, every must-include ID, only available IDs",
+        "GetPreferredAllocation answers; with the size asked, every must-include ID, only "
+        "available IDs",
         _preferred,
+        BOTH,
+        "dm/manager.go:callGetPreferredAllocationIfAvailable fails the pod's admission on an "
+        "error (fail); it reads an empty answer as no preference, and dm/manager.go:"
+        "devicesToAllocate keeps only the available IDs of an answer and fills up the rest "
+        "(warn: the plugin's choice is lost)",
     ),
-    Check("prestart-answers", "PreStartContainer answers when required", _prestart),
-    Check("second-stream", "a second concurrent ListAndWatch stream is served", _second_stream),
-    Check("stream-stays-open", "the plugin never ends a ListAndWatch stream", _stream_stays_open),
+    Check(
+        "prestart-answers",
+        "PreStartContainer answers when required",
+        _prestart,
+        FAIL,
+        "dm/manager.go:callPreStartContainerIfNeeded calls it before every container start "
+        "with a 30 s deadline; an error fails the container's creation",
+    ),
+    Check(
+        "second-stream",
+        "a second concurrent ListAndWatch stream is served",
+        _second_stream,
+        FAIL,
+        "dm/plugin/handler.go:runClient opens a stream per registration, and two overlap "
+        "after a re-registration (v1.32): a stream without a list leaves the resource stale",
+    ),
+    Check(
+        "stream-stays-open",
+        "the plugin never ends a ListAndWatch stream",
+        _stream_stays_open,
+        FAIL,
+        "dm/plugin/client.go:Run takes any end of the stream as the plugin gone: "
+        "dm/manager.go:PluginDisconnected marks every device unhealthy and nothing redials",
+    ),
     Check(
         "survives-disconnect",
         "the plugin keeps serving after a client disconnects mid-stream",
         _survives_disconnect,
+        FAIL,
+        "dm/plugin/server.go:Stop cancels every stream when the kubelet stops or restarts; a "
+        "plugin that stops serving then cannot register again",
     ),
 )
 
 RESTART_CHECK = "reregisters-after-restart"
+#: The kubelet behaviour behind the restart check of ``--register-dir`` (fail only).
+RESTART_KUBELET = (
+    "dm/manager.go:Start runs dm/manager.go:CleanupPluginDirectory, which deletes every plugin "
+    "socket, and creates kubelet.sock again; only a new Register brings a resource back"
+)
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -706,6 +902,8 @@ async def _run_check(check: Check, subject: _Subject, resource: str | None) -> C
             return CheckResult(check.name, "fail", f"did not finish within {bound:g} s", resource)
     except CheckFailed as exc:
         return CheckResult(check.name, "fail", str(exc), resource)
+    except CheckWarning as exc:
+        return CheckResult(check.name, "warn", str(exc), resource)
     except Skip as exc:
         return CheckResult(check.name, "skip", str(exc), resource)
     except ProbeError as exc:

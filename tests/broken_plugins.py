@@ -2,7 +2,9 @@
 
 The SDK makes most faults impossible, so these plugins implement v1beta1.DevicePlugin by hand,
 the way a plugin in another language would. ``RawPlugin()`` with no fault passes the whole
-conformance suite (the control); ``FAULTS`` maps each fault to the checks it must fail.
+conformance suite (the control); ``FAULTS`` maps each fault to the level each check must give
+it (``fail`` where the kubelet breaks, ``warn`` where it copes); ``RawPlugin("empty-preferred")``
+answers GetPreferredAllocation as the kubelet's own stub plugin does, and passes with a note.
 """
 
 from __future__ import annotations
@@ -26,32 +28,37 @@ from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_g
 RESOURCE = "broken.example.com/dev"
 SLOW_OPTIONS_S = 0.6  # used with Limits(fast_within=0.2)
 
-# fault -> the checks it must fail (the first is the one it targets; others fail as a consequence).
-FAULTS: dict[str, tuple[str, ...]] = {
-    "slow-options": ("options-fast",),
-    "no-initial-list": ("list-prompt",),
-    "oversized-list": ("list-size",),
-    "duplicate-ids": ("ids-unique-valid",),
-    "lowercase-health": ("health-values",),
-    "negative-numa": ("topology-valid",),
+# fault -> {check: level}: the first check is the one it targets; others follow from it.
+FAULTS: dict[str, dict[str, str]] = {
+    "slow-options": {"options-fast": "warn"},
+    "no-initial-list": {"list-prompt": "fail"},
+    "oversized-list": {"list-size": "fail"},
+    "duplicate-ids": {"ids-unique-valid": "fail"},
+    "long-id": {"ids-unique-valid": "warn"},
+    "lowercase-health": {"health-values": "fail"},
+    "negative-numa": {"topology-valid": "warn"},
     # The broken device is also part of "all healthy devices".
-    "one-device-fails": ("allocate-each-device", "allocate-all-healthy"),
+    "one-device-fails": {"allocate-each-device": "fail", "allocate-all-healthy": "fail"},
     # Both later Allocate checks re-send IDs allocated before.
-    "not-idempotent": ("allocate-all-healthy", "allocate-multi-container"),
-    "first-container-only": ("allocate-multi-container",),
-    "accepts-unknown": ("unknown-ids-rejected",),
-    "preferred-ignores-request": ("preferred-allocation",),
-    "prestart-unimplemented": ("prestart-answers",),
+    "not-idempotent": {"allocate-all-healthy": "fail", "allocate-multi-container": "warn"},
+    "first-container-only": {"allocate-multi-container": "warn"},
+    "accepts-unknown": {"unknown-ids-rejected": "warn"},
+    "preferred-fails": {"preferred-allocation": "fail"},
+    "preferred-ignores-request": {"preferred-allocation": "warn"},
+    "preferred-wrong-size": {"preferred-allocation": "warn"},
+    "preferred-unavailable": {"preferred-allocation": "warn"},
+    "prestart-unimplemented": {"prestart-answers": "fail"},
     # One stream at a time: the stream opened after a disconnect starves as well.
-    "single-stream": ("second-stream", "survives-disconnect"),
-    "ends-stream": ("stream-stays-open",),
-    "dies-on-disconnect": ("survives-disconnect",),
+    "single-stream": {"second-stream": "fail", "survives-disconnect": "fail"},
+    "ends-stream": {"stream-stays-open": "fail"},
+    "dies-on-disconnect": {"survives-disconnect": "fail"},
 }
 # Faults that only --register-dir can see.
-REGISTER_FAULTS: dict[str, tuple[str, ...]] = {
-    "subdir-endpoint": ("registration-valid",),
-    "no-reregister": ("reregisters-after-restart",),
+REGISTER_FAULTS: dict[str, dict[str, str]] = {
+    "subdir-endpoint": {"registration-valid": "warn"},
+    "no-reregister": {"reregisters-after-restart": "fail"},
 }
+LONG_ID = "dev-" + "x" * 70
 
 
 def _devices(fault: str | None) -> list[pb.Device]:
@@ -65,6 +72,8 @@ def _devices(fault: str | None) -> list[pb.Device]:
         devices.append(pb.Device(ID="dev-odd", health="healthy"))
     if fault == "negative-numa":
         devices.append(pb.Device(ID="dev-far", health=constants.HEALTHY, topology=_numa(-1)))
+    if fault == "long-id":
+        devices.append(pb.Device(ID=LONG_ID, health=constants.UNHEALTHY))
     return devices
 
 
@@ -170,16 +179,25 @@ class RawPlugin:
     async def preferred(
         self, request: pb.PreferredAllocationRequest, context: Any
     ) -> pb.PreferredAllocationResponse:
+        if self.fault == "empty-preferred":
+            # The kubelet's stub plugin (dm/plugin/v1beta1/stub.go): no preference, ever.
+            return pb.PreferredAllocationResponse()
+        if self.fault == "preferred-fails":
+            await context.abort(grpc.StatusCode.INTERNAL, "topology not read yet")
         responses = []
         for container in request.container_requests:
             size = container.allocation_size
+            must = list(container.must_include_deviceIDs)
+            rest = [i for i in container.available_deviceIDs if i not in must]
             if self.fault == "preferred-ignores-request":
                 # Picks from its own list, ignoring must-include and the available set.
                 ids = [d.ID for d in self.devices if d.health == constants.HEALTHY][:size]
+            elif self.fault == "preferred-wrong-size":
+                ids = (must + rest)[: size + 1] if len(must + rest) > size else (must + rest)[:-1]
+            elif self.fault == "preferred-unavailable":
+                ids = [*must, "dev-sick", *rest][:size]  # an unhealthy device among them
             else:
-                ids = list(container.must_include_deviceIDs)
-                ids += [i for i in container.available_deviceIDs if i not in ids]
-                ids = ids[:size]
+                ids = (must + rest)[:size]
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=responses)
 
