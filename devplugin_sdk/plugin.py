@@ -109,7 +109,8 @@ class DevicePlugin(abc.ABC):
             devices: The current devices.
 
         Returns:
-            Health by device ID (or parent ID); IDs left out keep their current health.
+            Health by device ID (or parent ID); IDs left out keep their current health. A
+            ``types.HealthReport`` also says why, for the log and the observer.
         """
         raise NotImplementedError
 
