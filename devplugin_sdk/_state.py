@@ -134,7 +134,7 @@ class DeviceState:
         self._log_flips(flips, "discovered")
         for device_id, health in flips:
             self._events.health_changed(self.resource_name, device_id, health, "discovered")
-        for device_id in old_devices.keys() - by_id.keys():
+        for device_id in [i for i in old_devices if i not in by_id]:
             self._events.health_changed(self.resource_name, device_id, None, "removed")
         changed = list(old_devices) != list(by_id) or entries != self._entries
         self._entries = entries
