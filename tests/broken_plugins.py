@@ -42,6 +42,17 @@ FAULTS: dict[str, dict[str, str]] = {
     # Both later Allocate checks re-send IDs allocated before.
     "not-idempotent": {"allocate-all-healthy": "fail", "allocate-multi-container": "warn"},
     "first-container-only": {"allocate-multi-container": "warn"},
+    # The kubelet fails the pod on no response and reads only the first of several.
+    "no-container-response": {
+        "allocate-each-device": "fail",
+        "allocate-all-healthy": "fail",
+        "allocate-multi-container": "warn",
+    },
+    "extra-container-response": {
+        "allocate-each-device": "warn",
+        "allocate-all-healthy": "warn",
+        "allocate-multi-container": "warn",
+    },
     "accepts-unknown": {"unknown-ids-rejected": "warn"},
     "preferred-fails": {"preferred-allocation": "fail"},
     "preferred-ignores-request": {"preferred-allocation": "warn"},
@@ -226,6 +237,10 @@ class RawPlugin:
             )
         if self.fault == "first-container-only":
             responses = responses[:1]
+        if self.fault == "no-container-response":
+            responses = []
+        if self.fault == "extra-container-response":
+            responses = [*responses, pb.ContainerAllocateResponse()]
         return pb.AllocateResponse(container_responses=responses)
 
     async def pre_start(

@@ -54,6 +54,9 @@ FAULT_MESSAGES = {
     "one-device-fails": "Allocate([['dev-5']]): Allocate failed: INTERNAL: /dev/dev-5: no such file",
     "not-idempotent": "FAILED_PRECONDITION: already allocated",
     "first-container-only": "answered 1 container responses for 4 container requests",
+    "no-container-response": "answered no container response; the kubelet fails the pod",
+    "extra-container-response": "answered 2 container responses for 1 container request; "
+    "the kubelet reads only the first",
     "accepts-unknown": "Allocate accepted unknown ID 'conformance-unknown-1'",
     "preferred-fails": "GetPreferredAllocation failed: INTERNAL: topology not read yet",
     "preferred-ignores-request": "left out must-include ID 'dev-5'",
