@@ -551,7 +551,12 @@ class _SpecFile:
             OSError: the lock file cannot be created or is not a regular file.
         """
         if self._fd is not None:
-            return 0
+            if self._still_ours(self._fd):
+                return 0
+            # Someone removed or replaced the lock file: another process may take a new one,
+            # so this one guards nothing any more. Take the one there now, or give way.
+            fd, self._fd, self._mine = self._fd, None, None
+            os.close(fd)
         self.path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         for _ in range(3):
             with contextlib.suppress(FileNotFoundError):
@@ -579,11 +584,7 @@ class _SpecFile:
                     ) from None
                 # The previous holder unlinks the lock file as it stops: a lock on a file no
                 # longer at lock_path guards nothing, so take the one there now.
-                try:
-                    now = os.lstat(self.lock_path)
-                except FileNotFoundError:
-                    now = None
-                if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                if self._still_ours(fd):
                     self._fd, fd = fd, -1
                     return self._remove_stale_temps()
             finally:
@@ -592,6 +593,15 @@ class _SpecFile:
         raise _SpecBusyError(
             errno.EWOULDBLOCK, f"CDI spec {self.path}: its lock file keeps being replaced"
         )
+
+    def _still_ours(self, fd: int) -> bool:
+        """Whether the file at ``lock_path`` is the one ``fd`` has open."""
+        try:
+            now = os.lstat(self.lock_path)
+        except FileNotFoundError:
+            return False
+        st = os.fstat(fd)
+        return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
 
     def _remove_stale_temps(self) -> int:
         """Temporary files of this spec left by a process killed mid-write (we hold the lock,
@@ -616,13 +626,32 @@ class _SpecFile:
             _SpecBusyError: another live plugin owns the path.
             OSError: the spec could not be written; the file there is unchanged.
         """
-        stale = self.claim()
-        held = _holds(self.path, data)
-        if held is not None:
-            self._mine = held  # our bytes, left by an earlier run of ours: ours now
-            return False, stale
-        self._mine = _replace(self.path, data)
+        try:
+            stale = self.claim()
+            held = _holds(self.path, data)
+            if held is not None:
+                self._mine = held  # our bytes, left by an earlier run of ours: ours now
+                return False, stale
+            self._mine = _replace(self.path, data)
+        except OSError:
+            if not self._intact():
+                self._mine = None
+            raise
         return True, stale
+
+    @property
+    def written(self) -> bool:
+        """Whether the spec path still holds the file this process last wrote (or adopted),
+        as far as the last ``publish`` saw."""
+        return self._mine is not None
+
+    def _intact(self) -> bool:
+        if self._mine is None:
+            return False
+        try:
+            return _identity(os.lstat(self.path)) == self._mine
+        except OSError:
+            return False
 
     def remove(self) -> str:
         """Remove the spec if it is still the file this process wrote.
@@ -652,8 +681,7 @@ class _SpecFile:
         self._mine = None
         try:
             with contextlib.suppress(OSError):
-                st, now = os.fstat(fd), os.lstat(self.lock_path)
-                if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                if self._still_ours(fd):
                     os.unlink(self.lock_path)
         finally:
             os.close(fd)
@@ -812,11 +840,11 @@ class CdiPlugin(DevicePlugin):
         shown = [d for d in devices if spec.devices.get(d.id) in (None, written.get(d.id))]
         if len(shown) < len(devices):
             log.warning(
-                "%s: %d of %d devices held back until the CDI spec %s is written",
+                "%s: devices held back until the CDI spec %s is written: %d of %d",
                 self.resource_name,
+                self.spec_path,
                 len(devices) - len(shown),
                 len(devices),
-                self.spec_path,
                 extra=self._extra,
             )
         return shown
@@ -861,13 +889,18 @@ class CdiPlugin(DevicePlugin):
         return True
 
     def _failed(self, spec: CdiSpec, exc: OSError) -> None:
+        if not self._file.written:
+            # Not the file this process wrote any more (another writer's, or gone): its
+            # names may not resolve, so no device with edits is advertised until a write.
+            self._written = None
+            self._names = {}
         written = self._written.devices if self._written is not None else {}
         waiting = sum(1 for name, edits in spec.devices.items() if written.get(name) != edits)
         # The temporary file's name changes with every attempt: keep it out of the message.
         reason = str(exc) if isinstance(exc, _SpecBusyError) else (exc.strerror or str(exc))
         if self._retry.failed(spec, reason):
             log.error(
-                "%s: cannot write CDI spec %s: %s; %d devices wait for it; retrying with backoff",
+                "%s: cannot write CDI spec %s: %s (devices waiting for it: %d); retrying",
                 self.resource_name,
                 self.spec_path,
                 reason,
@@ -909,6 +942,7 @@ class CdiPlugin(DevicePlugin):
         # closes it inside a shielded scope of its own), so the two sources run in one task of
         # their own, created and awaited by this generator (the SDK runs on asyncio: grpc.aio).
         sources = asyncio.ensure_future(self._sources(send))
+        error: BaseException | None = None
         try:
             async with receive:
                 async for item in receive:
@@ -919,6 +953,10 @@ class CdiPlugin(DevicePlugin):
             sources.cancel()
             with anyio.CancelScope(shield=True):
                 await asyncio.wait({sources})
+            if not sources.cancelled():
+                error = sources.exception()
+        if error is not None:  # the stream only ends when the sources themselves failed
+            raise error
 
     async def _sources(
         self, send: MemoryObjectSendStream[HealthEvent | RescanEvent | Exception]
