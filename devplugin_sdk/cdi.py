@@ -695,7 +695,7 @@ class _Retry:
 
     def __init__(self) -> None:
         self.pending: CdiSpec | None = None
-        self._attempts = 0
+        self.attempts = 0  # failed attempts at the pending write
         self._since = 0.0
         self._delay = _RETRY_FIRST
         self._reason = ""
@@ -707,9 +707,9 @@ class _Retry:
         since the last log)."""
         now = time.monotonic()
         if self.pending is None:
-            self._attempts, self._since, self._delay, self._reason = 0, now, _RETRY_FIRST, ""
+            self.attempts, self._since, self._delay, self._reason = 0, now, _RETRY_FIRST, ""
         self.pending = spec
-        self._attempts += 1
+        self.attempts += 1
         if self._wake is not None:
             self._wake.set()
         if reason != self._reason or now - self._logged >= _LOG_AGAIN_AFTER:
@@ -722,7 +722,7 @@ class _Retry:
         if self.pending is None:
             return None
         self.pending = None
-        return self._attempts, time.monotonic() - self._since
+        return self.attempts, time.monotonic() - self._since
 
     def cancel(self) -> None:
         """Nothing to write any more (no device has edits, or serving stops)."""
@@ -897,16 +897,18 @@ class CdiPlugin(DevicePlugin):
         written = self._written.devices if self._written is not None else {}
         waiting = sum(1 for name, edits in spec.devices.items() if written.get(name) != edits)
         # The temporary file's name changes with every attempt: keep it out of the message.
-        reason = str(exc) if isinstance(exc, _SpecBusyError) else (exc.strerror or str(exc))
-        if self._retry.failed(spec, reason):
-            log.error(
-                "%s: cannot write CDI spec %s: %s (devices waiting for it: %d); retrying",
-                self.resource_name,
-                self.spec_path,
-                reason,
-                waiting,
-                extra=self._extra,
-            )
+        reason = exc.strerror or str(exc)
+        level = logging.ERROR if self._retry.failed(spec, reason) else logging.DEBUG
+        log.log(
+            level,
+            "%s: cannot write CDI spec %s: %s (devices waiting for it: %d; attempt %d); retrying",
+            self.resource_name,
+            self.spec_path,
+            reason,
+            waiting,
+            self._retry.attempts,
+            extra=self._extra,
+        )
 
     async def _withdraw(self) -> None:
         """No device has edits: remove the spec this process wrote (CDI forbids empty specs)."""
