@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
+import re
 import stat
+import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -431,6 +435,7 @@ async def test_env_declared_in_the_spec_is_not_repeated_in_allocate(tmp_path: Pa
     # Two devices: the joined value conflicts with the spec's; the spec's is used (and logged).
     assert both.env == {}
     assert spec_devices(plugin.spec_path)[f"{KIND}=w1"]["env"] == ["ACME_DEVICES=w1"]
+    await plugin.on_stop()
 
 
 async def test_wrapped_hooks_keep_their_kubelet_options_and_health(
@@ -524,6 +529,8 @@ async def test_env_goes_through_allocate_by_default_when_the_plugin_allocates_it
     got = await joining.allocate(devices)
     assert got.env == {"ACME_DEVICES": "w0,w1"}
     assert (await merging.allocate(devices)).env == {}
+    await joining.on_stop()
+    await merging.on_stop()
 
 
 def test_fingerprint_follows_the_wrapped_plugin_and_the_cdi_settings(tmp_path: Path) -> None:
@@ -534,3 +541,346 @@ def test_fingerprint_follows_the_wrapped_plugin_and_the_cdi_settings(tmp_path: P
     assert make().fingerprint() == make().fingerprint()
     assert make().fingerprint() != make(kind="acme.com/other").fingerprint()
     assert make().fingerprint() != make(resource="acme.com/x").fingerprint()
+
+
+# ----------------------------------------------------------------------------- ownership
+
+
+def listing(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+async def test_second_plugin_for_a_spec_path_writes_and_removes_nothing(tmp_path: Path) -> None:
+    first = use_cdi(StaticPlugin(KIND, widgets(2)), directory=tmp_path)
+    assert [d.id for d in await first.discover()] == ["w0", "w1"]
+    before = first.spec_path.read_bytes()
+    inode = first.spec_path.stat().st_ino
+    # Another instance, configured differently, for the same spec file (as a second DaemonSet
+    # pod would be): it may not write it, so its CDI devices are not advertised...
+    second = use_cdi(StaticPlugin(KIND, [*widgets(3), Device("bare")]), directory=tmp_path)
+    assert [d.id for d in await second.discover()] == ["bare"]
+    assert second.names == {}
+    # ...and its shutdown leaves the first one's spec alone.
+    await second.on_stop()
+    assert first.spec_path.read_bytes() == before
+    assert first.spec_path.stat().st_ino == inode
+    assert (await first.allocate(list(await first.discover()))).cdi_devices == (
+        f"{KIND}=w0",
+        f"{KIND}=w1",
+    )
+    await first.on_stop()
+    assert listing(tmp_path) == []  # the spec and its lock file
+
+
+async def test_the_next_plugin_owns_the_spec_once_the_first_stops(tmp_path: Path) -> None:
+    first = use_cdi(StaticPlugin(KIND, widgets(1)), directory=tmp_path)
+    await first.discover()
+    second = use_cdi(StaticPlugin(KIND, widgets(2)), directory=tmp_path)
+    assert await second.discover() == []
+    await first.on_stop()
+    assert [d.id for d in await second.discover()] == ["w0", "w1"]
+    assert set(spec_devices(second.spec_path)) == {f"{KIND}=w0", f"{KIND}=w1"}
+    await second.on_stop()
+    assert listing(tmp_path) == []
+
+
+async def test_a_plugin_whose_lock_file_was_removed_gives_way(tmp_path: Path) -> None:
+    first = use_cdi(StaticPlugin(KIND, widgets(2)), directory=tmp_path)
+    await first.discover()
+    (tmp_path / ".acme.com-widget.json.lock").unlink()  # by hand, while first serves
+    second = use_cdi(StaticPlugin(KIND, widgets(1)), directory=tmp_path)
+    assert len(await second.discover()) == 1
+    # Never two owners: first finds its lock gone and a new holder, and no longer trusts the
+    # file to hold its names.
+    assert await first.discover() == []
+    assert first.names == {}
+    await first.on_stop()
+    assert set(spec_devices(second.spec_path)) == {f"{KIND}=w0"}
+    await second.on_stop()
+    assert listing(tmp_path) == []
+
+
+def replace_by_rename(path: Path) -> None:
+    other = path.with_name("incoming")
+    other.write_text('{"kind": "acme.com/widget", "devices": []}')
+    os.replace(other, path)
+
+
+def rewrite_in_place(path: Path) -> None:
+    with path.open("r+b") as f:  # same inode, other bytes
+        f.write(b" ")
+
+
+@pytest.mark.parametrize("change", [replace_by_rename, rewrite_in_place])
+async def test_spec_another_writer_changed_is_left_in_place(
+    tmp_path: Path, change: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin = use_cdi(StaticPlugin(KIND, widgets(1)), directory=tmp_path)
+    await plugin.discover()
+    change(plugin.spec_path)
+    changed = plugin.spec_path.read_bytes()
+    with caplog.at_level(logging.INFO, logger="devplugin_sdk"):
+        await plugin.on_stop()
+    assert plugin.spec_path.read_bytes() == changed
+    assert listing(tmp_path) == ["acme.com-widget.json"]
+    assert "replaced by another writer; left in place" in caplog.text
+
+
+async def test_spec_left_by_an_earlier_run_with_the_same_bytes_is_adopted(tmp_path: Path) -> None:
+    path = write_spec(CdiSpec.from_devices(KIND, widgets(2)), tmp_path)
+    inode = path.stat().st_ino
+    plugin = use_cdi(StaticPlugin(KIND, widgets(2)), directory=tmp_path)
+    assert len(await plugin.discover()) == 2
+    assert path.stat().st_ino == inode  # not rewritten...
+    await plugin.on_stop()
+    assert listing(tmp_path) == []  # ...but ours to remove
+
+
+async def test_stale_temporary_files_are_removed_when_the_plugin_takes_the_spec(
+    tmp_path: Path,
+) -> None:
+    ours = [".acme.com-widget.0a1b2c3d.tmp", ".acme.com-widget.x_y0z9ab.tmp"]  # hex; mkstemp's
+    others = [
+        ".acme.com-widget.v2.0a1b2c3d.tmp",  # the temporary file of another spec
+        ".acme.com-widget.0a1b2c3d.json",
+        "acme.com-widget.0a1b2c3d.tmp",
+        "notes.tmp",
+    ]
+    for name in [*ours, *others]:
+        (tmp_path / name).write_text('{"kind": "acme.com/wid')  # cut short by a SIGKILL
+    (tmp_path / ".acme.com-widget.deadbeef.tmp").mkdir()  # not a file: not ours
+    owner = use_cdi(StaticPlugin(KIND, widgets(1)), directory=tmp_path)
+    await owner.discover()
+    # A second instance finds a temporary file (the owner's write in flight) and keeps off it.
+    in_flight = tmp_path / ".acme.com-widget.11111111.tmp"
+    in_flight.write_text("{")
+    second = use_cdi(StaticPlugin(KIND, widgets(1)), directory=tmp_path)
+    await second.discover()
+    await second.on_stop()
+    assert in_flight.exists()
+    in_flight.unlink()
+    assert listing(tmp_path) == sorted(
+        [
+            *others,
+            ".acme.com-widget.deadbeef.tmp",
+            ".acme.com-widget.json.lock",
+            "acme.com-widget.json",
+        ]
+    )
+    await owner.on_stop()
+
+
+# ----------------------------------------------------------------------------- hostile paths
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Bytes read through os.read by path, for every path os.open opened."""
+    real_open, real_read, real_close = os.open, os.read, os.close
+    paths: dict[int, str] = {}
+    read: dict[str, int] = {}
+
+    def spying_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        fd = real_open(path, flags, *args, **kwargs)
+        paths[fd] = os.fspath(path)
+        read.setdefault(os.fspath(path), 0)
+        return fd
+
+    def spying_read(fd: int, n: int) -> bytes:
+        data = real_read(fd, n)
+        if fd in paths:
+            read[paths[fd]] += len(data)
+        return data
+
+    def spying_close(fd: int) -> None:
+        paths.pop(fd, None)
+        real_close(fd)
+
+    monkeypatch.setattr(os, "open", spying_open)
+    monkeypatch.setattr(os, "read", spying_read)
+    monkeypatch.setattr(os, "close", spying_close)
+    return read
+
+
+def make_fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def link_to_dev_zero(path: Path) -> None:
+    path.symlink_to("/dev/zero")
+
+
+def make_dev_zero(path: Path) -> None:
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 5))
+    except PermissionError:
+        pytest.skip("creating a device node needs CAP_MKNOD")
+
+
+def link_to_a_file_with_the_same_bytes(path: Path) -> None:
+    target = path.with_name("elsewhere")
+    target.write_bytes(CdiSpec.from_devices(KIND, widgets(2)).to_json())
+    path.symlink_to(target)
+
+
+def make_dir(path: Path) -> None:
+    path.mkdir()
+
+
+@pytest.mark.parametrize(
+    "plant", [make_fifo, link_to_dev_zero, make_dev_zero, link_to_a_file_with_the_same_bytes]
+)
+def test_spec_path_that_is_no_regular_file_is_replaced_without_being_opened(
+    tmp_path: Path, plant: Any, opened: dict[str, int]
+) -> None:
+    spec = CdiSpec.from_devices(KIND, widgets(2))
+    path = tmp_path / "acme.com-widget.json"
+    plant(path)
+    assert write_spec(spec, tmp_path) == path  # a FIFO would block, /dev/zero never end
+    assert str(path) not in opened
+    assert stat.S_ISREG(os.lstat(path).st_mode)
+    assert json.loads(path.read_text()) == spec.to_dict()
+    if (tmp_path / "elsewhere").exists():  # a link's target is not written through
+        assert (tmp_path / "elsewhere").read_bytes() == spec.to_json()
+
+
+def test_a_huge_file_at_the_spec_path_is_replaced_unread(
+    tmp_path: Path, opened: dict[str, int]
+) -> None:
+    path = tmp_path / "acme.com-widget.json"
+    with path.open("wb") as f:
+        f.truncate(1 << 30)  # sparse: 1 GiB of zeros that takes no room
+    spec = CdiSpec.from_devices(KIND, widgets(2))
+    write_spec(spec, tmp_path)
+    assert opened.get(str(path), 0) == 0
+    assert path.read_bytes() == spec.to_json()
+
+
+def test_a_file_of_the_specs_size_is_read_no_further(
+    tmp_path: Path, opened: dict[str, int]
+) -> None:
+    spec = CdiSpec.from_devices(KIND, widgets(2))
+    path = tmp_path / "acme.com-widget.json"
+    path.write_bytes(b"x" * len(spec.to_json()))
+    write_spec(spec, tmp_path)
+    assert opened[str(path)] <= len(spec.to_json())
+    assert path.read_bytes() == spec.to_json()
+
+
+async def test_a_directory_at_the_spec_path_holds_the_devices_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin = use_cdi(StaticPlugin(KIND, widgets(2)), directory=tmp_path)
+    (tmp_path / "acme.com-widget.json").mkdir()
+    assert await plugin.discover() == []
+    assert "cannot write CDI spec" in caplog.text
+    (tmp_path / "acme.com-widget.json").rmdir()
+    assert len(await plugin.discover()) == 2
+    await plugin.on_stop()
+
+
+@pytest.mark.parametrize("plant", [make_fifo, link_to_dev_zero])
+async def test_lock_path_that_is_no_regular_file_is_refused_unopened(
+    tmp_path: Path, plant: Any, opened: dict[str, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    lock = tmp_path / ".acme.com-widget.json.lock"
+    plant(lock)
+    plugin = use_cdi(StaticPlugin(KIND, widgets(2)), directory=tmp_path)
+    assert await plugin.discover() == []
+    assert str(lock) not in opened
+    assert "not a regular file, is in the way of the CDI spec's lock file" in caplog.text
+    await plugin.on_stop()
+    assert listing(tmp_path) == [lock.name]
+
+
+# ----------------------------------------------------------------------------- failed writes
+
+
+class FullDisk:
+    """os.fsync of a spec's temporary file fails with ENOSPC while ``full`` is set."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.full = False
+        self.refused = 0
+        self._lock = threading.Lock()
+        real_fsync = os.fsync
+
+        def fsync(fd: int) -> None:
+            if self.full and stat.S_ISREG(os.fstat(fd).st_mode):
+                with self._lock:
+                    self.refused += 1
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+
+
+@pytest.fixture
+def disk(monkeypatch: pytest.MonkeyPatch) -> FullDisk:
+    return FullDisk(monkeypatch)
+
+
+async def test_new_devices_wait_for_a_failed_write_and_come_once_a_retry_writes_it(
+    kubelet: FakeKubelet, tmp_path: Path, disk: FullDisk, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="devplugin_sdk")
+    inner = StaticPlugin(KIND, widgets(2))
+    plugin = use_cdi(inner, directory=tmp_path)
+    async with serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(KIND, 2)
+        disk.full = True
+        inner.set_devices(widgets(3))
+        # The first write and two retries fail; the kubelet never hears of w2.
+        await kubelet.wait_for(lambda: disk.refused >= 3, what="two retries")
+        assert set(kubelet.devices(KIND)) == {"w0", "w1"}
+        assert set(spec_devices(plugin.spec_path)) == {f"{KIND}=w0", f"{KIND}=w1"}
+        assert listing(tmp_path) == [".acme.com-widget.json.lock", "acme.com-widget.json"]
+        # The devices the old spec holds keep working meanwhile, health included.
+        inner.set_health("w1", Health.UNHEALTHY)
+        await kubelet.wait_for_health(KIND, "w1", "Unhealthy")
+        got = await kubelet.allocate(KIND, 1)
+        assert got.allocation.cdi_devices == (f"{KIND}=w0",)
+        disk.full = False
+        await kubelet.wait_for(lambda: set(kubelet.devices(KIND)) == {"w0", "w1", "w2"})
+        assert f"{KIND}=w2" in spec_devices(plugin.spec_path)
+    assert caplog.text.count("No space left on device") == 1  # the same failure, logged once
+    assert re.search(r"CDI spec \S+ written after [3-9] failed attempts", caplog.text)
+
+
+async def test_first_discovery_survives_a_failed_write_and_serves_once_written(
+    kubelet: FakeKubelet, tmp_path: Path, disk: FullDisk
+) -> None:
+    disk.full = True
+    plugin = use_cdi(StaticPlugin(KIND, [*widgets(2), Device("bare")]), directory=tmp_path)
+    async with serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for(lambda: disk.refused >= 2, what="a retry")
+        # Registered, with only the device that needs no spec.
+        assert set(kubelet.devices(KIND)) == {"bare"}
+        assert not plugin.spec_path.exists()
+        disk.full = False
+        await kubelet.wait_for_allocatable(KIND, 3)
+        assert set(spec_devices(plugin.spec_path)) == {f"{KIND}=w0", f"{KIND}=w1"}
+    assert listing(tmp_path) == []
+
+
+async def test_device_whose_edits_could_not_be_written_is_held_back(
+    tmp_path: Path, disk: FullDisk
+) -> None:
+    inner = StaticPlugin(KIND, widgets(2))
+    plugin = use_cdi(inner, directory=tmp_path)
+    await plugin.discover()
+    moved = Device("w1", device_nodes=(DeviceNode("/dev/widget9"),))
+    inner.set_devices([widgets(1)[0], moved])
+    disk.full = True
+    # The spec still gives w1 its old node: the kubelet must not hand w1 out meanwhile.
+    assert [d.id for d in await plugin.discover()] == ["w0"]
+    disk.full = False
+    assert [d.id for d in await plugin.discover()] == ["w0", "w1"]
+    assert spec_devices(plugin.spec_path)[f"{KIND}=w1"]["deviceNodes"][0]["path"] == "/dev/widget9"
+    await plugin.on_stop()
+
+
+async def test_stopping_before_any_discovery_is_harmless(tmp_path: Path) -> None:
+    plugin = use_cdi(StaticPlugin(KIND, widgets(1)), directory=tmp_path)
+    await plugin.on_stop()
+    assert listing(tmp_path) == []
