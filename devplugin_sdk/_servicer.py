@@ -177,6 +177,8 @@ class DevicePluginServicer:
         self, request: pb.Empty, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.DevicePluginOptions:
         # Called once, inside the kubelet's Register handler: it must be fast and never fail.
+        # The kubelet then opens ListAndWatch on the same connection: its stream comes next.
+        self.streams.options_requested()
         return self._options
 
     async def list_and_watch(

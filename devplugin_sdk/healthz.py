@@ -52,9 +52,11 @@ def problems(
     """Why the served plugins are not live, one line per failing resource (empty: live).
 
     A plugin fails when it is not registered with the kubelet (including while it waits for an
-    absent kubelet) or when its newest device list has waited more than ``stuck_after`` seconds
-    to go out on an open ListAndWatch stream. Unhealthy devices never fail it: restarting the
-    plugin cannot repair hardware, and the kubelet already stops allocating them.
+    absent kubelet, and while the kubelet's own ListAndWatch stream is not open, whatever other
+    clients' streams are) or when its newest device list has waited more than ``stuck_after``
+    seconds to go out on the kubelet's stream. Other clients' streams never fail it: one that
+    does not read is its own problem, not the plugin's. Unhealthy devices never fail it either:
+    restarting the plugin cannot repair hardware, and the kubelet already stops allocating them.
 
     Args:
         statuses: Every served plugin's status.
@@ -71,13 +73,13 @@ def problems(
             why = (
                 "no ListAndWatch stream open"
                 if status.streams == 0
-                else f"{status.streams} ListAndWatch streams open"
+                else f"no ListAndWatch stream from the kubelet; {status.streams} from other clients"
             )
             found.append(f"{status.resource}: not registered with the kubelet ({why})")
         elif status.pending_seconds > stuck_after:
             found.append(
                 f"{status.resource}: ListAndWatch loop stuck: the newest device list has waited "
-                f"{status.pending_seconds:.1f}s to be sent (limit {stuck_after:g}s)"
+                f"{status.pending_seconds:.1f}s to be sent to the kubelet (limit {stuck_after:g}s)"
             )
     return found
 

@@ -197,7 +197,10 @@ async def test_healthz_fails_when_a_device_list_is_stuck_unsent() -> None:
         ({"pending_seconds": 29.9}, []),
         ({"pending_seconds": 30.1}, ["stuck"]),
         ({"registered": False, "streams": 0}, ["not registered", "no ListAndWatch stream"]),
-        ({"registered": False, "streams": 2}, ["not registered", "2 ListAndWatch streams"]),
+        (
+            {"registered": False, "streams": 2},
+            ["not registered", "no ListAndWatch stream from the kubelet; 2 from other"],
+        ),
     ],
 )
 def test_problems_name_only_registration_and_stuck_lists(
