@@ -3,9 +3,10 @@
 A stale socket file (nobody listening) is removed; a socket that a live server answers is never
 stolen. grpcio deletes the socket path when a server stops, even if a newer server bound the same
 path since, so callers stop the old server before starting a new one on the same name. The socket
-is made 0600 before the server accepts anything, whatever the umask, and connections that carry
-no call are closed after ``IDLE_CONNECTION_TIMEOUT``, so half-open clients cannot use up the
-process's file descriptors.
+is made 0600 before the server accepts anything, whatever the umask. Connections that carry no
+call are closed after ``IDLE_CONNECTION_TIMEOUT`` and at most ``MAX_CONNECTIONS`` are held, so
+half-open clients can neither use up the process's file descriptors (which Register, inotify and
+CDI need too) nor keep a new kubelet connection out for long.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ class SocketVanishedError(OSError):
 #: idle too.
 IDLE_CONNECTION_TIMEOUT = 5.0
 
+#: Connections one plugin's server holds at once; past it grpcio closes new ones at once. The
+#: kubelet needs one per registration (protocol reference 2.2), a probe or two more; a flood of
+#: idle connections holds the slots for at most ``IDLE_CONNECTION_TIMEOUT``, well inside the
+#: kubelet's 10 s dial, which keeps retrying.
+MAX_CONNECTIONS = 64
+
 #: The mode of the plugin's socket. The kubelet connects as root, so no one else needs it.
 SOCKET_MODE = 0o600
 
@@ -48,6 +55,7 @@ _SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", constants.MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
     ("grpc.max_connection_idle_ms", int(IDLE_CONNECTION_TIMEOUT * 1000)),
+    ("grpc.max_allowed_incoming_connections", MAX_CONNECTIONS),
     # Bounds the connection handshake too (grpcio's default is 120 s).
     ("grpc.server_handshake_timeout_ms", int(IDLE_CONNECTION_TIMEOUT * 1000)),
 ]

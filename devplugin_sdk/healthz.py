@@ -15,6 +15,7 @@ import errno
 import itertools
 import json
 import logging
+import resource
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -45,7 +46,7 @@ _MAX_HEAD = 8192  # bytes of request line + headers; probes and scrapers send a 
 _HEAD_TIMEOUT = 5.0  # seconds a client gets to send its request; the kubelet's probe default is 1 s
 _SEND_TIMEOUT = 5.0  # seconds a client gets to take the answer
 _ACCEPT_RETRY_MIN = 0.05  # seconds before accepting again after running out of descriptors
-_ACCEPT_RETRY_MAX = 1.0
+_ACCEPT_RETRY_MAX = 0.5
 _LOG_EVERY = 10.0  # seconds between two log lines about the same trouble
 
 # accept() failed for one connection only (it went away before we took it): accept again at once.
@@ -202,10 +203,11 @@ async def serve_http(
     - ``/metrics``: the Prometheus text format of ``registry`` (404 without the metrics extra).
     - ``/status``: JSON ``{"live", "problems", "plugins": [PluginStatus...]}``, always 200.
 
-    At most ``max_connections`` connections are served at once: at the cap, a new connection
-    closes the oldest one. A client gets 5 s to send its request and 5 s to take the answer.
-    An error accepting a connection (out of file descriptors, say) is logged at most every
-    10 s and accepting goes on; it never stops the server or the plugins beside it.
+    At most ``max_connections`` connections (and never more than a quarter of the process's
+    file-descriptor limit) are served at once: at the cap, a new connection closes the oldest.
+    A client gets 5 s to send its request and 5 s to take the answer. An error accepting a
+    connection (out of file descriptors, say) is logged at most every 10 s and accepting goes
+    on; it never stops the server or the plugins beside it.
 
     The runner starts it (``runner.Http``); start it yourself with ``await
     task_group.start(partial(serve_http, host, port, statuses=...))`` to get the bound port.
@@ -227,7 +229,7 @@ async def serve_http(
         raise ValueError(f"stuck_after must be > 0, got {stuck_after}")
     if max_connections < 1:
         raise ValueError(f"max_connections must be >= 1, got {max_connections}")
-    server = _Server(_Endpoints(stuck_after, registry, statuses), max_connections)
+    server = _Server(_Endpoints(stuck_after, registry, statuses), _cap(max_connections))
     listener = await anyio.create_tcp_listener(local_host=host or None, local_port=port)
     async with listener:
         bound: int = listener.extra(SocketAttribute.local_port)
@@ -259,6 +261,15 @@ class _Trouble:
         self.unlogged = 0
 
 
+def _cap(max_connections: int) -> int:
+    """``max_connections``, but never more than a quarter of the process's file descriptors:
+    the plugins' sockets, Register calls, inotify and CDI need the rest."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    return max(1, min(max_connections, soft // 4))
+
+
 class _Server:
     """Accepts connections and serves each in its own task, at most ``limit`` at once."""
 
@@ -279,8 +290,12 @@ class _Server:
                 self._accept_failed.happened(str(exc))
                 if exc.errno in _CONNECTION_ERRORS:
                     continue
-                if exc.errno in _RESOURCE_ERRORS:
-                    self._close_oldest()
+                if exc.errno in _RESOURCE_ERRORS and self._close_oldest():
+                    # One of ours is closing: its descriptor is free in a moment.
+                    await anyio.sleep(_ACCEPT_RETRY_MIN / 5)
+                    continue
+                # Descriptors held elsewhere (gRPC clients, backends): wait for them, longer
+                # each time, but never stop accepting.
                 await anyio.sleep(delay)
                 delay = min(delay * 2, _ACCEPT_RETRY_MAX)
                 continue
@@ -293,10 +308,13 @@ class _Server:
             self._open[key] = scope
             tg.start_soon(self._serve, stream, key, scope)
 
-    def _close_oldest(self) -> None:
-        if self._open:
-            key = next(iter(self._open))
-            self._open.pop(key).cancel()
+    def _close_oldest(self) -> bool:
+        """Close the connection open the longest; False when none is open."""
+        if not self._open:
+            return False
+        key = next(iter(self._open))
+        self._open.pop(key).cancel()
+        return True
 
     async def _serve(self, stream: SocketStream, key: int, scope: anyio.CancelScope) -> None:
         try:
