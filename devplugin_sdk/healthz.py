@@ -15,6 +15,7 @@ import errno
 import itertools
 import json
 import logging
+import math
 import resource
 import time
 from collections.abc import Callable, Sequence
@@ -243,11 +244,15 @@ async def serve_http(
 
 
 class _Trouble:
-    """One kind of recurring trouble, logged at most every ``_LOG_EVERY`` seconds."""
+    """One kind of recurring trouble, logged at most every ``_LOG_EVERY`` seconds.
 
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self.last_logged = -_LOG_EVERY
+    Args:
+        message: The log message, with ``{}`` where the detail of each occurrence goes.
+    """
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        self.last_logged = -math.inf
         self.unlogged = 0
 
     def happened(self, detail: str) -> None:
@@ -256,7 +261,7 @@ class _Trouble:
             self.unlogged += 1
             return
         more = f" ({self.unlogged} more since the last report)" if self.unlogged else ""
-        log.warning("HTTP endpoints: %s: %s%s", self.what, detail, more)
+        log.warning("HTTP endpoints: %s%s", self.message.format(detail), more)
         self.last_logged = now
         self.unlogged = 0
 
@@ -278,8 +283,8 @@ class _Server:
         self.limit = limit
         self._ids = itertools.count()
         self._open: dict[int, anyio.CancelScope] = {}  # oldest first
-        self._accept_failed = _Trouble("accepting a connection failed; accepting again")
-        self._crowded = _Trouble(f"{limit} connections open (the limit); closed the oldest")
+        self._accept_failed = _Trouble("accepting a connection failed ({}); accepting again")
+        self._crowded = _Trouble(f"{limit} connections open, the limit: {{}} closed the oldest")
 
     async def accept_loop(self, listener: SocketListener, tg: TaskGroup) -> None:
         delay = _ACCEPT_RETRY_MIN
@@ -301,7 +306,7 @@ class _Server:
                 continue
             delay = _ACCEPT_RETRY_MIN
             while len(self._open) >= self.limit:
-                self._crowded.happened("a client opened one more")
+                self._crowded.happened("a new one")
                 self._close_oldest()
             scope = anyio.CancelScope()
             key = next(self._ids)

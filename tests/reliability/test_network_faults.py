@@ -89,7 +89,7 @@ async def test_idle_http_connections_past_the_fd_limit_never_stop_the_plugin() -
                     await stream.aclose()
                 tg.cancel_scope.cancel()
         assert plugin.process.returncode is None, plugin.error_output
-        crowded = count(plugin.stderr, "connections open (the limit)")
+        crowded = count(plugin.stderr, "connections open, the limit")
         assert await plugin.stop() == 0
     assert not (kubelet.directory / SOCKET).exists()  # removed by a clean stop
     answered = [p for p in probes if p is not None]
@@ -389,8 +389,12 @@ async def test_half_open_connections_on_the_plugin_socket_are_closed_and_new_one
             for client in clients:
                 client.close()
         assert plugin.process.returncode is None, plugin.error_output
-        assert kubelet.is_registered(RESOURCE)
+        # The kubelet's connection, its stream open, outlived the 5 s idle timeout untouched.
+        assert kubelet.ended_streams(RESOURCE) == 0
+        assert len(kubelet.successful_registrations(RESOURCE)) == 1
+        after_flood = await kubelet.allocate(RESOURCE, 1)
     assert allocated.device_ids
+    assert after_flood.device_ids
     assert peak.peak < 256
     figure(
         12,
