@@ -19,6 +19,7 @@ import grpc
 from devplugin_sdk import _registration
 from devplugin_sdk._kubelet_watch import DirectoryWatcher, FileId, file_id
 from devplugin_sdk._link import Link
+from devplugin_sdk._logging import printable
 from devplugin_sdk._server import SocketVanishedError, start_server
 from devplugin_sdk._servicer import DevicePluginServicer
 from devplugin_sdk.settings import Settings
@@ -131,6 +132,8 @@ class _KubeletSockRegistration:
         """One Register call; on failure wait the backoff (or a directory change) and say so."""
         started = time.perf_counter()
         attempt = self.watcher.generation  # a new kubelet.sock during the call retries at once
+        streams = self.servicer.streams
+        streams.expect_kubelet()
         outcome, why = await _registration.register_once(
             self.settings.kubelet_socket,
             resource_name=self.resource,
@@ -144,10 +147,11 @@ class _KubeletSockRegistration:
             # once would register twice.
             outcome = _registration.Outcome.REGISTERED
         if outcome is not _registration.Outcome.REGISTERED:
+            streams.expect_nothing()
             log.warning(
                 "%s: Register failed (%s); retrying in %.2gs",
                 self.resource,
-                why,
+                printable(why),
                 self.backoff,
                 extra={"resource": self.resource},
             )
@@ -157,8 +161,7 @@ class _KubeletSockRegistration:
             return False
         self.backoff = self.settings.register_backoff_initial
         self.registered_with = kubelet
-        if not len(self.servicer.streams):
-            self.servicer.streams.idle_since = time.monotonic()
+        streams.registered()
         seconds = time.perf_counter() - started
         self.link.up(
             seconds, f"with the kubelet as {self.socket_path.name} in {seconds * 1e3:.1f} ms"
@@ -166,11 +169,12 @@ class _KubeletSockRegistration:
         return True
 
     async def _stream_arrives(self) -> bool:
-        """Whether a ListAndWatch stream opens within the Register deadline."""
+        """Whether the kubelet's ListAndWatch stream opens within the Register deadline."""
+        streams = self.servicer.streams
         with anyio.move_on_after(self.settings.register_timeout):
-            while not len(self.servicer.streams):
+            while streams.kubelet is None:
                 await self.watcher.wait(self.watcher.generation)
-        return bool(len(self.servicer.streams))
+        return streams.kubelet is not None
 
     async def _wait_for_loss(self, kubelet: FileId) -> str:
         """Wait until the registration is lost; return why."""
@@ -185,11 +189,15 @@ class _KubeletSockRegistration:
             if current is not None and current != kubelet:
                 return "kubelet.sock was recreated (kubelet restart)"
             timeout = math.inf
-            if not len(streams) and streams.idle_since is not None and current is not None:
-                # The kubelet never retries a closed ListAndWatch: only a new registration helps.
-                lost_for = time.monotonic() - streams.idle_since
+            if streams.kubelet is None and streams.lost_since is not None and current is not None:
+                # The kubelet never retries a closed ListAndWatch: only a new registration helps,
+                # whatever other clients' streams are open.
+                lost_for = time.monotonic() - streams.lost_since
                 if lost_for >= grace:
-                    return f"no ListAndWatch stream for {lost_for:.1f}s while the kubelet is up"
+                    return (
+                        f"no ListAndWatch stream from the kubelet for {lost_for:.1f}s while it "
+                        f"is up ({len(streams)} from other clients)"
+                    )
                 timeout = grace - lost_for
             with anyio.move_on_after(timeout):
                 await self.watcher.wait(generation)
@@ -197,6 +205,7 @@ class _KubeletSockRegistration:
     async def _stop_server(self) -> None:
         # Dropped before stopping, so that a cancellation can never stop it twice.
         server, self.server = self.server, None
+        self.servicer.streams.expect_nothing()
         if server is not None:
             await self.servicer.stop(server, self.settings.stop_grace)
             self.stopped_at = time.monotonic()

@@ -1,4 +1,5 @@
-"""Log setup for the ``devplugin`` command: text or JSON lines, with resource/device fields."""
+"""Log setup for the ``devplugin`` command (text or JSON lines, with resource/device fields), and
+``printable``, which every engine module applies to peer input before it enters a log message."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 import sys
 import time
 
-__all__ = ["configure_logging"]
+__all__ = ["configure_logging", "printable"]
 
 # Fields the SDK attaches with ``extra=`` and that both formats show.
 _FIELDS = ("resource", "device", "health")
@@ -61,3 +62,27 @@ def configure_logging(level: str = "info", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric)
+
+
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character escaped (``\\n``, ``\\x1b``, ``\\u2028``).
+
+    Device IDs and other text a peer sends reach the logs through this, so a request can never
+    forge a log line or send terminal escapes; the rule is ``str.isprintable``, the one
+    ``Device.id`` must already pass.
+    """
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

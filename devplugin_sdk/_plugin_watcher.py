@@ -4,19 +4,25 @@ The kubelet finds the socket in its plugins_registry directory by itself, asks f
 ``GetInfo``, dials the DevicePlugin service on the same socket and reports the outcome through
 ``NotifyRegistrationStatus``. It re-discovers the socket after its own restarts, so only a removed
 socket or a failed registration makes us serve again, on a fresh socket (the kubelet does not
-retry a socket it has recorded).
+retry a socket it has recorded). The kubelet's own ListAndWatch stream staying away for
+``stream_lost_grace`` after a registration is a loss too: a kubelet that dropped the stream
+never reopens it by itself, and a fresh socket makes it register again (a kubelet still
+restarting finds the fresh socket when it is back).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 
 import anyio
 import grpc
 
 from devplugin_sdk import _watcher_registration
-from devplugin_sdk._kubelet_watch import DirectoryWatcher, file_id
+from devplugin_sdk._kubelet_watch import DirectoryWatcher, FileId, file_id
 from devplugin_sdk._link import Link
+from devplugin_sdk._logging import printable
 from devplugin_sdk._server import SocketVanishedError, start_server
 from devplugin_sdk._servicer import DevicePluginServicer
 from devplugin_sdk.settings import Settings
@@ -34,49 +40,97 @@ async def keep_registered(
     Raises:
         SocketInUseError: another live server answers on the plugin's socket.
     """
-    resource = servicer.resource
-    socket_path = settings.plugins_registry_dir / servicer.plugin.effective_socket_name
-    failed = False  # the kubelet reported a failed registration
+    await _WatcherRegistration(servicer, link, settings, watcher).run()
 
-    def on_status(registered: bool, error: str) -> None:
-        nonlocal failed
+
+class _WatcherRegistration:
+    def __init__(
+        self,
+        servicer: DevicePluginServicer,
+        link: Link,
+        settings: Settings,
+        watcher: DirectoryWatcher,
+    ) -> None:
+        self.servicer = servicer
+        self.streams = servicer.streams
+        self.link = link
+        self.settings = settings
+        self.watcher = watcher
+        self.resource = servicer.resource
+        self.socket_path = settings.plugins_registry_dir / servicer.plugin.effective_socket_name
+        self.failed = False  # the kubelet reported a failed registration
+        self.handlers = [
+            servicer.handler(),
+            _watcher_registration.handler(self.resource, self._on_status, self._on_info),
+        ]
+
+    async def run(self) -> None:
+        server: grpc.aio.Server | None = None
+        try:
+            while True:
+                self.failed = False
+                self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    server, own_id = await start_server(self.socket_path, self.handlers)
+                except SocketVanishedError:
+                    await anyio.sleep(self.settings.register_backoff_initial)
+                    continue
+                log.info(
+                    "%s: serving for the plugin watcher on %s",
+                    self.resource,
+                    self.socket_path,
+                    extra={"resource": self.resource},
+                )
+                self.link.lost(await self._wait_for_loss(own_id))
+                stopping, server = server, None
+                self.streams.expect_nothing()
+                await self.servicer.stop(stopping, self.settings.stop_grace)
+        finally:
+            self.link.down()
+            if server is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.servicer.stop(server, self.settings.stop_grace)
+
+    def _on_info(self) -> None:
+        # The plugin watcher's GetInfo starts a registration: the kubelet then dials the
+        # DevicePlugin service on this socket, asks for the options and opens its stream.
+        self.streams.expect_kubelet()
+
+    def _on_status(self, registered: bool, error: str) -> None:
         if registered:
-            link.up(0.0, "through the plugin watcher")
+            self.streams.registered()
+            self.link.up(0.0, "through the plugin watcher")
+            self.watcher.notify()
             return
         log.error(
             "%s: the kubelet's plugin watcher failed to register us: %s; recreating the socket",
-            resource,
-            error,
-            extra={"resource": resource},
+            self.resource,
+            printable(error),
+            extra={"resource": self.resource},
         )
-        link.registered = False
-        failed = True
-        watcher.notify()
+        self.streams.expect_nothing()
+        self.link.registered = False
+        self.failed = True
+        self.watcher.notify()
 
-    handlers = [servicer.handler(), _watcher_registration.handler(resource, on_status)]
-    server: grpc.aio.Server | None = None
-    try:
+    async def _wait_for_loss(self, own_id: FileId) -> str:
+        """Wait until the registration is lost; return why."""
+        grace = self.settings.stream_lost_grace
         while True:
-            failed = False
-            socket_path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                server, own_id = await start_server(socket_path, handlers)
-            except SocketVanishedError:
-                await anyio.sleep(settings.register_backoff_initial)
-                continue
-            log.info(
-                "%s: serving for the plugin watcher on %s",
-                resource,
-                socket_path,
-                extra={"resource": resource},
-            )
-            while not failed and file_id(socket_path) == own_id:
-                await watcher.wait(watcher.generation)
-            link.lost("registration failed" if failed else "our socket was removed")
-            stopping, server = server, None
-            await servicer.stop(stopping, settings.stop_grace)
-    finally:
-        link.down()
-        if server is not None:
-            with anyio.CancelScope(shield=True):
-                await servicer.stop(server, settings.stop_grace)
+            generation = self.watcher.generation
+            if self.failed:
+                return "registration failed"
+            if file_id(self.socket_path) != own_id:
+                return "our socket was removed"
+            timeout = math.inf
+            streams = self.streams
+            if self.link.registered and streams.kubelet is None and streams.lost_since is not None:
+                lost_for = time.monotonic() - streams.lost_since
+                if lost_for >= grace:
+                    return (
+                        f"no ListAndWatch stream from the kubelet for {lost_for:.1f}s "
+                        f"({len(streams)} from other clients)"
+                    )
+                timeout = grace - lost_for
+            with anyio.move_on_after(timeout):
+                await self.watcher.wait(generation)

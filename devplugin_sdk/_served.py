@@ -108,7 +108,9 @@ class ServedPlugin:
         }
         return PluginStatus(
             resource=self.resource,
-            registered=self.link.registered and bool(len(self.streams)),
+            # The kubelet's stream, not any stream: another client's stream beside a lost
+            # registration would hide it (the kubelet never reopens ListAndWatch by itself).
+            registered=self.link.registered and self.streams.kubelet is not None,
             streams=len(self.streams),
             pending_seconds=pending_seconds(self.state, self.streams),
             devices={health: n for health, n in counts.items() if n},
@@ -121,12 +123,13 @@ class ServedPlugin:
 
 
 def pending_seconds(state: DeviceState, streams: Streams) -> float:
-    """How long the newest device list has waited to go out on the slowest open stream.
+    """How long the newest device list has waited to go out on the kubelet's stream.
 
     Measured from when the oldest version that stream has not sent appeared, so a loop that
-    keeps changing still looks stuck; 0 when every open stream is up to date (or none is open).
+    keeps changing still looks stuck; 0 when it is up to date or not open. Other clients'
+    streams do not count: one that never reads must not make a healthy plugin look stuck.
     """
-    oldest_sent = streams.oldest_sent()
-    if oldest_sent is None or oldest_sent >= state.version:
+    sent = streams.kubelet_sent()
+    if sent is None or sent >= state.version:
         return 0.0
-    return state.clock() - state.changed_at(oldest_sent + 1)
+    return state.clock() - state.changed_at(sent + 1)

@@ -2,11 +2,16 @@
 
 A stale socket file (nobody listening) is removed; a socket that a live server answers is never
 stolen. grpcio deletes the socket path when a server stops, even if a newer server bound the same
-path since, so callers stop the old server before starting a new one on the same name.
+path since, so callers stop the old server before starting a new one on the same name. The socket
+is made 0600 before the server accepts anything, whatever the umask. Connections that carry no
+call are closed after ``IDLE_CONNECTION_TIMEOUT`` and at most ``MAX_CONNECTIONS`` are held, so
+half-open clients can neither use up the process's file descriptors (which Register, inotify and
+CDI need too) nor keep a new kubelet connection out for long.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -27,11 +32,32 @@ class SocketVanishedError(OSError):
     """Our socket was deleted as soon as it was bound (the kubelet cleaning its directory)."""
 
 
+#: Seconds a connection may stay open with no call in progress before the server closes it
+#: (gRPC GOAWAY, then close). The kubelet's connection is never idle: it calls
+#: GetDevicePluginOptions as soon as its dial completes and opens ListAndWatch on the same
+#: connection right after, and that stream stays open; a client that comes back after a GOAWAY
+#: simply reconnects. Half-open connections (nothing sent, or a lone HTTP/2 preface) count as
+#: idle too.
+IDLE_CONNECTION_TIMEOUT = 5.0
+
+#: Connections one plugin's server holds at once; past it grpcio closes new ones at once. The
+#: kubelet needs one per registration (protocol reference 2.2), a probe or two more; a flood of
+#: idle connections holds the slots for at most ``IDLE_CONNECTION_TIMEOUT``, well inside the
+#: kubelet's 10 s dial, which keeps retrying.
+MAX_CONNECTIONS = 64
+
+#: The mode of the plugin's socket. The kubelet connects as root, so no one else needs it.
+SOCKET_MODE = 0o600
+
 _SERVER_OPTIONS = [
     # The kubelet accepts at most 4 MiB per message; fail locally rather than break its stream.
     ("grpc.max_send_message_length", constants.MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", constants.MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
+    ("grpc.max_connection_idle_ms", int(IDLE_CONNECTION_TIMEOUT * 1000)),
+    ("grpc.max_allowed_incoming_connections", MAX_CONNECTIONS),
+    # Bounds the connection handshake too (grpcio's default is 120 s).
+    ("grpc.server_handshake_timeout_ms", int(IDLE_CONNECTION_TIMEOUT * 1000)),
 ]
 
 
@@ -90,6 +116,12 @@ async def start_server(
         server.add_insecure_port(f"unix:{path}")
     except RuntimeError as exc:
         raise OSError(errno.EADDRINUSE, f"cannot bind {path}: {exc}") from exc
+    # grpcio binds the path in add_insecure_port with the process's umask (0777 under umask
+    # 000) and serves nothing before start(): tighten the mode in between. Changing the umask
+    # instead would change it for every thread of the process (a CDI directory created at that
+    # moment, say). A socket deleted at once by a starting kubelet is noticed below.
+    with contextlib.suppress(FileNotFoundError):
+        os.chmod(path, SOCKET_MODE)
     # Shielded: a cancellation in the middle would orphan a half-started server, which grpcio
     # then fails to shut down (InvalidStateError); the caller stops what it gets back.
     with anyio.CancelScope(shield=True):

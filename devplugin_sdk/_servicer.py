@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 
 from devplugin_sdk import _convert
 from devplugin_sdk._events import Events
+from devplugin_sdk._logging import printable
 from devplugin_sdk._state import DeviceState, Snapshot
 from devplugin_sdk._streams import Streams
 from devplugin_sdk.api import constants
@@ -176,6 +177,8 @@ class DevicePluginServicer:
         self, request: pb.Empty, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.DevicePluginOptions:
         # Called once, inside the kubelet's Register handler: it must be fast and never fail.
+        # The kubelet then opens ListAndWatch on the same connection: its stream comes next.
+        self.streams.options_requested()
         return self._options
 
     async def list_and_watch(
@@ -296,7 +299,7 @@ class DevicePluginServicer:
             log.warning(
                 "%s: GetPreferredAllocation named unknown devices %s; ignoring them",
                 self.resource,
-                summarize_ids(dropped),
+                printable(summarize_ids(dropped)),
                 extra={"resource": self.resource},
             )
         if size <= 0:
@@ -360,7 +363,9 @@ class DevicePluginServicer:
             return await work
         except Exception as exc:
             code = status_for(exc)
-            message = str(exc) or type(exc).__name__
+            # Errors quote the request (unknown or repeated device IDs): no raw control
+            # characters from a peer reach the log or the kubelet's events.
+            message = printable(str(exc) or type(exc).__name__)
             if code is grpc.StatusCode.INTERNAL:
                 message = f"{self.resource}: {type(exc).__name__}: {message}"
                 log.exception(

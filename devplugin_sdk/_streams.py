@@ -1,13 +1,24 @@
-"""The ListAndWatch streams open on one plugin's server, and which device list each has sent.
+"""The ListAndWatch streams open on one plugin's server, which one is the kubelet's, and what each
+has sent.
 
-The servicer opens and ends streams and records what it sent; the registration strategy asks
-whether the kubelet is connected (and since when it is not); the status asks how far behind the
-slowest stream is. Every open and end wakes ``on_change`` (the process's directory watcher), so a
-registration loop waiting for a stream wakes at once.
+The servicer opens and ends streams and records what it sent; the registration strategy says when
+a registration starts and asks whether the kubelet's stream is open (and since when it is not);
+the status asks how far behind the kubelet's stream is. Other clients (``devplugin probe
+--watch``, a monitoring agent) may hold streams too: they never count as the kubelet. Every open
+and end wakes ``on_change`` (the process's directory watcher), so a registration loop waiting for
+a stream wakes at once.
+
+How the kubelet's stream is recognised: the kubelet calls GetDevicePluginOptions once on the
+connection it dials while it handles our registration, then opens ListAndWatch on that same
+connection (protocol reference 3.1, 5.2). gRPC does not tell us which connection a call came
+on, so the first stream opened after a GetDevicePluginOptions call that follows the start of a
+registration is taken as the kubelet's. A client would have to call GetDevicePluginOptions and
+open ListAndWatch inside the few milliseconds of our own registration to be mistaken for it.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import time
@@ -18,6 +29,12 @@ log = logging.getLogger("devplugin_sdk")
 __all__ = ["Streams"]
 
 
+class _Expect(enum.Enum):
+    NOTHING = "nothing"  # no registration under way
+    DIAL_BACK = "dial back"  # a registration started: the kubelet will ask for the options
+    STREAM = "stream"  # the kubelet asked for the options: its stream comes next
+
+
 class Streams:
     """Bookkeeping of one plugin's ListAndWatch streams (one event loop, no locking).
 
@@ -26,8 +43,10 @@ class Streams:
         on_change: Called after a stream opens or ends.
 
     Attributes:
-        idle_since: Monotonic time since which no stream has been open, or None while one is.
-            The registration loop sets it when it registers and no stream is open yet.
+        kubelet: The ID of the kubelet's open stream, or None.
+        lost_since: Monotonic time since which the kubelet's stream has been missing after a
+            registration (its stream ended, or the registration succeeded without one yet);
+            None while it is open and before the first registration.
     """
 
     def __init__(self, resource: str, on_change: Callable[[], None]) -> None:
@@ -35,27 +54,59 @@ class Streams:
         self._on_change = on_change
         self._ids = itertools.count(1)
         self._sent: dict[int, int] = {}  # stream ID -> version sent on it (-1: none yet)
-        self.idle_since: float | None = None
+        self._expect = _Expect.NOTHING
+        self.kubelet: int | None = None
+        self.lost_since: float | None = None
 
     def __len__(self) -> int:
         return len(self._sent)
+
+    # ------------------------------------------------------------------ registration
+
+    def expect_kubelet(self) -> None:
+        """A registration starts: the next dial-back and stream are the kubelet's."""
+        self._expect = _Expect.DIAL_BACK
+
+    def expect_nothing(self) -> None:
+        """The registration failed or serving stopped: no stream of the kubelet is coming."""
+        self._expect = _Expect.NOTHING
+
+    def options_requested(self) -> None:
+        """GetDevicePluginOptions was called (inside a registration, by the kubelet)."""
+        if self._expect is _Expect.DIAL_BACK:
+            self._expect = _Expect.STREAM
+
+    def registered(self) -> None:
+        """The registration succeeded: from now on a missing kubelet stream is a loss."""
+        if self.kubelet is None:
+            self.lost_since = time.monotonic()
+
+    # ------------------------------------------------------------------ streams
 
     def opened(self) -> int:
         """Record a new stream; return its ID."""
         stream_id = next(self._ids)
         self._sent[stream_id] = -1
-        self.idle_since = None
-        self._log("opened")
+        who = "a client's"
+        if self._expect is _Expect.STREAM:
+            self._expect = _Expect.NOTHING
+            self.kubelet = stream_id
+            self.lost_since = None
+            who = "the kubelet's"
+        self._log(f"{who} ListAndWatch stream opened")
         self._on_change()
         return stream_id
 
     def ended(self, stream_id: int) -> None:
-        """Record the end of a stream (cancelled by the kubelet, or ended by us)."""
+        """Record the end of a stream (cancelled by its client, or ended by us)."""
         if self._sent.pop(stream_id, None) is None:
             return
-        if not self._sent:
-            self.idle_since = time.monotonic()
-        self._log("ended")
+        who = "a client's"
+        if stream_id == self.kubelet:
+            self.kubelet = None
+            self.lost_since = time.monotonic()
+            who = "the kubelet's"
+        self._log(f"{who} ListAndWatch stream ended")
         self._on_change()
 
     def sent(self, stream_id: int, version: int) -> None:
@@ -63,13 +114,13 @@ class Streams:
         if stream_id in self._sent:
             self._sent[stream_id] = version
 
-    def oldest_sent(self) -> int | None:
-        """The oldest version any open stream has sent (-1: one has sent nothing); None if none."""
-        return min(self._sent.values(), default=None)
+    def kubelet_sent(self) -> int | None:
+        """The version the kubelet's stream has sent (-1: nothing yet); None if it is not open."""
+        return None if self.kubelet is None else self._sent[self.kubelet]
 
     def _log(self, what: str) -> None:
         log.info(
-            "%s: ListAndWatch stream %s (%d open)",
+            "%s: %s (%d open)",
             self._resource,
             what,
             len(self._sent),

@@ -23,8 +23,16 @@ from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2_grpc 
 __all__ = ["PluginInfo", "get_info", "handler", "notify_status"]
 
 
-def handler(resource_name: str, on_status: Callable[[bool, str], None]) -> grpc.GenericRpcHandler:
-    """The ``pluginregistration.Registration`` handler for one device plugin."""
+def handler(
+    resource_name: str,
+    on_status: Callable[[bool, str], None],
+    on_info: Callable[[], None] | None = None,
+) -> grpc.GenericRpcHandler:
+    """The ``pluginregistration.Registration`` handler for one device plugin.
+
+    ``on_info`` is called on each GetInfo (the kubelet starting a registration); ``on_status``
+    with what NotifyRegistrationStatus reports.
+    """
     info = preg.PluginInfo(
         type=constants.PLUGIN_TYPE_DEVICE_PLUGIN,
         name=resource_name,
@@ -36,6 +44,8 @@ def handler(resource_name: str, on_status: Callable[[bool, str], None]) -> grpc.
     async def get_info(
         request: preg.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> preg.PluginInfo:
+        if on_info is not None:
+            on_info()
         return info
 
     async def notify(

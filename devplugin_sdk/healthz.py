@@ -3,19 +3,27 @@
 The runner serves them when asked (``serve(..., http=Http(port=9450))``, ``devplugin run
 --metrics-port``), reading the status of the plugins it runs. The server is a few lines of
 HTTP/1.1 on anyio TCP streams (GET/HEAD, one request per connection, ``Connection: close``):
-enough for the kubelet's probes and Prometheus, no framework.
+enough for the kubelet's probes and Prometheus, no framework. Nothing a client does stops it:
+``accept()`` errors (out of file descriptors, aborted connections) are logged, rate-limited, and
+retried; connections are capped (a new one replaces the oldest) and each gets a few seconds to
+send its request and to take the answer.
 """
 
 from __future__ import annotations
 
+import errno
+import itertools
 import json
 import logging
+import math
+import resource
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 import anyio
-from anyio.abc import SocketAttribute, SocketStream, TaskStatus
+from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from devplugin_sdk.observe import PluginStatus
@@ -25,14 +33,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("devplugin_sdk.healthz")
 
-__all__ = ["DEFAULT_STUCK_AFTER", "problems", "serve_http"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_STUCK_AFTER", "problems", "serve_http"]
 
 #: Seconds a newest device list may stay unsent on an open ListAndWatch stream before /healthz
 #: calls the loop stuck.
 DEFAULT_STUCK_AFTER = 30.0
 
+#: Connections served at once. At the cap a new connection closes the oldest one, so idle
+#: connections can neither exhaust file descriptors nor lock the kubelet's probes out.
+DEFAULT_MAX_CONNECTIONS = 64
+
 _MAX_HEAD = 8192  # bytes of request line + headers; probes and scrapers send a few hundred
-_READ_TIMEOUT = 5.0  # seconds a client gets to send its request; the kubelet's probe default is 1 s
+_HEAD_TIMEOUT = 5.0  # seconds a client gets to send its request; the kubelet's probe default is 1 s
+_SEND_TIMEOUT = 5.0  # seconds a client gets to take the answer
+_ACCEPT_RETRY_MIN = 0.05  # seconds before accepting again after running out of descriptors
+_ACCEPT_RETRY_MAX = 0.5
+_LOG_EVERY = 10.0  # seconds between two log lines about the same trouble
+
+# accept() failed for one connection only (it went away before we took it): accept again at once.
+_CONNECTION_ERRORS = frozenset({errno.ECONNABORTED, errno.ECONNRESET, errno.EPROTO, errno.EPERM})
+# Out of file descriptors or memory: closing our oldest connection frees one; then wait a little.
+_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -52,9 +73,11 @@ def problems(
     """Why the served plugins are not live, one line per failing resource (empty: live).
 
     A plugin fails when it is not registered with the kubelet (including while it waits for an
-    absent kubelet) or when its newest device list has waited more than ``stuck_after`` seconds
-    to go out on an open ListAndWatch stream. Unhealthy devices never fail it: restarting the
-    plugin cannot repair hardware, and the kubelet already stops allocating them.
+    absent kubelet, and while the kubelet's own ListAndWatch stream is not open, whatever other
+    clients' streams are) or when its newest device list has waited more than ``stuck_after``
+    seconds to go out on the kubelet's stream. Other clients' streams never fail it: one that
+    does not read is its own problem, not the plugin's. Unhealthy devices never fail it either:
+    restarting the plugin cannot repair hardware, and the kubelet already stops allocating them.
 
     Args:
         statuses: Every served plugin's status.
@@ -71,13 +94,13 @@ def problems(
             why = (
                 "no ListAndWatch stream open"
                 if status.streams == 0
-                else f"{status.streams} ListAndWatch streams open"
+                else f"no ListAndWatch stream from the kubelet; {status.streams} from other clients"
             )
             found.append(f"{status.resource}: not registered with the kubelet ({why})")
         elif status.pending_seconds > stuck_after:
             found.append(
                 f"{status.resource}: ListAndWatch loop stuck: the newest device list has waited "
-                f"{status.pending_seconds:.1f}s to be sent (limit {stuck_after:g}s)"
+                f"{status.pending_seconds:.1f}s to be sent to the kubelet (limit {stuck_after:g}s)"
             )
     return found
 
@@ -170,6 +193,7 @@ async def serve_http(
     statuses: StatusSource,
     stuck_after: float = DEFAULT_STUCK_AFTER,
     registry: CollectorRegistry | None = None,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``/healthz``, ``/metrics`` and ``/status`` over HTTP until cancelled.
@@ -180,6 +204,12 @@ async def serve_http(
     - ``/metrics``: the Prometheus text format of ``registry`` (404 without the metrics extra).
     - ``/status``: JSON ``{"live", "problems", "plugins": [PluginStatus...]}``, always 200.
 
+    At most ``max_connections`` connections (and never more than a quarter of the process's
+    file-descriptor limit) are served at once: at the cap, a new connection closes the oldest.
+    A client gets 5 s to send its request and 5 s to take the answer. An error accepting a
+    connection (out of file descriptors, say) is logged at most every 10 s and accepting goes
+    on; it never stops the server or the plugins beside it.
+
     The runner starts it (``runner.Http``); start it yourself with ``await
     task_group.start(partial(serve_http, host, port, statuses=...))`` to get the bound port.
 
@@ -189,39 +219,134 @@ async def serve_http(
         statuses: Where the plugin statuses come from (``runner.Running.statuses``).
         stuck_after: Seconds after which a pending device list fails ``/healthz``.
         registry: The prometheus_client registry for ``/metrics`` (its default when None).
+        max_connections: Connections served at once.
         task_status: Reports the bound port to ``TaskGroup.start``.
 
     Raises:
         OSError: the address cannot be bound.
-        ValueError: ``stuck_after`` is not positive.
+        ValueError: ``stuck_after`` or ``max_connections`` is not positive.
     """
     if stuck_after <= 0:
         raise ValueError(f"stuck_after must be > 0, got {stuck_after}")
-    endpoints = _Endpoints(stuck_after, registry, statuses)
+    if max_connections < 1:
+        raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+    server = _Server(_Endpoints(stuck_after, registry, statuses), _cap(max_connections))
     listener = await anyio.create_tcp_listener(local_host=host or None, local_port=port)
     async with listener:
         bound: int = listener.extra(SocketAttribute.local_port)
         log.info("serving /healthz, /metrics and /status on port %d", bound)
         task_status.started(bound)
-        await listener.serve(lambda stream: _handle(stream, endpoints))
+        async with anyio.create_task_group() as tg:
+            # One accept loop per address family (every address: IPv4 and IPv6).
+            for one in listener.listeners:
+                assert isinstance(one, SocketListener)  # what create_tcp_listener makes
+                tg.start_soon(server.accept_loop, one, tg)
+
+
+class _Trouble:
+    """One kind of recurring trouble, logged at most every ``_LOG_EVERY`` seconds.
+
+    Args:
+        message: The log message, with ``{}`` where the detail of each occurrence goes.
+    """
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        self.last_logged = -math.inf
+        self.unlogged = 0
+
+    def happened(self, detail: str) -> None:
+        now = time.monotonic()
+        if now - self.last_logged < _LOG_EVERY:
+            self.unlogged += 1
+            return
+        more = f" ({self.unlogged} more since the last report)" if self.unlogged else ""
+        log.warning("HTTP endpoints: %s%s", self.message.format(detail), more)
+        self.last_logged = now
+        self.unlogged = 0
+
+
+def _cap(max_connections: int) -> int:
+    """``max_connections``, but never more than a quarter of the process's file descriptors:
+    the plugins' sockets, Register calls, inotify and CDI need the rest."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    return max(1, min(max_connections, soft // 4))
+
+
+class _Server:
+    """Accepts connections and serves each in its own task, at most ``limit`` at once."""
+
+    def __init__(self, endpoints: _Endpoints, limit: int) -> None:
+        self.endpoints = endpoints
+        self.limit = limit
+        self._ids = itertools.count()
+        self._open: dict[int, anyio.CancelScope] = {}  # oldest first
+        self._accept_failed = _Trouble("accepting a connection failed ({}); accepting again")
+        self._crowded = _Trouble(f"{limit} connections open, the limit: {{}} closed the oldest")
+
+    async def accept_loop(self, listener: SocketListener, tg: TaskGroup) -> None:
+        delay = _ACCEPT_RETRY_MIN
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                self._accept_failed.happened(str(exc))
+                if exc.errno in _CONNECTION_ERRORS:
+                    continue
+                if exc.errno in _RESOURCE_ERRORS and self._close_oldest():
+                    # One of ours is closing: its descriptor is free in a moment.
+                    await anyio.sleep(_ACCEPT_RETRY_MIN / 5)
+                    continue
+                # Descriptors held elsewhere (gRPC clients, backends): wait for them, longer
+                # each time, but never stop accepting.
+                await anyio.sleep(delay)
+                delay = min(delay * 2, _ACCEPT_RETRY_MAX)
+                continue
+            delay = _ACCEPT_RETRY_MIN
+            while len(self._open) >= self.limit:
+                self._crowded.happened("a new one")
+                self._close_oldest()
+            scope = anyio.CancelScope()
+            key = next(self._ids)
+            self._open[key] = scope
+            tg.start_soon(self._serve, stream, key, scope)
+
+    def _close_oldest(self) -> bool:
+        """Close the connection open the longest; False when none is open."""
+        if not self._open:
+            return False
+        key = next(iter(self._open))
+        self._open.pop(key).cancel()
+        return True
+
+    async def _serve(self, stream: SocketStream, key: int, scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
+                await _handle(stream, self.endpoints)
+        finally:
+            self._open.pop(key, None)
 
 
 async def _handle(stream: SocketStream, endpoints: _Endpoints) -> None:
-    # Runs in the listener's task group: an exception escaping here would stop the server and
+    # Runs in the server's task group: an exception escaping here would stop the server and
     # the plugins beside it, so everything is caught.
     try:
         async with stream:
             try:
-                with anyio.fail_after(_READ_TIMEOUT):
+                with anyio.fail_after(_HEAD_TIMEOUT):
                     head = await BufferedByteReceiveStream(stream).receive_until(
                         b"\r\n\r\n", _MAX_HEAD
                     )
             except anyio.DelimiterNotFound:
-                await stream.send(_response(400, "request head too large\n"))
+                with anyio.move_on_after(_SEND_TIMEOUT):
+                    await stream.send(_response(400, "request head too large\n"))
                 return
             except (TimeoutError, anyio.IncompleteRead, anyio.EndOfStream):
                 return
-            await stream.send(endpoints.respond(head))
+            with anyio.move_on_after(_SEND_TIMEOUT):
+                await stream.send(endpoints.respond(head))
     except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         pass  # the client went away
     except Exception:

@@ -123,17 +123,17 @@ class _StatusCollector:
     def _families(self, statuses: Sequence[PluginStatus]) -> list[Any]:
         registered = self._family(
             "devplugin_registered",
-            "1 while the plugin is registered with the kubelet with a ListAndWatch stream open.",
+            "1 while the plugin is registered with the kubelet's ListAndWatch stream open.",
             labels=["resource"],
         )
         streams = self._family(
             "devplugin_list_and_watch_streams",
-            "Open ListAndWatch streams (1 when all is well).",
+            "Open ListAndWatch streams, the kubelet's and other clients' (1 when all is well).",
             labels=["resource"],
         )
         pending = self._family(
             "devplugin_list_pending_seconds",
-            "How long the newest device list has waited to be sent on an open stream.",
+            "How long the newest device list has waited to be sent on the kubelet's stream.",
             labels=["resource"],
         )
         for status in statuses:

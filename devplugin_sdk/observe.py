@@ -52,10 +52,13 @@ class PluginStatus:
 
     Attributes:
         resource: The resource name.
-        registered: Registered with the kubelet, with a ListAndWatch stream open.
-        streams: Open ListAndWatch streams.
-        pending_seconds: How long the newest device list has waited to be sent on an open
-            stream (0 when every stream is up to date). A large value means a stuck loop.
+        registered: Registered with the kubelet, with the kubelet's own ListAndWatch stream
+            open (the one it opened in answer to the registration; other clients' streams,
+            such as ``devplugin probe --watch``, do not count).
+        streams: Open ListAndWatch streams, the kubelet's and other clients'.
+        pending_seconds: How long the newest device list has waited to be sent on the
+            kubelet's stream (0 when it is up to date or not open). A large value means a
+            stuck loop.
         devices: Devices by health ("Healthy"/"Unhealthy") as the plugin sees them.
     """
 

@@ -53,12 +53,16 @@ class Http:
         registry: The prometheus_client ``CollectorRegistry`` behind ``/metrics`` (the
             library's default registry when None). Without an ``observer``, the runner
             registers a ``metrics.PrometheusObserver`` on it.
+        max_connections: HTTP connections served at once; at the cap a new connection closes
+            the oldest one, so idle clients can neither use up the process's file descriptors
+            nor lock the kubelet's probes out.
     """
 
     port: int
     host: str | None = None
     stuck_after: float = healthz.DEFAULT_STUCK_AFTER
     registry: Any = None
+    max_connections: int = healthz.DEFAULT_MAX_CONNECTIONS
 
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not isinstance(self.port, int):
@@ -67,6 +71,12 @@ class Http:
             raise ValueError(f"Http.port must be a TCP port (0-65535), got {self.port}")
         if self.stuck_after <= 0:
             raise ValueError(f"Http.stuck_after must be > 0, got {self.stuck_after}")
+        if isinstance(self.max_connections, bool) or not isinstance(self.max_connections, int):
+            raise TypeError(
+                f"Http.max_connections must be an int, got {type(self.max_connections).__name__}"
+            )
+        if self.max_connections < 1:
+            raise ValueError(f"Http.max_connections must be >= 1, got {self.max_connections}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +179,7 @@ async def serve(
                         statuses=running.statuses,
                         stuck_after=http.stuck_after,
                         registry=http.registry,
+                        max_connections=http.max_connections,
                     )
                 )
             events.serving(running.statuses)

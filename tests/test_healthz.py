@@ -54,6 +54,7 @@ async def http_server(
     statuses: healthz.StatusSource,
     registry: CollectorRegistry | None = None,
     stuck_after: float = healthz.DEFAULT_STUCK_AFTER,
+    max_connections: int = healthz.DEFAULT_MAX_CONNECTIONS,
 ) -> AsyncIterator[int]:
     async with anyio.create_task_group() as tg:
         port = await tg.start(
@@ -64,6 +65,7 @@ async def http_server(
                 statuses=statuses,
                 registry=registry,
                 stuck_after=stuck_after,
+                max_connections=max_connections,
             )
         )
         yield port
@@ -197,7 +199,10 @@ async def test_healthz_fails_when_a_device_list_is_stuck_unsent() -> None:
         ({"pending_seconds": 29.9}, []),
         ({"pending_seconds": 30.1}, ["stuck"]),
         ({"registered": False, "streams": 0}, ["not registered", "no ListAndWatch stream"]),
-        ({"registered": False, "streams": 2}, ["not registered", "2 ListAndWatch streams"]),
+        (
+            {"registered": False, "streams": 2},
+            ["not registered", "no ListAndWatch stream from the kubelet; 2 from other"],
+        ),
     ],
 )
 def test_problems_name_only_registration_and_stuck_lists(
@@ -287,3 +292,34 @@ async def test_a_taken_port_fails_at_start() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(OSError, match="in use"):
             await healthz.serve_http("127.0.0.1", port, statuses=list)
+
+
+async def test_idle_connections_past_the_cap_close_the_oldest_and_probes_still_get_answers() -> (
+    None
+):
+    async with http_server(statuses=statuses_of(status()), max_connections=4) as port:
+        idle = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(10)]
+        try:
+            reply = await request(port, "/healthz")
+            # The six oldest were closed by the server to make room (EOF, nothing sent).
+            with anyio.fail_after(5):
+                for stream in idle[:6]:
+                    with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                        await stream.receive()
+            # The newest ones are still being served: a request on one gets its answer.
+            await idle[-1].send(b"GET /healthz HTTP/1.1\r\n\r\n")
+            with anyio.fail_after(5):
+                late = await idle[-1].receive()
+        finally:
+            for stream in idle:
+                await stream.aclose()
+    assert (reply.status, reply.body) == (200, "ok\n")
+    assert late.startswith(b"HTTP/1.1 200 ")
+
+
+@pytest.mark.parametrize("value", [0, -1])
+async def test_max_connections_must_be_positive(value: int) -> None:
+    with pytest.raises(ValueError, match="max_connections"):
+        await healthz.serve_http("127.0.0.1", 0, statuses=list, max_connections=value)
+    with pytest.raises(ValueError, match="max_connections"):
+        Http(port=0, max_connections=value)

@@ -78,9 +78,10 @@ async def test_status_reports_registration_and_device_counts(kubelet: FakeKubele
         )
 
 
-def test_pending_time_keeps_growing_while_a_stream_lags_behind_changes() -> None:
-    """A stream that never sends looks stuck even if the devices keep changing: the pending time
-    counts from the oldest version it has not sent, not from the newest change."""
+def test_pending_time_keeps_growing_while_the_kubelets_stream_lags_behind_changes() -> None:
+    """The kubelet's stream that never sends looks stuck even if the devices keep changing: the
+    pending time counts from the oldest version it has not sent, not from the newest change.
+    Another client's stream, however far behind, never counts."""
     from devplugin_sdk._served import pending_seconds
     from devplugin_sdk._state import DeviceState
     from devplugin_sdk._streams import Streams
@@ -89,16 +90,20 @@ def test_pending_time_keeps_growing_while_a_stream_lags_behind_changes() -> None
     state = DeviceState(RESOURCE, clock=lambda: now[0])
     streams = Streams(RESOURCE, on_change=lambda: None)
     state.set_devices(widgets(2))  # version 1, at 100
-    fast, slow = streams.opened(), streams.opened()
-    streams.sent(fast, state.version)
+    other = streams.opened()  # a client's stream (devplugin probe --watch), never reads
+    streams.expect_kubelet()  # a registration starts
+    streams.options_requested()  # the kubelet dials back
+    kubelet = streams.opened()
+    assert streams.kubelet == kubelet
     now[0] = 110.0
-    assert pending_seconds(state, streams) == 10.0  # slow has sent nothing since 100
+    assert pending_seconds(state, streams) == 10.0  # the kubelet's has sent nothing since 100
     state.set_devices(widgets(3))  # version 2, at 110
-    streams.sent(fast, state.version)
     now[0] = 130.0
     assert pending_seconds(state, streams) == 30.0  # still counted from 100, not from 110
-    streams.sent(slow, state.version)
+    streams.sent(kubelet, state.version)
+    assert pending_seconds(state, streams) == 0.0  # the other stream sent nothing: no matter
+    streams.ended(kubelet)
     assert pending_seconds(state, streams) == 0.0
-    streams.ended(fast)
-    streams.ended(slow)
-    assert pending_seconds(state, streams) == 0.0
+    assert streams.kubelet is None
+    assert streams.lost_since is not None
+    streams.ended(other)

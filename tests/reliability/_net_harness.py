@@ -1,0 +1,181 @@
+"""A plugin process for the network-fault tests, and the outside views a node offers of it.
+
+``plugin_process`` runs ``_net_plugin_main.py`` as a real process (SIGTERM, a bounded wait and a
+kill in a ``finally`` when the test ends); ``http_get`` is one request as the kubelet's httpGet
+probe makes it (a short timeout, a fresh connection); ``fd_count`` and ``FdPeak`` read
+``/proc``, as an operator would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+PLUGIN_MAIN = Path(__file__).with_name("_net_plugin_main.py")
+RESOURCE = "reliability.example.com/dev"
+SOCKET = "reliability.example.com_dev.sock"
+
+
+class PluginProcess:
+    """A running ``_net_plugin_main.py``, its output collected line by line."""
+
+    def __init__(self, process: anyio.abc.Process) -> None:
+        self.process = process
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self.http_port = 0
+        self._changed = anyio.Event()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def collect(self, stream: anyio.abc.ByteReceiveStream, lines: list[str]) -> None:
+        pending = b""
+        async for chunk in stream:
+            pending += chunk
+            *complete, pending = pending.split(b"\n")
+            lines.extend(line.decode(errors="replace") for line in complete)
+            self._wake()
+        if pending:
+            lines.append(pending.decode(errors="replace"))
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_for_line(self, lines: list[str], text: str, timeout: float = 10.0) -> str:
+        """Wait for a line of ``lines`` (``self.stdout`` or ``self.stderr``) containing ``text``."""
+        with anyio.fail_after(timeout):
+            while True:
+                for line in lines:
+                    if text in line:
+                        return line
+                if self.process.returncode is not None:
+                    raise AssertionError(f"the plugin exited; stderr:\n{self.error_output}")
+                await self._changed.wait()
+
+    @property
+    def error_output(self) -> str:
+        return "\n".join(self.stderr)
+
+    def signal(self, signum: signal.Signals) -> None:
+        self.process.send_signal(signum)
+
+    def fds(self) -> int:
+        """Open file descriptors of the plugin process."""
+        return fd_count(self.pid)
+
+    def umask(self) -> str:
+        """The process's umask as ``/proc`` shows it (``0022``)."""
+        with open(f"/proc/{self.pid}/status") as status:
+            return next(line.split()[1] for line in status if line.startswith("Umask:"))
+
+    def rss_mib(self) -> float:
+        with open(f"/proc/{self.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    async def status(self) -> dict[str, Any]:
+        """The plugin's ``/status`` document."""
+        reply = await http_get(self.http_port, "/status", timeout=5.0)
+        assert reply is not None
+        assert reply[0] == 200, reply
+        document: dict[str, Any] = json.loads(reply[1])
+        return document
+
+    async def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then wait (bounded) for the exit status."""
+        if self.process.returncode is None:
+            self.signal(signal.SIGTERM)
+        with anyio.fail_after(timeout):
+            return await self.process.wait()
+
+
+@asynccontextmanager
+async def plugin_process(*args: str) -> AsyncIterator[PluginProcess]:
+    """Start ``_net_plugin_main.py`` with ``args``; yield it once its HTTP port is known.
+
+    On exit a process still running gets SIGTERM and a bounded wait, then SIGKILL.
+    """
+    process = await anyio.open_process(
+        [sys.executable, str(PLUGIN_MAIN), *args], stdin=subprocess.DEVNULL
+    )
+    plugin = PluginProcess(process)
+    assert process.stdout is not None
+    assert process.stderr is not None
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(plugin.collect, process.stdout, plugin.stdout)
+            tg.start_soon(plugin.collect, process.stderr, plugin.stderr)
+            try:
+                line = await plugin.wait_for_line(plugin.stdout, "http-port ", timeout=15.0)
+                plugin.http_port = int(line.split()[1])
+                yield plugin
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if process.returncode is None:
+                        process.send_signal(signal.SIGTERM)
+                        with anyio.move_on_after(10):
+                            await process.wait()
+                    if process.returncode is None:
+                        process.kill()
+                    await process.wait()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await process.aclose()
+
+
+async def http_get(port: int, path: str, timeout: float = 1.0) -> tuple[int, str] | None:
+    """GET ``path`` on a fresh connection as the kubelet's httpGet probe does; None when no
+    answer came within ``timeout`` seconds (the probe then counts a failure)."""
+    with anyio.move_on_after(timeout):
+        try:
+            async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                await stream.send(f"GET {path} HTTP/1.1\r\nHost: probe\r\n\r\n".encode())
+                data = b""
+                try:
+                    while True:
+                        data += await stream.receive()
+                except anyio.EndOfStream:
+                    pass
+        except OSError:
+            return None
+        head, _, body = data.partition(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 "):
+            return None
+        return int(head.split()[1]), body.decode()
+    return None
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+class FdPeak:
+    """Samples a process's open file descriptors in the background; keeps the highest count."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = 0
+
+    async def run(self, interval: float = 0.02) -> None:
+        while True:
+            try:
+                self.peak = max(self.peak, fd_count(self.pid))
+            except OSError:
+                return  # the process is gone
+            await anyio.sleep(interval)  # a sampling period, not a wait for an event
