@@ -66,6 +66,16 @@ class PluginProcess:
                     raise AssertionError(f"the plugin exited; stderr:\n{self.error_output}")
                 await self._changed.wait()
 
+    async def wait_for_lines(
+        self, lines: list[str], text: str, count: int, timeout: float = 10.0
+    ) -> None:
+        """Wait until ``count`` lines of ``lines`` contain ``text``."""
+        with anyio.fail_after(timeout):
+            while sum(text in line for line in lines) < count:
+                if self.process.returncode is not None:
+                    raise AssertionError(f"the plugin exited; stderr:\n{self.error_output}")
+                await self._changed.wait()
+
     @property
     def error_output(self) -> str:
         return "\n".join(self.stderr)

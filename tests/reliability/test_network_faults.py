@@ -156,7 +156,9 @@ async def test_a_lost_kubelet_stream_is_replaced_while_devplugin_probe_watch_is_
             stderr=subprocess.DEVNULL,
         )
         try:
-            await plugin.wait_for_line(plugin.stderr, "a client's ListAndWatch stream opened")
+            # The probe opens a stream for its report, ends it, then opens the one it watches:
+            # the second is the extra client that stays.
+            await plugin.wait_for_lines(plugin.stderr, "a client's ListAndWatch stream opened", 2)
             assert (await plugin.status())["plugins"][0]["streams"] == 2
             assert (await http_get(plugin.http_port, "/healthz")) == (200, "ok\n")
 
