@@ -288,11 +288,9 @@ class _Pattern:
         return self.prefix if relative == "." else posixpath.join(self.prefix, relative)
 
     @property
-    def shown(self) -> str:
-        """The configured path, and where it is read when that differs."""
-        if self.read_as == self.configured:
-            return self.configured
-        return f"{self.configured} (read as {self.read_as})"
+    def where(self) -> str:
+        """`` (read as <path>)`` when it is read elsewhere than configured, else nothing."""
+        return "" if self.read_as == self.configured else f" (read as {self.read_as})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,10 +461,10 @@ class GenericPlugin(DevicePlugin):
             for kind, specs in (("paths", group.paths), ("shared", group.shared))
             for k, spec in enumerate(specs)
         }
-        # Path devices are named relative to the common directory of every pattern's fixed part.
-        self._id_base = (
-            posixpath.commonpath([_anchor(p) for p in self.patterns]) if self.patterns else "/dev"
-        )
+        # In-step devices are named after their lead path, relative to the common directory of
+        # the lead patterns' fixed parts.
+        leads = [g.paths[g.lead].path for g in self.groups if g.paths and g.group_by is None]
+        self._id_base = posixpath.commonpath([_anchor(p) for p in leads]) if leads else "/dev"
         longest = max(group.count for group in self.groups)
         # Room for the "::N" suffix of the last share.
         self._max_id = MAX_ID_LENGTH - (len(f"::{longest - 1}") if longest > 1 else 0)
@@ -667,7 +665,7 @@ class GenericPlugin(DevicePlugin):
                 if function is None:
                     self._warn_once(
                         f"nopci:{read}",
-                        "%s: %s belongs to no PCI device in %s; left out",
+                        "%s belongs to no PCI device in %s; left out",
                         read,
                         self.sysfs_root,
                     )
@@ -725,7 +723,7 @@ class GenericPlugin(DevicePlugin):
             if not hits:
                 self._warn_once(
                     f"{g}.usb.{j}",
-                    "%s: no USB device %s is plugged in (read %s); no device from it until one is",
+                    "no USB device %s is plugged in (read %s); no device from it until one is",
                     spec,
                     self.sysfs_root / "bus" / "usb" / "devices",
                 )
@@ -837,7 +835,10 @@ class GenericPlugin(DevicePlugin):
 
     def _warn_empty(self, key: str, pattern: _Pattern) -> None:
         self._warn_once(
-            key, "%s matches nothing; no device from it until a match appears", pattern.shown
+            key,
+            "%s matches nothing%s; no device from it until a match appears",
+            pattern.configured,
+            pattern.where,
         )
 
     def _warn_once(self, key: str, message: str, *args: object) -> None:
@@ -904,15 +905,19 @@ class GenericPlugin(DevicePlugin):
 
     def _reconcile(self, snapshot: _Snapshot) -> list[HealthEvent | RescanEvent]:
         """Health of every listed device, plus a rescan if the devices are not those listed."""
-        events: list[HealthEvent | RescanEvent] = [
+        events: list[HealthEvent | RescanEvent] = []
+        if snapshot.signature != self._listed_signature:
+            # First: the SDK rediscovers before it takes the next event, so a device whose
+            # paths changed (a USB device plugged back) is listed with them before it is
+            # stated Healthy.
+            new = [unit.id for unit in snapshot.view.units if unit.id not in self._listed]
+            what = f"new devices {host.first_of(new, 5)}" if new else "devices changed"
+            events.append(RescanEvent(f"{self.resource_name}: {what}"))
+        events += [
             HealthEvent(device_id, state, reason)
             for device_id, (state, reason) in snapshot.health.items()
             if device_id in self._listed
         ]
-        if snapshot.signature != self._listed_signature:
-            new = [unit.id for unit in snapshot.view.units if unit.id not in self._listed]
-            what = f"new devices {host.first_of(new, 5)}" if new else "devices changed"
-            events.append(RescanEvent(f"{self.resource_name}: {what}"))
         return events
 
 
@@ -1146,15 +1151,23 @@ def _state(unit: _Unit) -> tuple[Health, str, frozenset[str]]:
 
 def _pushed(unit: _Unit, changed: str) -> tuple[Health, str]:
     """A device's health after ``changed`` (one of its paths) came or went."""
-    missing = [m.read for m in unit.members if not m.optional and not m.usable()]
+    missing: list[str] = []
+    what = f"{changed} is back"
+    for member in unit.members:
+        if member.usable():
+            continue
+        if member.read == changed:
+            what = f"{changed} disappeared" + (" (optional)" if member.optional else "")
+        if not member.optional:
+            missing.append(member.read)
     if changed in missing:
-        return Health.UNHEALTHY, f"{changed} disappeared"
+        return Health.UNHEALTHY, what
     problems = list(unit.problems)
     if missing:
         problems.append(f"{host.first_of(missing)} {_is_are(missing)} missing")
     if not problems:
-        return Health.HEALTHY, f"{changed} is back"
-    return Health.UNHEALTHY, f"{changed} is back; {'; '.join(problems)}"
+        return Health.HEALTHY, what
+    return Health.UNHEALTHY, f"{what}; {'; '.join(problems)}"
 
 
 def _device(unit: _Unit, health: Health, absent: frozenset[str]) -> Device:
