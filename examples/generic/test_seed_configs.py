@@ -197,9 +197,11 @@ async def test_devplugin_conformance_passes_on_the_example_config(
 
 def test_the_seed_configs_are_what_the_readme_shows() -> None:
     readme = (HERE / "README.md").read_text(encoding="utf-8")
-    for name in ("solarflare.yaml", "amd-gpu.yaml"):
-        assert f"`{name}`" in readme
-        shown = _yaml_block_after(readme, f"`{name}`")
+    for heading, name in [
+        ("## Solarflare / Onload: ", "solarflare.yaml"),
+        ("## AMD GPUs: ", "amd-gpu.yaml"),
+    ]:
+        shown = _yaml_block_after(readme, f"{heading}`{name}`")
         assert yaml.safe_load(shown) == load_yaml(HERE / name), name
 
 
