@@ -2,10 +2,10 @@
 device behind a /dev node.
 
 Blocking reads of /dev and sysfs, with every root a parameter so that tests point them at a fake
-tree; call them from ``anyio.to_thread.run_sync``. Layouts from the kernel's
-``Documentation/ABI/stable/sysfs-bus-usb``, ``sysfs-devices``, ``sysfs-dev``,
-``Documentation/ABI/testing/sysfs-bus-pci`` and ``drivers/base/core.c`` (``device_add``: the
-``/sys/dev/{char,block}/MAJOR:MINOR`` links and ``DEVNAME`` in ``uevent``).
+tree; call them from ``anyio.to_thread.run_sync``. Layouts from the kernel's sysfs ABI
+(``Documentation/ABI``: ``sysfs-bus-usb``, ``sysfs-dev``, ``sysfs-bus-pci``) and
+``drivers/base/core.c`` (``device_add``: the ``/sys/dev/{char,block}/MAJOR:MINOR`` links and
+``DEVNAME`` in ``uevent``).
 """
 
 from __future__ import annotations

@@ -785,6 +785,7 @@ class GenericPlugin(DevicePlugin):
         container = spec.mount_path or configured
         if container.endswith("/"):
             container += posixpath.basename(configured)
+        # The runtime opens host_path on the host: the host's path, not where we read it.
         return _Member(
             read=read,
             host=read if self.root is not None else configured,
