@@ -400,13 +400,13 @@ class GenericPlugin(DevicePlugin):
         ValueError: on a bad resource name, no paths and no groups (or both), a bad pattern,
             ``share`` < 1, or ``health_interval`` <= 0.
 
-    Device IDs: a path device is named after its (lead) path relative to the patterns' common
-    directory, ``/`` replaced by ``_`` (``/dev/ttyUSB0`` -> ``ttyUSB0``; ``/dev/serial/by-id/x``
-    with a second pattern in ``/dev`` -> ``serial_by-id_x``); a ``pciDevice`` group's device is
-    named after its PCI address (``0000:03:00.0``), a USB device after its port (``1-1.4``). An
-    ID that would be longer than 63 characters, hold characters other than ``[A-Za-z0-9._:-]``,
-    or repeat another device's ID is shortened and suffixed with a hash. IDs are kept for the
-    plugin's lifetime.
+    Device IDs: a path device is named after its (lead) path relative to the lead patterns'
+    common directory, ``/`` replaced by ``_`` (``/dev/ttyUSB0`` -> ``ttyUSB0``;
+    ``/dev/serial/by-id/x`` with a second pattern in ``/dev`` -> ``serial_by-id_x``); a
+    ``pciDevice`` group's device is named after its PCI address (``0000:03:00.0``), a USB device
+    after its port (``1-1.4``). An ID that would be longer than 63 characters, hold characters
+    other than ``[A-Za-z0-9._:-]``, or repeat another device's ID is shortened and suffixed with
+    a hash. IDs are kept for the plugin's lifetime.
     """
 
     def __init__(
@@ -422,29 +422,9 @@ class GenericPlugin(DevicePlugin):
         health_interval: float = DEFAULT_HEALTH_INTERVAL,
     ) -> None:
         super().__init__(resource_name=resource_name)
-        if isinstance(share, bool) or not isinstance(share, int) or share < 1:
-            raise ValueError(f"{resource_name}: share must be an integer >= 1, got {share!r}")
-        if isinstance(paths, str):
-            raise ValueError(f"{resource_name}: paths must be a list of glob patterns, not a str")  # noqa: TRY004 - misuse is a ValueError, as everywhere in the SDK
-        if paths and groups:
-            raise ValueError(f"{resource_name}: give paths (the shorthand) or groups, not both")
-        if paths:
-            specs: list[PathSpec] = []
-            for pattern in paths:
-                problem = _pattern_problem(pattern)
-                if problem is not None:
-                    raise ValueError(f"{resource_name}: path {pattern!r}: {problem}")
-                specs.append(PathSpec(pattern))
-            groups = [Group(paths=(spec,), count=share) for spec in specs]
-        elif not groups:
-            raise ValueError(f"{resource_name}: paths must be a non-empty list of glob patterns")
-        elif share != 1:
-            raise ValueError(f"{resource_name}: share is for paths; give each Group a count")
-        if not all(isinstance(group, Group) for group in groups):
-            raise ValueError(f"{resource_name}: groups must be Group objects")
         if not health_interval > 0:
             raise ValueError(f"{resource_name}: health_interval must be > 0, got {health_interval}")
-        self.groups: tuple[Group, ...] = tuple(groups)
+        self.groups: tuple[Group, ...] = _groups(resource_name, paths, share, groups)
         self.share = share
         self.root = Path(root).resolve() if root is not None else None
         self.sysfs_root = Path(sysfs_root) if sysfs_root is not None else _under(self.root, "sys")
@@ -617,11 +597,12 @@ class GenericPlugin(DevicePlugin):
             members = self._steps.setdefault((g, k), [])
             known = {member.read for member in members}
             pattern = self._patterns[(g, "paths", k)]
-            for read in host.matches(pattern.glob, directories=spec.mount):
+            reads = host.matches(pattern.glob, directories=spec.mount)
+            for read in reads:
                 if read in known or self._claimed.setdefault(read, (g, "paths")) != (g, "paths"):
                     continue  # a file another group took is not a second device
                 members.append(self._member(spec, pattern, read))
-            if not members and not spec.optional:
+            if not reads and not members and not spec.optional:
                 self._warn_empty(f"{g}.paths.{k}", pattern)
             seen.append(members)
         units: list[_Unit] = []
@@ -1113,6 +1094,34 @@ def _usb_spec(reader: ConfigReader) -> UsbSpec:
 
 
 # ====================================================================== helpers
+
+
+def _groups(
+    resource_name: str, paths: Sequence[str], share: int, groups: Sequence[Group]
+) -> tuple[Group, ...]:
+    """The groups of a plugin: ``groups``, or one group per path of the shorthand."""
+    if isinstance(share, bool) or not isinstance(share, int) or share < 1:
+        raise ValueError(f"{resource_name}: share must be an integer >= 1, got {share!r}")
+    if isinstance(paths, str):
+        message = f"{resource_name}: paths must be a list of glob patterns, not a str"
+        raise ValueError(message)  # noqa: TRY004 - misuse is a ValueError in the whole SDK
+    if paths and groups:
+        raise ValueError(f"{resource_name}: give paths (the shorthand) or groups, not both")
+    if paths:
+        specs: list[PathSpec] = []
+        for pattern in paths:
+            problem = _pattern_problem(pattern)
+            if problem is not None:
+                raise ValueError(f"{resource_name}: path {pattern!r}: {problem}")
+            specs.append(PathSpec(pattern))
+        return tuple(Group(paths=(spec,), count=share) for spec in specs)
+    if not groups:
+        raise ValueError(f"{resource_name}: paths must be a non-empty list of glob patterns")
+    if share != 1:
+        raise ValueError(f"{resource_name}: share is for paths; give each Group a count")
+    if not all(isinstance(group, Group) for group in groups):
+        raise ValueError(f"{resource_name}: groups must be Group objects")
+    return tuple(groups)
 
 
 def _build_view(units: Sequence[_Unit], include_dirs: frozenset[Path]) -> _View:
