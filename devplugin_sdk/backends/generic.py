@@ -709,12 +709,9 @@ class GenericPlugin(DevicePlugin):
                     self.sysfs_root / "bus" / "usb" / "devices",
                 )
             for device in hits:
-                read = str(self.dev_root / device.devname)
-                if device.name in present or self._claimed.setdefault(read, (g, "usb")) != (
-                    g,
-                    "usb",
-                ):
-                    continue
+                owner = self._claimed.setdefault(str(self.dev_root / device.devname), (g, "usb"))
+                if device.name in present or owner != (g, "usb"):
+                    continue  # matched by an earlier spec, or taken by another group
                 present.add(device.name)
                 nodes = [self._node(device.devname)]
                 nodes += [self._node(name) for name in host.usb_class_nodes(device, spec.include)]

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import os
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ def plugin(host: DeviceHost, resource: str, **entry: Any) -> GenericPlugin:
     return made
 
 
-def by_id(devices: list[Device] | Any) -> dict[str, Device]:
+def by_id(devices: Sequence[Device]) -> dict[str, Device]:
     return {device.id: device for device in devices}
 
 
