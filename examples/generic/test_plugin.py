@@ -1,8 +1,8 @@
 """The generic example as the image runs it: `devplugin run generic --config FILE` as a real
-process against a FakeKubelet, with config.yaml's globs moved onto a fake /dev in tmp_path
-(registration, allocation, hot-plug, hot reload, /healthz, /metrics, JSON logs, a bad config);
-finer behaviour in-process; and the image, the DaemonSet and the kustomize overlay agreeing on
-what runs."""
+process against a FakeKubelet, with config.yaml read on a fake /dev in tmp_path (its devRoot)
+(registration, allocation, hot-plug, hot reload, /healthz, /metrics, JSON logs, a glob that
+matches nothing, a bad config); finer behaviour in-process; and the image, the DaemonSet and the
+kustomize overlay agreeing on what runs."""
 
 from __future__ import annotations
 
@@ -45,14 +45,9 @@ def fake_dev(root: Path) -> Path:
     return root.resolve()
 
 
-def config_yaml_under(root: Path) -> dict[str, Any]:
-    """config.yaml with every glob moved under ``root`` (``/dev/fuse`` -> ``<root>/dev/fuse``)."""
-    config = dict(load_yaml(HERE / "config.yaml"))
-    config["resources"] = [
-        {**resource, "paths": [f"{root}{path}" for path in resource["paths"]]}
-        for resource in config["resources"]
-    ]
-    return config
+def config_yaml_on(root: Path) -> dict[str, Any]:
+    """config.yaml as shipped, reading ``<root>/dev`` for /dev (``devRoot``)."""
+    return {**load_yaml(HERE / "config.yaml"), "devRoot": str(root / "dev")}
 
 
 def write_config(path: Path, config: dict[str, Any]) -> None:
@@ -123,7 +118,7 @@ async def test_devplugin_run_generic_serves_config_yaml_reloads_it_and_reports(
 ) -> None:
     root = fake_dev(tmp_path / "host")
     config_file = tmp_path / "config.yaml"
-    config = config_yaml_under(root)
+    config = config_yaml_on(root)
     # The file may carry the SDK's own keys too; the backend never sees them.
     write_config(config_file, {**config, "logging": {"format": "json"}})
     port = free_port()
@@ -141,11 +136,11 @@ async def test_devplugin_run_generic_serves_config_yaml_reloads_it_and_reports(
             await kubelet.wait_for_registrations(VIDEO, 1, timeout=30)
             assert kubelet.capacity(VIDEO) == 0  # no camera: registered, nothing to allocate
 
-            # An allocation: the matched file as a read-write device node, at its own path.
+            # An allocation: the matched file as a read-write device node, at its own path (the
+            # host's: the plugin read it under devRoot).
             got = await kubelet.allocate(SERIAL, 1)
-            tty = str(root / "dev" / "ttyUSB0")
             assert got.device_ids == ("ttyUSB0",)
-            assert got.allocation.device_nodes == (DeviceNode(tty, tty, "rw"),)
+            assert got.allocation.device_nodes == (DeviceNode("/dev/ttyUSB0", "/dev/ttyUSB0"),)
 
             # Hot-plug: a board plugged in, an adapter pulled out.
             (root / "dev" / "ttyACM0").touch()
@@ -171,6 +166,30 @@ async def test_devplugin_run_generic_serves_config_yaml_reloads_it_and_reports(
     records = json_records(log)
     assert any(r.get("resource") == FUSE and "registered" in r["message"] for r in records)
     assert any("reloaded" in r["message"] for r in records)
+
+
+async def test_a_glob_that_matches_nothing_is_a_warning_naming_it(tmp_path: Path) -> None:
+    """What a user sees on stderr when a configured glob finds nothing (no camera, no ACM
+    board): one warning per glob, naming it and where it was read, not only "0 devices"."""
+    root = fake_dev(tmp_path / "host")
+    config_file = tmp_path / "config.yaml"
+    write_config(config_file, config_yaml_on(root))
+    log = tmp_path / "plugin.log"
+    async with FakeKubelet() as kubelet:
+        args = ["run", "generic", "--config", str(config_file)]
+        args += ["--device-plugin-dir", str(kubelet.directory), "--registration", "kubelet"]
+        async with running(*args, log=log):
+            await kubelet.wait_for_registrations(VIDEO, 1, timeout=30)
+            await kubelet.wait_for_allocatable(SERIAL, 1, timeout=30)
+    warnings = [line for line in log.read_text("utf-8").splitlines() if " WARNING " in line]
+    dev = root / "dev"
+    # The resources discover side by side: in either order.
+    assert sorted(line.split(": ", 1)[1] for line in warnings) == [
+        f"{SERIAL}: /dev/ttyACM* matches nothing (read as {dev}/ttyACM*); "
+        "no device from it until a match appears",
+        f"{VIDEO}: /dev/video* matches nothing (read as {dev}/video*); "
+        "no device from it until a match appears",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -209,7 +228,7 @@ async def test_the_shared_fuse_node_goes_to_ten_containers_and_not_to_an_elevent
     tmp_path: Path,
 ) -> None:
     root = fake_dev(tmp_path)
-    plugins = from_config(config_yaml_under(root))
+    plugins = from_config(config_yaml_on(root))
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable(FUSE, 10)
@@ -218,14 +237,13 @@ async def test_the_shared_fuse_node_goes_to_ten_containers_and_not_to_an_elevent
             await kubelet.allocate(FUSE, 1)
 
     assert sorted(g.device_ids[0] for g in got) == sorted(f"fuse::{n}" for n in range(10))
-    fuse = str(root / "dev" / "fuse")
     for container in got:
-        assert container.allocation.device_nodes == (DeviceNode(fuse, fuse, "rw"),)
+        assert container.allocation.device_nodes == (DeviceNode("/dev/fuse", "/dev/fuse", "rw"),)
 
 
 async def test_a_pulled_adapter_comes_back_healthy_under_the_same_id(tmp_path: Path) -> None:
     root = fake_dev(tmp_path)
-    plugins = from_config(config_yaml_under(root))
+    plugins = from_config(config_yaml_on(root))
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable(SERIAL, 1)

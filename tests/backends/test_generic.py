@@ -401,6 +401,22 @@ async def test_a_configuration_names_the_real_paths(kubelet: FakeKubelet, tmp_pa
         await kubelet.wait_for_health(WIDGET, "widget1", "Unhealthy")
 
 
+async def test_paths_under_dev_are_read_under_dev_root_and_handed_over_as_host_paths(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    dev = make_dev(tmp_path, "widget0", "widget1")
+    config = {"devRoot": str(dev), "resources": [entry()]}
+    (plugin,) = generic.from_config(config)
+    async with serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(WIDGET, 2)
+        got = await kubelet.allocate(WIDGET, 1)
+        (device_id,) = got.device_ids
+        host_path = f"/dev/{device_id}"  # the host's path: what the runtime opens
+        assert got.allocation.device_nodes == (DeviceNode(host_path, host_path, "rw"),)
+        (dev / "widget1").unlink()  # followed where it is read
+        await kubelet.wait_for_health(WIDGET, "widget1", "Unhealthy")
+
+
 def entry(**fields: Any) -> dict[str, Any]:
     return {"resourceName": "example.com/widget", "paths": ["/dev/widget*"], **fields}
 
