@@ -17,7 +17,6 @@ count against the kubelet's 4 MiB limit before advertising it.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -418,7 +417,7 @@ def spread_apart(
 
 
 class _Shares:
-    """The available shares grouped by unit, for one placement."""
+    """The available shares grouped by unit, for one placement (used once)."""
 
     def __init__(
         self,
@@ -432,22 +431,24 @@ class _Shares:
             raise ValueError(f"size must be >= 0, got {size}")
         self.size = size
         table = unit_of
-        self.unit_of: Callable[[str], str] = (
-            table if callable(table) else (lambda i: table.get(i, i))
-        )
+        unit = self.unit_of = table if callable(table) else (lambda i: table.get(i, i))
         self.must = list(dict.fromkeys(must_include))
+        # One pass, no per-item overhead beyond the unit: a node may list 100,000 shares.
         groups: dict[str, list[str]] = {}
         for device_id in dict.fromkeys([*self.must, *available]):
-            groups.setdefault(self.unit_of(device_id), []).append(device_id)
+            key = unit(device_id)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = group = []
+            group.append(device_id)
         position = {u: i for i, u in enumerate(dict.fromkeys(unit_order))}
         ranked = sorted(groups, key=lambda u: (position.get(u, len(position)), u))
         self.groups = {u: groups[u] for u in ranked}
         self.free = {u: len(groups[u]) for u in ranked}
-        self.must_units = list(dict.fromkeys(self.unit_of(m) for m in self.must))
+        self.must_units = list(dict.fromkeys(unit(m) for m in self.must))
         self.taken: dict[str, int] = {}
         for m in self.must:
-            unit = self.unit_of(m)
-            self.taken[unit] = self.taken.get(unit, 0) + 1
+            self.taken[unit(m)] = self.taken.get(unit(m), 0) + 1
 
     def spare(self, unit: str) -> int:
         """Free shares of ``unit`` not yet chosen."""
@@ -457,7 +458,10 @@ class _Shares:
         self, units: Sequence[str], *, per_unit: int | None = None, start: Placement | None = None
     ) -> Placement:
         """Must-include shares (or ``start``'s), then shares of ``units`` in turn up to size."""
-        chosen = list(start.device_ids) if start is not None else list(self.must)
+        if start is not None:
+            chosen, units_of = list(start.device_ids), list(start.units)
+        else:
+            chosen, units_of = list(self.must), [self.unit_of(m) for m in self.must]
         taken = set(chosen)
         for unit in units:
             want = self.size - len(chosen)
@@ -465,12 +469,17 @@ class _Shares:
                 break
             if per_unit is not None:
                 want = min(want, per_unit)
-            spare = (i for i in self.groups[unit] if i not in taken)
-            picked = heapq.nsmallest(want, spare, key=lambda i: (len(i), i))
+            # (len(id), id) order, by two sorts in C: the second is stable.
+            ordered = sorted(self.groups[unit])
+            ordered.sort(key=len)
+            if taken:
+                ordered = [i for i in ordered if i not in taken]
+            picked = ordered[:want]
             chosen += picked
+            units_of += [unit] * len(picked)
             taken.update(picked)
             self.taken[unit] = self.taken.get(unit, 0) + len(picked)
-        return Placement(tuple(chosen), tuple(self.unit_of(i) for i in chosen), dict(self.free))
+        return Placement(tuple(chosen), tuple(units_of), dict(self.free))
 
 
 # ----------------------------------------------------------------------------- message size

@@ -818,7 +818,7 @@ class _Asked:
     """A GetPreferredAllocation of shares: its size, the IDs offered, the free shares by GPU."""
 
     size: int
-    available: frozenset[str]
+    available: Sequence[str]  # a set only when a refusal needs it
     free: Mapping[str, int]
 
 
@@ -1308,7 +1308,8 @@ class NvmlPlugin(DevicePlugin):
         asked = self._asked
         if asked is None or asked.size != len(devices):
             return None
-        if not all(d.id in asked.available for d in devices):
+        offered = set(asked.available)
+        if not all(d.id in offered for d in devices):
             return None
         return asked.free
 
@@ -1408,7 +1409,7 @@ class NvmlPlugin(DevicePlugin):
         return self._gpu_of_key.get(key, key)
 
     def _remember(self, ids: Sequence[str], size: int, placed: Placement) -> tuple[str, ...]:
-        self._asked = _Asked(size, frozenset(ids), placed.free)
+        self._asked = _Asked(size, ids, placed.free)
         return placed.device_ids
 
     async def _topology_for(self, available: Sequence[Device]) -> _Topology:

@@ -5,9 +5,10 @@ device plugin needs, with the same names and signatures (the SDK's tests compare
 ``inspect.signature`` of the real module), the same constants, the same ``NVMLError``
 subclasses, and NVML's count of ``nvmlInit``/``nvmlShutdown`` pairs. Ready-made machines:
 ``dgx_a100`` (and ``dgx_a100_40gb``), ``hgx_h100``, ``t4_pcie`` and ``a100_mig``
-(deterministic: the same UUIDs in every process); faults: ``xid``, ``ecc_double_bit``, ``lose``/``recover``, the memory faults
-``ecc_uncorrected`` (counters that keep rising until ``clear``), ``remap_rows`` and
-``retire_pages`` (pending until ``reset``), and ``fail`` (any function, any NVML error).
+(deterministic: the same UUIDs in every process); faults: ``xid``, ``ecc_double_bit``,
+``lose``/``recover``, the memory faults ``ecc_uncorrected`` (counters that keep rising until
+``clear``), ``remap_rows`` and ``retire_pages`` (pending until ``reset``), and ``fail`` (any
+function, any NVML error).
 ``write_host`` writes the matching sysfs, /dev and /proc trees, and ``installed()`` makes
 ``import pynvml`` give the fake. Behaviour follows nvml.h and nvidia-ml-py's ``pynvml.py``; the
 mig-minors layout follows the driver's ``/proc/driver/nvidia-caps/mig-minors`` as read by
