@@ -1266,6 +1266,8 @@ class NvmlPlugin(DevicePlugin):
         assert memory is not None
         by_gpu = self._by_gpu(devices)
         if len(by_gpu) > 1 and not memory.multi_gpu:
+            # The kubelet fails the pod's admission on an Allocate error, for good: better than
+            # a container whose memory is on GPUs it was not meant to use.
             raise AllocationError(self._units_apart(devices, by_gpu))
         # One unit per GPU carries the GPU's nodes: merging 40,000 identical ones would not.
         allocation = self._setup(list(by_gpu), [units[0] for units in by_gpu.values()])
@@ -1368,6 +1370,10 @@ class NvmlPlugin(DevicePlugin):
         """
         ids = [d.id for d in available]
         must = [d.id for d in must_include]
+        # The kubelet's `available` is every healthy device not in use (and the must-include
+        # ones): what is free, with no memory of earlier allocations needed. It takes the
+        # answer's intersection with its candidates and fills up, so an answer on several GPUs
+        # is still valid; Allocate then decides.
         if self.serves == "memory" and self.config.memory is not None:
             placed = place_together(
                 ids,

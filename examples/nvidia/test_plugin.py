@@ -615,3 +615,27 @@ async def test_devplugin_run_serves_the_sharing_configs(
         )
     else:
         assert f"{GPU}: discovered 32 devices" in messages
+
+
+def test_devplugin_run_refuses_mib_units_over_the_4_mib_limit_naming_the_size(
+    tmp_path: Path,
+) -> None:
+    roots = fake_nvml.HostRoots(tmp_path / "sys", tmp_path / "dev", tmp_path / "proc")
+    config_file = tmp_path / "config.yaml"
+    write_atomically(
+        config_file, sharing_config(GPUSHARE, roots, sharing={"memory": {"unit": "MiB"}})
+    )
+    command = runner_command(
+        "dgx_a100_40gb", tmp_path, "run", "plugin:SiteGpuPlugin", "--config", str(config_file)
+    )
+
+    done = subprocess.run(
+        command, env=runner_env(), capture_output=True, text=True, timeout=60, check=False
+    )
+
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "devplugin: error: sharing.memory.unit: MiB units make a ListAndWatch list of up to"
+        " 11,379,920 bytes here (327,680 devices on 8 GPUs), over the kubelet's limit of"
+        " 4,194,304 bytes (4 MiB); use GiB"
+    ]
