@@ -8,11 +8,13 @@ plugins register (``kubelet.sock`` or the plugin watcher) is decided once, when 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import inspect
 import logging
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -21,11 +23,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 from anyio.abc import TaskStatus
 
-from devplugin_sdk import _kubelet_sock, _plugin_watcher, fswatch, healthz
+from devplugin_sdk import _kubelet_sock, _plugin_watcher, config, fswatch, healthz
 from devplugin_sdk._events import Events
 from devplugin_sdk._kubelet_watch import DirectoryWatcher
 from devplugin_sdk._supervisor import Supervisor
-from devplugin_sdk.errors import MissingDependencyError
+from devplugin_sdk.errors import ConfigError, MissingDependencyError
 from devplugin_sdk.observe import Observer, PluginStatus
 from devplugin_sdk.settings import Settings
 
@@ -77,14 +79,25 @@ class Reload:
     changed one is stopped before its replacement registers; a removed one stops. An error from
     ``load`` keeps the running plugins and is logged.
 
+    ``load`` runs on the event loop, beside the plugins' gRPC calls: a blocking ``load`` stalls
+    every Allocate for as long as it takes. Make it a coroutine function that reads and parses in
+    a worker thread, then builds the plugins on the loop (constructors may create anyio
+    primitives, which need it)::
+
+        async def load() -> list[DevicePlugin]:
+            data = await anyio.to_thread.run_sync(config.load_yaml, path)
+            return MyPlugin.from_config(data)
+
     Args:
-        load: Builds the new plugin list (reads and validates the configuration).
-        config_path: File whose content changes trigger a reload (its directory is watched, so a
-            Kubernetes ConfigMap's symlink swap counts); None for SIGHUP only.
+        load: Builds the new plugin list (reads and validates the configuration): a function,
+            or a coroutine function (awaited).
+        config_path: File whose content changes trigger a reload; None for SIGHUP only. Both the
+            file (an edit in place) and its directory (a Kubernetes ConfigMap's symlink swap, an
+            editor's rename) are watched, and the content is compared, read in a worker thread.
         sighup: Reload on SIGHUP (needs the main thread).
     """
 
-    load: Callable[[], Sequence[DevicePlugin]]
+    load: Callable[[], Sequence[DevicePlugin] | Awaitable[Sequence[DevicePlugin]]]
     config_path: Path | None = None
     sighup: bool = True
 
@@ -245,7 +258,7 @@ def _prometheus_observer(registry: Any) -> Observer | None:
     try:
         return PrometheusObserver(registry)
     except MissingDependencyError as exc:
-        log.warning("%s; /metrics answers 404, /healthz and /status still work", exc)
+        log.warning("%s; /metrics is off (it answers 404)", exc)
         return None
 
 
@@ -263,27 +276,19 @@ async def _reload_loop(supervisor: Supervisor, reload: Reload) -> None:
             async for _ in signals:
                 trigger("SIGHUP")
 
-    async def on_file_change(path: Path) -> None:
-        digest = _digest(path)
-        async for _ in fswatch.watch([path.parent], poll_interval=5.0):
-            # ConfigMaps change by swapping symlinks in the directory: compare the content.
-            new = _digest(path)
-            if new != digest:
-                digest = new
-                trigger(f"{path} changed")
-
     async with anyio.create_task_group() as tg:
         if reload.sighup:
             tg.start_soon(on_sighup)
         if reload.config_path is not None:
-            tg.start_soon(on_file_change, reload.config_path)
+            tg.start_soon(_on_file_change, reload.config_path, trigger)
         while True:
             await wakeup.wait()
             wakeup = anyio.Event()
             why = ", ".join(dict.fromkeys(reasons))
             reasons.clear()
             try:
-                plugins = reload.load()
+                loaded = reload.load()
+                plugins = await loaded if inspect.isawaitable(loaded) else loaded
                 await supervisor.apply(plugins, fatal=False)
             except Exception as exc:
                 # A bad configuration is expected input: its message, not a traceback.
@@ -292,8 +297,72 @@ async def _reload_loop(supervisor: Supervisor, reload: Reload) -> None:
                 log.info("reloaded (%s): serving %s", why, ", ".join(supervisor.resources))
 
 
-def _digest(path: Path) -> bytes | None:
+async def _on_file_change(path: Path, trigger: Callable[[str], None]) -> None:
+    """Call ``trigger`` whenever the content of ``path`` changes.
+
+    The directory is watched for entries coming and going (a ConfigMap update swaps symlinks,
+    editors rename a new file over the old one) and the file itself for writes in place; either
+    one makes the content be compared, read in a worker thread.
+    """
+    digest = await anyio.to_thread.run_sync(_digest, path)
+    poked = anyio.Event()
+
+    def poke() -> None:
+        poked.set()
+
+    async def directory_changes() -> None:
+        async for _ in fswatch.watch([path.parent], poll_interval=5.0):
+            poke()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(directory_changes)
+        tg.start_soon(_file_writes, path, poke)
+        while True:
+            await poked.wait()
+            poked = anyio.Event()
+            new = await anyio.to_thread.run_sync(_digest, path)
+            if new != digest:
+                digest = new
+                trigger(f"{path} changed")
+
+
+# What an edit in place does to the file (fswatch watches directories, not writes): written
+# and closed, truncated or chmodded, removed or moved (<sys/inotify.h>: IN_CLOSE_WRITE is 0x8).
+_FILE_MASK = 0x008 | fswatch.IN_ATTRIB | fswatch.IN_DELETE_SELF | fswatch.IN_MOVE_SELF
+
+
+async def _file_writes(path: Path, poke: Callable[[], None], rearm_after: float = 5.0) -> None:
+    """Call ``poke`` when the file ``path`` (symlinks followed) is written and closed.
+
+    The watch follows the file that ``path`` names now: it is armed again after every event
+    and every ``rearm_after`` seconds, since a replaced file is a new inode. Without inotify
+    it returns at once (the directory's polling still sees changes).
+    """
     try:
-        return hashlib.sha256(path.read_bytes()).digest()
+        inotify = fswatch._Inotify()  # the directory watcher's inotify, here on one file
     except OSError:
-        return None
+        return
+    try:
+        while True:
+            with contextlib.suppress(OSError):  # missing for now: the directory tells
+                # inotify_add_watch follows symlinks and opens nothing (a FIFO cannot block it).
+                inotify.add_watch(path, _FILE_MASK)
+            with anyio.move_on_after(rearm_after):
+                await anyio.wait_readable(inotify.fd)
+                if inotify.read():
+                    poke()
+    finally:
+        inotify.close()
+
+
+def _digest(path: Path) -> bytes:
+    """What ``path`` holds now, for change detection; blocking (run it in a worker thread).
+
+    Read with the configuration reader's rules (a regular file up to its size cap, never a
+    FIFO or a device); otherwise the reason stands for the content, so that a change into an
+    unreadable state still triggers the reload that reports it.
+    """
+    try:
+        return hashlib.sha256(config.read_file(path)).digest()
+    except ConfigError as exc:
+        return exc.reason.encode()
