@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from devplugin_sdk import _names
+from devplugin_sdk import _logging, _names
 from devplugin_sdk.api import constants
 from devplugin_sdk.errors import ConfigError
 
@@ -661,7 +661,11 @@ def parse_run_config(data: Mapping[str, Any]) -> RunConfig:
         raise ConfigError(
             "metrics.stuckAfter", f"must be a number of seconds > 0, got {shown(stuck)}"
         )
-    level = _string(logging_, "level", "logging.", ("debug", "info", "warning", "error")) or "info"
+    level = _string(logging_, "level", "logging.") or "info"
+    try:
+        _logging.parse_levels(level)
+    except ValueError as exc:
+        raise ConfigError("logging.level", str(exc)) from None
     fmt = _string(logging_, "format", "logging.", ("text", "json")) or "text"
     registration = _string(data, "registration", "", ("auto", "kubelet", "watcher")) or "auto"
     dp_dir = _string(data, "devicePluginDir", "") or constants.DEVICE_PLUGIN_PATH
