@@ -8,6 +8,7 @@ enough for the kubelet's probes and Prometheus, no framework.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -201,7 +202,9 @@ async def serve_http(
     listener = await anyio.create_tcp_listener(local_host=host or None, local_port=port)
     async with listener:
         bound: int = listener.extra(SocketAttribute.local_port)
-        log.info("serving /healthz, /metrics and /status on port %d", bound)
+        metrics = importlib.util.find_spec("prometheus_client") is not None
+        served = "/healthz, /metrics and /status" if metrics else "/healthz and /status"
+        log.info("serving %s on port %d", served, bound)
         task_status.started(bound)
         await listener.serve(lambda stream: _handle(stream, endpoints))
 
