@@ -3,6 +3,7 @@ duplicate keys refused, every error one bounded line naming the key or the file.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import threading
@@ -14,9 +15,9 @@ import yaml
 from devplugin_sdk import config
 from devplugin_sdk.backends import generic
 from devplugin_sdk.config import (
-    MAX_ALIAS_NODES,
     MAX_DEPTH,
     MAX_FILE_BYTES,
+    MAX_NODES,
     SDK_KEYS,
     load_yaml,
     parse_run_config,
@@ -158,7 +159,15 @@ def test_small_aliases_are_fine() -> None:
 def test_an_alias_bomb_is_refused_before_it_expands() -> None:
     error = _error(parse_yaml, ALIAS_BOMB, "bomb.yaml")
     assert error.key == "bomb.yaml"
-    assert f"aliases expand to more than {MAX_ALIAS_NODES} nodes" in error.reason
+    assert f"aliases expand to more than {MAX_NODES} nodes (at line 5)" in error.reason
+
+
+def test_a_document_with_too_many_nodes_is_refused_before_it_is_built() -> None:
+    text = "x: [" + ",".join(["1"] * (MAX_NODES + 1)) + "]\n"  # 100 KB, 300 MB once composed
+    error = _error(parse_yaml, text, "big.yaml")
+    assert f"more than {MAX_NODES} nodes (lists, mappings and values) by line 1" in error.reason
+    ok = "x: [" + ",".join(["1"] * (MAX_NODES - 3)) + "]\n"
+    assert len(parse_yaml(ok)["x"]) == MAX_NODES - 3  # and the mapping, its key, the list
 
 
 def test_a_recursive_alias_is_refused() -> None:
@@ -233,3 +242,32 @@ def test_a_backend_called_directly_lists_only_its_own_keys() -> None:
     error = _error(generic.from_config, {"loging": {}, "resources": []})
     assert re.search(r"expected one of [\w, ]*\bresources\b", error.reason), error.reason
     assert "SDK" not in error.reason
+
+
+def test_the_garbage_collector_is_paused_only_while_parsing() -> None:
+    """Full collections triggered by the nodes would stall the event loop (GIL); the
+    collector comes back on afterwards, even after an error, and stays off if it was off."""
+    seen: list[bool] = []
+    original = config._check_duplicate_keys
+
+    def spy(*args: object) -> None:
+        seen.append(gc.isenabled())
+        original(*args)  # type: ignore[arg-type]
+
+    config._check_duplicate_keys = spy  # type: ignore[assignment]
+    try:
+        assert gc.isenabled()
+        parse_yaml("a: 1\n")
+        assert seen == [False]
+        assert gc.isenabled()
+        with pytest.raises(ConfigError):
+            parse_yaml("a: 1\na: 2\n")
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            parse_yaml("a: 1\n")
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+    finally:
+        config._check_duplicate_keys = original  # type: ignore[assignment]
