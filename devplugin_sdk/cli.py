@@ -237,7 +237,8 @@ def _preflight(args: argparse.Namespace, config: RunConfig, settings: Settings) 
     is one line naming the option, the value and the cause (not an errno from deep inside)."""
     if settings.uses_plugin_watcher():
         option = "--plugins-registry-dir" if args.plugins_registry_dir else "pluginsRegistryDir"
-        _check_directory(option, settings.plugins_registry_dir)
+        # Not by creating a file: the kubelet's plugin watcher sees every file created there.
+        _check_directory(option, settings.plugins_registry_dir, create=False)
     else:
         option = "--device-plugin-dir" if args.device_plugin_dir else "devicePluginDir"
         _check_directory(option, settings.device_plugin_dir)
@@ -250,9 +251,14 @@ def _preflight(args: argparse.Namespace, config: RunConfig, settings: Settings) 
         )
 
 
-def _check_directory(option: str, path: Path) -> None:
+def _check_directory(option: str, path: Path, *, create: bool = True) -> None:
     """A directory where the plugin can create its socket; a missing one is waited for (the
-    kubelet may not have made it yet) and the plugin says so while it waits."""
+    kubelet may not have made it yet) and the plugin says so while it waits.
+
+    With ``create``, a file is created and removed there (the only sure test: root passes
+    permission checks, yet ``/proc/self`` or a read-only mount still refuse); without, the
+    permissions are asked (``access``).
+    """
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -261,6 +267,10 @@ def _check_directory(option: str, path: Path) -> None:
         raise ConfigError(option, f"{path}: {exc.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(option, f"{path} is not a directory")
+    if not create:
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(option, f"{path}: cannot create the plugin's socket there")
+        return
     try:
         # A hidden regular file: the kubelet's plugin watcher ignores names starting with '.'.
         fd, probe = tempfile.mkstemp(prefix=".devplugin-check-", dir=path)

@@ -188,7 +188,7 @@ async def serve(
             tg.start_soon(watcher.run)
             await supervisor.apply(plugins, fatal=True)
             if reload is not None:
-                tg.start_soon(_reload_loop, supervisor, reload)
+                await tg.start(_reload_loop, supervisor, reload)  # watching when it returns
             task_status.started(running)
     except BaseExceptionGroup as group:
         raise_errors(group)
@@ -262,8 +262,17 @@ def _prometheus_observer(registry: Any) -> Observer | None:
         return None
 
 
-async def _reload_loop(supervisor: Supervisor, reload: Reload) -> None:
-    """Reload on SIGHUP and on changes of the configuration file's content."""
+async def _reload_loop(
+    supervisor: Supervisor,
+    reload: Reload,
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Reload on SIGHUP and on changes of the configuration file's content.
+
+    Reports started once SIGHUP is handled and the file is watched, so that no change made
+    after ``serve`` has started is missed.
+    """
     wakeup = anyio.Event()
     reasons: list[str] = []
 
@@ -271,16 +280,18 @@ async def _reload_loop(supervisor: Supervisor, reload: Reload) -> None:
         reasons.append(reason)
         wakeup.set()
 
-    async def on_sighup() -> None:
+    async def on_sighup(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+            task_status.started()
             async for _ in signals:
                 trigger("SIGHUP")
 
     async with anyio.create_task_group() as tg:
         if reload.sighup:
-            tg.start_soon(on_sighup)
+            await tg.start(on_sighup)
         if reload.config_path is not None:
-            tg.start_soon(_on_file_change, reload.config_path, trigger)
+            await tg.start(_on_file_change, reload.config_path, trigger)
+        task_status.started()
         while True:
             await wakeup.wait()
             wakeup = anyio.Event()
@@ -297,12 +308,18 @@ async def _reload_loop(supervisor: Supervisor, reload: Reload) -> None:
                 log.info("reloaded (%s): serving %s", why, ", ".join(supervisor.resources))
 
 
-async def _on_file_change(path: Path, trigger: Callable[[str], None]) -> None:
+async def _on_file_change(
+    path: Path,
+    trigger: Callable[[str], None],
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
     """Call ``trigger`` whenever the content of ``path`` changes.
 
     The directory is watched for entries coming and going (a ConfigMap update swaps symlinks,
     editors rename a new file over the old one) and the file itself for writes in place; either
-    one makes the content be compared, read in a worker thread.
+    one makes the content be compared, read in a worker thread. Reports started once both
+    watches are armed, after comparing once more (a change while they were being armed counts).
     """
     digest = await anyio.to_thread.run_sync(_digest, path)
     poked = anyio.Event()
@@ -310,13 +327,18 @@ async def _on_file_change(path: Path, trigger: Callable[[str], None]) -> None:
     def poke() -> None:
         poked.set()
 
-    async def directory_changes() -> None:
+    async def directory_changes(*, task_status: TaskStatus[None]) -> None:
+        # Started before the first step of the iteration, which arms the watch before this
+        # task yields: the parent resumes with the directory watched.
+        task_status.started()
         async for _ in fswatch.watch([path.parent], poll_interval=5.0):
             poke()
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(directory_changes)
-        tg.start_soon(_file_writes, path, poke)
+        await tg.start(directory_changes)
+        await tg.start(_file_writes, path, poke)
+        poke()  # what changed between the first read and the watches
+        task_status.started()
         while True:
             await poked.wait()
             poked = anyio.Event()
@@ -331,13 +353,21 @@ async def _on_file_change(path: Path, trigger: Callable[[str], None]) -> None:
 _FILE_MASK = 0x008 | fswatch.IN_ATTRIB | fswatch.IN_DELETE_SELF | fswatch.IN_MOVE_SELF
 
 
-async def _file_writes(path: Path, poke: Callable[[], None], rearm_after: float = 5.0) -> None:
+async def _file_writes(
+    path: Path,
+    poke: Callable[[], None],
+    rearm_after: float = 5.0,
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
     """Call ``poke`` when the file ``path`` (symlinks followed) is written and closed.
 
     The watch follows the file that ``path`` names now: it is armed again after every event
     and every ``rearm_after`` seconds, since a replaced file is a new inode. Without inotify
-    it returns at once (the directory's polling still sees changes).
+    it returns at once (the directory's polling still sees changes). Reports started before
+    the first arming, which happens before this task first yields.
     """
+    task_status.started()
     try:
         inotify = fswatch._Inotify()  # the directory watcher's inotify, here on one file
     except OSError:

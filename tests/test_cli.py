@@ -613,3 +613,21 @@ async def test_a_config_edited_in_place_is_reloaded_at_once(
         await kubelet.wait_for_allocatable("example.com/fuse", 1, timeout=3)
         await plugin.wait_for("reloaded (")
         assert await plugin.stop() == 0
+
+
+def test_a_plugins_registry_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a-file").touch()
+    line = error_line(
+        devplugin(
+            "run",
+            "cli_target:TwoWidgets",
+            "--registration",
+            "watcher",
+            "--plugins-registry-dir",
+            str(tmp_path / "a-file"),
+        )
+    )
+    assert (
+        line
+        == f"devplugin: error: --plugins-registry-dir: {tmp_path / 'a-file'} is not a directory"
+    )

@@ -358,3 +358,24 @@ def test_the_digest_reads_only_regular_files(tmp_path: Path) -> None:
     path.unlink()
     path.symlink_to("/dev/zero")
     assert runner._digest(path) == b"not a regular file but a character device"
+
+
+async def test_a_change_right_after_serve_started_is_not_missed(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    """serve() reports started only once the file is watched: an edit at once still counts,
+    even with a load that reads in a worker thread."""
+    config = tmp_path / "config.yaml"
+    _write(config, "count: 1\n")
+
+    def plugins() -> list[DevicePlugin]:
+        count = ConfigReader(load_yaml(config)).integer("count", 1, minimum=1)
+        return [StaticPlugin(f"acme.com/w{i}", widgets(1)) for i in range(count)]
+
+    async def load() -> list[DevicePlugin]:
+        return await anyio.to_thread.run_sync(plugins)
+
+    reload = Reload(load=load, config_path=config, sighup=False)
+    async with serving(*plugins(), settings=kubelet.settings(), reload=reload):
+        _write(config, "count: 2\n")
+        await kubelet.wait_for_allocatable("acme.com/w1", 1)
