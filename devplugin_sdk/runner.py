@@ -135,10 +135,11 @@ async def serve(
 
     Each plugin gets its own socket, registration and ListAndWatch streams; one directory
     watcher serves them all. ``task_status.started(Running)`` is called once the HTTP port is
-    bound and every plugin has discovered its devices, so ``await tg.start(serve, ...)`` returns
-    a running set or raises why it could not start. On cancellation every ListAndWatch stream ends
-    cleanly, in-flight calls get ``Settings.stop_grace``, the servers stop, the sockets are
-    removed and each plugin's ``on_stop`` runs. Must run on the asyncio backend (grpc.aio).
+    bound, every plugin has discovered its devices and (with ``reload``) the file is watched,
+    so ``await tg.start(serve, ...)`` returns a running set or raises why it could not start.
+    On cancellation every ListAndWatch stream ends cleanly, in-flight calls get
+    ``Settings.stop_grace``, the servers stop, the sockets are removed and each plugin's
+    ``on_stop`` runs. Must run on the asyncio backend (grpc.aio).
 
     Args:
         plugins: The plugins, at least one, with distinct resource and socket names.
