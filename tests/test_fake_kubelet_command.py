@@ -89,6 +89,7 @@ async def test_plugins_register_again_across_its_restart(kubelet_dir: Path, tmp_
     ) as plugin:
         async with running("fake-kubelet", "--dir", str(kubelet_dir)) as first:
             await first.wait_for(registered, stream="stdout")
+            await first.wait_for("device list: capacity 1, allocatable 1", stream="stdout")
             assert await first.stop() == 0
         await plugin.wait_for("ListAndWatch stream ended")
         async with running("fake-kubelet", "--dir", str(kubelet_dir)) as second:
