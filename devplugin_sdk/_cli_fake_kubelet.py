@@ -32,6 +32,7 @@ from devplugin_sdk.errors import ConfigError
 __all__ = ["register", "run_fake_kubelet"]
 
 _MAX_FLIPS = 10  # health flips printed one by one per message; the rest are counted
+_STOP_TIMEOUT = 5.0  # seconds a stop may take to disconnect the plugins
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -140,6 +141,10 @@ async def _serve(directory: Path, stale: list[str], view: _View) -> None:
                     view.say("restarting (SIGHUP): every plugin must register again")
                     await kubelet.restart()
             tg.cancel_scope.cancel()
+        # Bounded: a plugin in the middle of Register must not keep Ctrl-C waiting (the
+        # kubelet's dial-back alone may take 10 s); leaving the block cleans up the rest.
+        with anyio.move_on_after(_STOP_TIMEOUT):
+            await kubelet.stop()
     view.say("fake kubelet stopped")
 
 
