@@ -157,6 +157,12 @@ class _View:
         self.registered: dict[str, bool] = {}
 
     def say(self, text: str) -> None:
+        # Resource names, IDs and errors come from plugins: no control character reaches the
+        # terminal (a forged line, an escape sequence).
+        if not text.isprintable():
+            text = "".join(
+                c if c.isprintable() else c.encode("unicode_escape").decode() for c in text
+            )
         now = time.time()
         stamp = time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
         print(f"[{stamp}] {text}", file=self.out, flush=True)

@@ -6,6 +6,7 @@ plugin and ``probe``, talking over real unix sockets in a short directory under 
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import signal
@@ -18,7 +19,8 @@ import anyio.to_thread
 import pytest
 from cli_process import devplugin, error_line, running
 
-from devplugin_sdk.testing import FakeKubelet
+from devplugin_sdk._cli_fake_kubelet import _View
+from devplugin_sdk.testing import FakeKubelet, KubeletDevice
 
 pytestmark = pytest.mark.timeout(60)  # several interpreters start, each in about a second
 
@@ -165,3 +167,13 @@ async def test_refuses_a_directory_where_a_kubelet_answers() -> None:
             f"devplugin: error: --dir: another kubelet serves {kubelet.socket_path}"
         )
         assert kubelet.running
+
+
+def test_what_plugins_send_is_printed_without_control_characters() -> None:
+    out = io.StringIO()
+    view = _View(out)
+    view.listed("acme.com/w", (KubeletDevice("ok\n[00:00:00.000] forged", "Healthy", ()),))
+    view.listed("acme.com/w", (KubeletDevice("ok\n[00:00:00.000] forged", "Unhealthy", ()),))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3, lines
+    assert "device ok\\n[00:00:00.000] forged Healthy -> Unhealthy" in lines[1]
