@@ -146,7 +146,6 @@ class Supervisor:
                 # call in flight (a Register) and raises a CancelledError of its own, which the
                 # scope does not recognise. Left to escape, it would cancel the runner's whole
                 # task group: every other plugin, the reload loop, the HTTP endpoints.
-                pass
             except Exception:
                 if fatal:
                     raise
