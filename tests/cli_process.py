@@ -112,6 +112,10 @@ class Running:
         """SIGTERM, then wait for the exit (and the last output); return the exit status."""
         if self.process.returncode is None:
             self.process.send_signal(signal.SIGTERM)
+        return await self.exited(timeout)
+
+    async def exited(self, timeout: float = 15) -> int:
+        """Wait for the exit (and the last output) without signalling; return the exit status."""
         with anyio.fail_after(timeout):
             status = await self.process.wait()
             while self.output_open:
