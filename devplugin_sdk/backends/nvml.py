@@ -903,7 +903,7 @@ class NvmlPlugin(DevicePlugin):
                 " size for shared resources is 1 (sharing.timeSlicing.failRequestsGreaterThanOne)"
             )
         # Replicas of one GPU are one GPU to the container.
-        uuids = list(dict.fromkeys(d.attributes["uuid"] for d in devices))
+        uuids = list(dict.fromkeys(d.text("uuid") for d in devices))
         merged = Allocation.merge(devices) if cfg.pass_device_specs else Allocation()
         env = dict(merged.env)
         mounts = list(merged.mounts)
@@ -930,16 +930,16 @@ class NvmlPlugin(DevicePlugin):
 
         A GPU whose topology cannot be read scores as unconnected; the others still place.
         """
-        gpus = tuple(sorted({d.attributes["gpu_uuid"] for d in available}))
+        gpus = tuple(sorted({d.text("gpu_uuid") for d in available}))
         topology = self._topology
         if topology is None or not set(gpus) <= set(topology.gpus):
-            every = tuple(sorted({d.attributes["gpu_uuid"] for d in self._devices} | set(gpus)))
+            every = tuple(sorted({d.text("gpu_uuid") for d in self._devices} | set(gpus)))
             topology = await anyio.to_thread.run_sync(self._read_topology, every)
             self._topology = topology
         scorer = TopologyScorer(
             topology.scores,
             numa_nodes={d.id: d.numa_nodes[0] for d in available if d.numa_nodes},
-            units={d.id: d.attributes["gpu_uuid"] for d in available},
+            units={d.id: d.text("gpu_uuid") for d in available},
         )
         return scorer.choose([d.id for d in available], size, [d.id for d in must_include])
 
@@ -1032,8 +1032,8 @@ class NvmlPlugin(DevicePlugin):
             return {}
         ours = {d.id: d for d in self._devices}
         wanted = [ours[d.id] for d in devices if d.id in ours]
-        gpus = sorted({d.attributes["gpu_uuid"] for d in wanted})
-        migs = sorted({d.attributes["uuid"] for d in wanted} - set(gpus))
+        gpus = sorted({d.text("gpu_uuid") for d in wanted})
+        migs = sorted({d.text("uuid") for d in wanted} - set(gpus))
         problems = await anyio.to_thread.run_sync(self._probe_blocking, gpus, migs)
         recovered: dict[str, str] = {}
         for unit in (*gpus, *migs):
@@ -1099,7 +1099,7 @@ class NvmlPlugin(DevicePlugin):
                 await anyio.sleep(retry)
 
     def _gpus(self) -> frozenset[str]:
-        return frozenset(d.attributes["gpu_uuid"] for d in self._devices)
+        return frozenset(d.text("gpu_uuid") for d in self._devices)
 
     def _open_events(self, gpus: frozenset[str]) -> tuple[_EventWaiter | None, bool]:
         """An event set for ``gpus`` (None if NVML has none), and whether every GPU is in it."""
@@ -1162,7 +1162,7 @@ class NvmlPlugin(DevicePlugin):
 
     def _event_unit(self, gpu: str, gi: int, ci: int) -> str | None:
         """The unit an event on ``gpu`` hits: one of our MIG devices, the GPU, or none."""
-        ours = [d for d in self._devices if d.attributes["gpu_uuid"] == gpu]
+        ours = [d for d in self._devices if d.text("gpu_uuid") == gpu]
         if not ours:
             return None
         if gi == _NOT_ATTRIBUTED:
@@ -1170,9 +1170,9 @@ class NvmlPlugin(DevicePlugin):
         for d in ours:
             if d.attributes.get("gi") == str(gi) and ci in (
                 _NOT_ATTRIBUTED,
-                int(d.attributes["ci"]),
+                int(d.text("ci")),
             ):
-                return d.attributes["uuid"]
+                return d.text("uuid")
         if all("gi" in d.attributes for d in ours):
             return None  # a MIG instance of this GPU that another resource serves
         return gpu
@@ -1256,7 +1256,7 @@ def _nvml_fault(nvml: Any, exc: Exception, call: str) -> str:
 
 def _units(device: Device) -> tuple[str, ...]:
     """The units whose faults a device suffers: its MIG instance (if any) and its GPU."""
-    return tuple(dict.fromkeys((device.attributes["uuid"], device.attributes["gpu_uuid"])))
+    return tuple(dict.fromkeys((device.text("uuid"), device.text("gpu_uuid"))))
 
 
 # ----------------------------------------------------------------------------- from_config

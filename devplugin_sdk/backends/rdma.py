@@ -636,9 +636,9 @@ class RdmaPlugin(DevicePlugin):
         """
         merged = Allocation.merge(devices)
         prefix = self.resource.env_prefix
-        names = dict.fromkeys(d.attributes.get("rdma_device", d.id) for d in devices)
+        names = dict.fromkeys(str(d.attributes.get("rdma_device", d.id)) for d in devices)
         netdevs = dict.fromkeys(
-            n for d in devices for n in d.attributes.get("netdevs", "").split(",") if n
+            n for d in devices for n in str(d.attributes.get("netdevs", "")).split(",") if n
         )
         env = dict(merged.env)
         env[f"{prefix}_DEVICES"] = ",".join(names)

@@ -107,9 +107,7 @@ def test_dra_method_paths_and_fields_are_the_kubelets(version: str) -> None:
     services = {
         s.full_name: [m.name for m in s.methods] for s in dra.DESCRIPTOR.services_by_name.values()
     }
-    assert services == {
-        f"{package}.DRAPlugin": ["NodePrepareResources", "NodeUnprepareResources"]
-    }
+    assert services == {f"{package}.DRAPlugin": ["NodePrepareResources", "NodeUnprepareResources"]}
     fields = {
         m.name: {f.name: f.number for f in m.fields}
         for m in dra.DESCRIPTOR.message_types_by_name.values()
