@@ -31,7 +31,9 @@ async def test_publishes_registers_prepares_and_unprepares() -> None:
         plugin = StaticPlugin(RESOURCE, typed_widgets(3))
         options = dra_options(kubelet, api)
         async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options) as running:
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), what="DRA registration")
+            await kubelet.wait_for(
+                lambda: kubelet.dra.is_registered(DRIVER), what="DRA registration"
+            )
             await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
             (pool,) = api.pool(DRIVER, "node-1")
             assert [d.name for d in pool.devices] == ["w0", "w1", "w2"]
@@ -45,7 +47,11 @@ async def test_publishes_registers_prepares_and_unprepares() -> None:
 
             pod = kubelet.dra.pod("default", "pod-a", ["gpus"])
             api.allocate(
-                "default", "gpus", {"widgets": ["w0", "w2"]}, driver=DRIVER, pool="node-1",
+                "default",
+                "gpus",
+                {"widgets": ["w0", "w2"]},
+                driver=DRIVER,
+                pool="node-1",
                 pods=[pod.uid],
             )
             prepared = await kubelet.dra.prepare(pod)
