@@ -12,11 +12,12 @@ package are private; ``resources`` holds the API objects and the ``ResourceApi``
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -31,11 +32,13 @@ from devplugin_sdk.dra.resources import (
     SliceDevice,
 )
 from devplugin_sdk.errors import MissingDependencyError
-from devplugin_sdk.types import Device
+from devplugin_sdk.types import AttributeValue, Device, Version
 
 __all__ = [
     "AllocatedDevice",
     "Api",
+    "DeviceRule",
+    "DeviceRules",
     "Dra",
     "ResourceApi",
     "ResourceClaim",
@@ -118,6 +121,51 @@ class Dra:
     def selects(self, resource: str, device: Device) -> bool:
         """Whether DRA gets ``device`` of ``resource`` (``devices``, or every device)."""
         return self.devices is None or bool(self.devices(resource, device))
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRule:
+    """A rule matching devices (``dra.devices`` in the configuration file): every field given
+    must hold.
+
+    Args:
+        resource: Only devices of this resource.
+        ids: Device IDs, as shell-style globs (``GPU-4*``); any one matching is enough.
+        attributes: For each attribute name, the values it may have (``{"index": (4, 5)}``).
+    """
+
+    resource: str | None = None
+    ids: tuple[str, ...] = ()
+    attributes: Mapping[str, tuple[AttributeValue, ...]] = field(default_factory=dict)
+
+    def matches(self, resource: str, device: Device) -> bool:
+        """Whether ``device`` of ``resource`` matches every field of the rule."""
+        if self.resource is not None and resource != self.resource:
+            return False
+        if self.ids and not any(fnmatch.fnmatchcase(device.id, glob) for glob in self.ids):
+            return False
+        for name, values in self.attributes.items():
+            value = device.attributes.get(name)
+            if value is None or not any(_same(value, wanted) for wanted in values):
+                return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRules:
+    """``Dra.devices`` from rules: a device goes to DRA when any rule matches it."""
+
+    rules: tuple[DeviceRule, ...]
+
+    def __call__(self, resource: str, device: Device) -> bool:
+        return any(rule.matches(resource, device) for rule in self.rules)
+
+
+def _same(value: AttributeValue, wanted: AttributeValue) -> bool:
+    if isinstance(value, Version) or isinstance(wanted, Version):
+        return str(value) == str(wanted)
+    # True is not 1 here: a boolean attribute matches only a boolean.
+    return type(value) is type(wanted) and value == wanted
 
 
 def _check_node_name(name: str) -> str:
