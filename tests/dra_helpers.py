@@ -10,13 +10,13 @@ from devplugin_sdk.testing import FakeKubelet, MemoryApi
 DRIVER = "widget.acme.com"
 
 
-def dra_options(kubelet: FakeKubelet, api: MemoryApi, **overrides: Any) -> Dra:
+def dra_options(kubelet: FakeKubelet, memory: MemoryApi, **overrides: Any) -> Dra:
     """A ``Dra`` for ``kubelet``'s node, with its sockets and CDI specs beside its directories."""
     root = kubelet.directory.parent
     values: dict[str, Any] = {
         "driver": DRIVER,
         "node_name": kubelet.node_name,
-        "api": api,
+        "api": memory,
         "plugin_dir": root / "plugins" / DRIVER,
         "cdi_dir": root / "cdi",
     }

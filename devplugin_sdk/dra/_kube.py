@@ -143,15 +143,20 @@ def _attribute_to_kube(value: AttributeValue) -> m.DeviceAttribute:
     return m.DeviceAttribute(string=value)
 
 
-def _attribute_from_kube(attribute: m.DeviceAttribute) -> AttributeValue | None:
-    if attribute.bool is not None:
-        return bool(attribute.bool)
-    if attribute.int is not None:
-        return int(attribute.int)
-    if attribute.version is not None:
-        return Version(attribute.version)
-    if attribute.string is not None:
-        return str(attribute.string)
+def _field(obj: Any, name: str) -> Any:
+    # lightkube decodes nested models lazily: a map's values may still be plain dicts.
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+def _attribute_from_kube(attribute: Any) -> AttributeValue | None:
+    if _field(attribute, "bool") is not None:
+        return bool(_field(attribute, "bool"))
+    if _field(attribute, "int") is not None:
+        return int(_field(attribute, "int"))
+    if _field(attribute, "version") is not None:
+        return Version(_field(attribute, "version"))
+    if _field(attribute, "string") is not None:
+        return str(_field(attribute, "string"))
     return None  # a list-valued attribute (alpha): not one this SDK writes
 
 
@@ -206,7 +211,9 @@ def slice_from_kube(obj: Any) -> ResourceSlice:
             if value is not None:
                 attributes[key] = value
         capacity = {
-            key: _quantity(raw.value) for key, raw in (d.capacity or {}).items() if raw.value
+            key: _quantity(str(_field(raw, "value")))
+            for key, raw in (d.capacity or {}).items()
+            if _field(raw, "value")
         }
         devices.append(SliceDevice(d.name, attributes, capacity))
     return ResourceSlice(
