@@ -100,3 +100,65 @@ async def test_a_driver_through_the_real_client(tmp_path: Path) -> None:
             await kubelet.dra.unprepare(pod)
         methods = {m for m, _ in server.requests}
         assert {"GET", "POST"} <= methods
+
+
+@pytest.mark.timeout(40)  # a real `devplugin run` process: start-up, registration, SIGTERM
+async def test_devplugin_run_with_api_dra(tmp_path: Path) -> None:
+    """`devplugin run generic --config FILE` with `api: dra` and a kubeconfig, as a process."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for i in range(2):
+        (dev / f"ttyUSB{i}").touch()
+    memory = MemoryApi(nodes=["node-1"])
+    async with FakeApiServer(memory).serving() as server, FakeKubelet(dra_api=memory) as kubelet:
+        root = kubelet.directory.parent
+        config = tmp_path / "config.yaml"
+        config.write_text(
+            json.dumps(
+                {
+                    "backend": "generic",
+                    "pluginsRegistryDir": str(kubelet.registry_directory),
+                    "api": "dra",
+                    "dra": {
+                        "driver": "serial.example.com",
+                        "nodeName": "node-1",
+                        "kubeconfig": str(server.kubeconfig(tmp_path / "kubeconfig")),
+                        "pluginDir": str(root / "plugins" / "serial"),
+                        "cdiDir": str(root / "cdi"),
+                    },
+                    "resources": [
+                        {"resourceName": "example.com/serial", "paths": [f"{dev}/ttyUSB*"]}
+                    ],
+                }
+            )
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "devplugin_sdk", "run", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
+        try:
+            driver = "serial.example.com"
+            await kubelet.wait_for(lambda: kubelet.dra.is_registered(driver), timeout=20)
+            await kubelet.wait_for(lambda: memory.pool_complete(driver, "node-1"), timeout=10)
+            pod = kubelet.dra.pod("ns", "p", ["c"])
+            [first, _] = sorted(d.name for d in memory.pool(driver, "node-1")[0].devices)
+            memory.allocate("ns", "c", {"r": [first]}, driver=driver, pool="node-1", pods=[pod.uid])
+            assert (await kubelet.dra.prepare(pod)).cdi_ids("c")
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=15))
+        finally:
+            proc.kill()
+            proc.communicate()
+        assert proc.returncode == 0, stderr
+        assert "registered with the kubelet" in stderr
+        # The slices stay for the next run (the kubelet removes them if it never comes).
+        assert memory.pool_complete(driver, "node-1")
