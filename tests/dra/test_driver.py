@@ -337,3 +337,67 @@ async def test_both_apis_never_hand_out_one_device_twice() -> None:
             assert kubelet.allocatable(RESOURCE) == 2
             (status,) = running.statuses()
             assert status.registered  # the device-plugin registration, with its stream
+
+
+async def test_healthz_follows_the_dra_registration() -> None:
+    """/healthz judges a DRA-only plugin by the driver's registration (it has no stream)."""
+    import http.client
+
+    import anyio
+    from prometheus_client import CollectorRegistry
+
+    from devplugin_sdk.runner import Http
+
+    def get(port: int) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", "/healthz")
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        endpoints = Http(port=0, host="127.0.0.1", registry=CollectorRegistry())
+        async with serving(
+            StaticPlugin(RESOURCE, widgets(1)),
+            settings=kubelet.settings(),
+            http=endpoints,
+            api="dra",
+            dra=dra_options(kubelet, api),
+        ) as running:
+            assert running.http_port is not None
+            await _registered(kubelet, api)
+            await kubelet.wait_for(lambda: running.statuses()[0].registered, what="registered")
+            assert await anyio.to_thread.run_sync(get, running.http_port) == 200
+
+
+async def test_api_and_dra_must_agree() -> None:
+    from devplugin_sdk.dra import Dra
+    from devplugin_sdk.runner import serve
+
+    plugin = StaticPlugin(RESOURCE, widgets(1))
+    with pytest.raises(ValueError, match="needs dra="):
+        await serve(plugin, api="dra")
+    with pytest.raises(ValueError, match="api is devicePlugin"):
+        await serve(plugin, dra=Dra(driver=DRIVER, node_name="n"))
+    with pytest.raises(ValueError, match="node's name"):
+        await serve(plugin, api="dra", dra=Dra(driver=DRIVER, api=MemoryApi()))
+    with pytest.raises(ValueError, match="invalid DRA driver name"):
+        Dra(driver="Not_A_Domain")
+
+
+def test_device_names_are_dns_labels_stable_across_runs() -> None:
+    from devplugin_sdk import _names
+    from devplugin_sdk.dra import device_name
+
+    ids = ["GPU-8ca8c6b5-7df1", "ttyUSB0", "GPU-1::2", "MIG-GPU-1/1/0", "x" * 80, "::", "w0"]
+    names = [device_name(i) for i in ids]
+    assert names[0] == "gpu-8ca8c6b5-7df1"
+    assert names[1] == "ttyusb0"
+    assert names[6] == "w0"
+    assert names[2].startswith("gpu-1-2-")
+    assert len(names[2]) == len("gpu-1-2-") + 8
+    assert all(_names.device_name_problem(n) is None for n in names)
+    assert len(set(names)) == len(names)
+    assert [device_name(i) for i in ids] == names

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
@@ -14,6 +17,16 @@ from devplugin_sdk.dra import ResourceSlice, SliceDevice, kube_api
 from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
 from devplugin_sdk.types import Quantity, Version
+
+
+def _spawn(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "devplugin_sdk", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
 
 
 async def test_every_operation_round_trips(tmp_path: Path) -> None:
@@ -106,10 +119,7 @@ async def test_a_driver_through_the_real_client(tmp_path: Path) -> None:
 async def test_devplugin_run_with_api_dra(tmp_path: Path) -> None:
     """`devplugin run generic --config FILE` with `api: dra` and a kubeconfig, as a process."""
     import json
-    import os
     import signal
-    import subprocess
-    import sys
 
     dev = tmp_path / "dev"
     dev.mkdir()
@@ -138,13 +148,7 @@ async def test_devplugin_run_with_api_dra(tmp_path: Path) -> None:
                 }
             )
         )
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "devplugin_sdk", "run", "--config", str(config)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ),
-        )
+        proc = _spawn("run", "--config", str(config))
         try:
             driver = "serial.example.com"
             await kubelet.wait_for(lambda: kubelet.dra.is_registered(driver), timeout=20)
