@@ -25,6 +25,7 @@ FULL: dict[str, list[str]] = {
     "cold-start": ["bench_cold_start.py", "--runs", "20"],
     "scale": ["bench_scale.py", "--flips", "20"],
     "footprint": ["bench_footprint.py", "--seconds", "60"],
+    "sharing": ["bench_sharing.py", "--calls", "200", "--mib-calls", "50"],
 }
 QUICK: dict[str, list[str]] = {
     "allocate": ["bench_allocate.py", "--calls", "500", "--warmup", "50"],
@@ -35,6 +36,7 @@ QUICK: dict[str, list[str]] = {
     "cold-start": ["bench_cold_start.py", "--runs", "3"],
     "scale": ["bench_scale.py", "--sizes", "1000,10000", "--flips", "5"],
     "footprint": ["bench_footprint.py", "--seconds", "10"],
+    "sharing": ["bench_sharing.py", "--calls", "20", "--mib-calls", "5"],
 }
 
 

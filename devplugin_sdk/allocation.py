@@ -1,20 +1,41 @@
-"""Topology-aware preferred allocation that any backend can feed with its own link scores.
+"""Preferred allocation that any backend can feed, and the arithmetic of sharing a device.
 
 ``TopologyScorer`` picks the best-connected set of devices for GetPreferredAllocation: the set
 with the highest sum of pairwise scores (link score between physical units, plus a bonus for a
 shared NUMA node), must-include devices always kept. The scoring model follows NVIDIA's
 go-gpuallocator best-effort policy (``besteffort_policy.go``: pair scores summed over the set);
 the search is exact for small sets and greedy beyond, and every tie is broken deterministically.
+
+For devices that are *shares* of a unit (memory units or slices of a GPU), ``place_together``
+keeps one container's shares on one unit (binpack or spread) and ``spread_apart`` puts them on
+different units; both compute what is free from the kubelet's ``available`` list only, so they
+stay right across plugin and kubelet restarts, and their ``Placement`` reports the free shares
+per unit (the largest free block) for error messages. ``list_entry_bytes`` and
+``list_message_bytes`` size a ListAndWatch message the way it is encoded, to check a device
+count against the kubelet's 4 MiB limit before advertising it.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["LinkScore", "TopologyScorer", "matrix_score"]
+from devplugin_sdk.types import Device, Health
+
+__all__ = [
+    "PLACEMENTS",
+    "LinkScore",
+    "Placement",
+    "TopologyScorer",
+    "UnitOf",
+    "list_entry_bytes",
+    "list_message_bytes",
+    "matrix_score",
+    "place_together",
+    "spread_apart",
+]
 
 LinkScore = Callable[[str, str], float]
 """Score of the link between two *physical units* (higher is better connected)."""
@@ -237,3 +258,269 @@ def _best_candidate(gain: dict[str, float], connectivity: dict[str, float]) -> s
         if pick_rank is None or rank > pick_rank:
             pick, pick_rank = candidate, rank
     return pick
+
+
+# ----------------------------------------------------------------------------- shares of a unit
+
+UnitOf = Callable[[str], str] | Mapping[str, str]
+"""The unit (a GPU, an HCA) a share belongs to: a function of the device ID, or a table by
+device ID (a device missing from the table is its own unit)."""
+
+#: How ``place_together`` picks among the units that fit: ``binpack`` takes the unit with the
+#: fewest free shares (whole units stay free for big requests), ``spread`` the one with the most
+#: (containers share a unit as little as possible).
+PLACEMENTS = ("binpack", "spread")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where ``place_together`` or ``spread_apart`` put a container's shares, and what was free.
+
+    Attributes:
+        device_ids: The chosen device IDs, must-include ones first; fewer than asked only when
+            fewer were available.
+        units: The unit of each chosen ID, in the same order.
+        free: Free shares per unit in the ``available`` list (must-include ones counted), in
+            the order the units rank (``unit_order``, then by name).
+    """
+
+    device_ids: tuple[str, ...]
+    units: tuple[str, ...]
+    free: Mapping[str, int]
+
+    @property
+    def together(self) -> bool:
+        """Whether every chosen share is on one unit."""
+        return len(set(self.units)) <= 1
+
+    @property
+    def apart(self) -> bool:
+        """Whether every chosen share is on a different unit."""
+        return len(set(self.units)) == len(self.units)
+
+    def largest_free(self) -> tuple[str, int] | None:
+        """The unit with the most free shares (the first in rank order on a tie) and that count;
+        None when nothing was available."""
+        if not self.free:
+            return None
+        unit = max(self.free, key=lambda u: self.free[u])  # max keeps the first of equals
+        return unit, self.free[unit]
+
+
+def place_together(
+    available: Iterable[str],
+    size: int,
+    unit_of: UnitOf,
+    *,
+    must_include: Sequence[str] = (),
+    placement: str = "binpack",
+    unit_order: Sequence[str] = (),
+) -> Placement:
+    """Choose ``size`` shares on one unit, the unit picked by ``placement``.
+
+    What is free is what ``available`` lists (the kubelet's view: healthy and not in use), so the
+    answer needs no memory of earlier allocations. Must-include shares are kept; when they are all
+    on one unit, the rest comes from that unit. When no unit can hold the whole request, the
+    answer uses as few units as possible: the must-include shares' units first, then the units
+    with the most free shares; ``Placement.together`` is then False and ``Placement.free`` says
+    what each unit had.
+
+    Args:
+        available: Device IDs the container may get (the kubelet's ``available`` list).
+        size: How many shares the container gets in total.
+        unit_of: The unit of each share.
+        must_include: IDs that must be in the answer (the kubelet lists them in ``available``
+            too; they count as free shares of their unit).
+        placement: ``binpack`` (the unit with the fewest free shares that fits) or ``spread``
+            (the unit with the most).
+        unit_order: Units in the order that breaks ties (GPU index order, say); units not
+            listed come after, by name.
+
+    Returns:
+        The placement. Within a unit, shares are taken in ``(len(id), id)`` order, which for
+        ``<prefix>-<n>`` IDs is the order of ``n``.
+
+    Raises:
+        ValueError: ``size`` is negative or ``placement`` is not one of ``PLACEMENTS``.
+    """
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    shares = _Shares(available, size, unit_of, must_include, unit_order)
+    must_units = shares.must_units
+    if len(must_units) <= 1:
+        fits = [
+            u
+            for u in shares.free
+            if shares.free[u] >= size and (not must_units or u == must_units[0])
+        ]
+        if fits:
+            sign = 1 if placement == "binpack" else -1
+            # min keeps the first of equals, and `free` is in rank order.
+            best = min(fits, key=lambda u: sign * shares.free[u])
+            return shares.fill([best])
+    # No unit holds it all: as few units as possible, largest blocks first.
+    rest = sorted((u for u in shares.free if u not in must_units), key=lambda u: -shares.free[u])
+    return shares.fill([*must_units, *rest])
+
+
+def spread_apart(
+    available: Iterable[str],
+    size: int,
+    unit_of: UnitOf,
+    *,
+    must_include: Sequence[str] = (),
+    link_score: LinkScore | Mapping[tuple[str, str], float] | None = None,
+    unit_order: Sequence[str] = (),
+) -> Placement:
+    """Choose ``size`` shares, each on a different unit (slices of GPUs, as HAMi spreads them).
+
+    Units are taken one by one: the unit with the most free shares first (spread), then, among
+    units with as many, the best linked to the units already chosen (``link_score`` summed),
+    then ``unit_order``. Must-include shares are kept and their units count as chosen. When
+    fewer units than ``size`` have a free share, the rest comes from the chosen units, most free
+    first, and ``Placement.apart`` is False.
+
+    Args:
+        available: Device IDs the container may get (the kubelet's ``available`` list).
+        size: How many shares the container gets in total.
+        unit_of: The unit of each share.
+        must_include: IDs that must be in the answer.
+        link_score: Link score between two units (a function or a ``{(a, b): score}`` table);
+            None scores every pair alike.
+        unit_order: Units in the order that breaks the remaining ties.
+
+    Raises:
+        ValueError: ``size`` is negative.
+    """
+    shares = _Shares(available, size, unit_of, must_include, unit_order)
+    link: LinkScore | None
+    link = link_score if callable(link_score) or link_score is None else matrix_score(link_score)
+    chosen = list(shares.must_units)
+    want = size - len(shares.must)
+    candidates = [u for u in shares.free if u not in chosen and shares.spare(u)]
+    while want > 0 and candidates:
+
+        def rank(unit: str) -> tuple[int, float]:
+            linked = sum(link(unit, c) for c in chosen) if link is not None else 0.0
+            return shares.free[unit], linked
+
+        best = max(candidates, key=rank)  # max keeps the first of equals: rank order
+        candidates.remove(best)
+        chosen.append(best)
+        want -= 1
+    placement = shares.fill(chosen[len(shares.must_units) :], per_unit=1)
+    if len(placement.device_ids) < size:
+        # Not enough distinct units: the rest from the units with the most shares left.
+        again = sorted(chosen, key=lambda u: -shares.spare(u))
+        placement = shares.fill(again, start=placement)
+    return placement
+
+
+class _Shares:
+    """The available shares grouped by unit, for one placement (used once)."""
+
+    def __init__(
+        self,
+        available: Iterable[str],
+        size: int,
+        unit_of: UnitOf,
+        must_include: Sequence[str],
+        unit_order: Sequence[str],
+    ) -> None:
+        if size < 0:
+            raise ValueError(f"size must be >= 0, got {size}")
+        self.size = size
+        table = unit_of
+        unit = self.unit_of = table if callable(table) else (lambda i: table.get(i, i))
+        self.must = list(dict.fromkeys(must_include))
+        # One pass, no per-item overhead beyond the unit: a node may list 100,000 shares.
+        groups: dict[str, list[str]] = {}
+        for device_id in dict.fromkeys([*self.must, *available]):
+            key = unit(device_id)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = group = []
+            group.append(device_id)
+        position = {u: i for i, u in enumerate(dict.fromkeys(unit_order))}
+        ranked = sorted(groups, key=lambda u: (position.get(u, len(position)), u))
+        self.groups = {u: groups[u] for u in ranked}
+        self.free = {u: len(groups[u]) for u in ranked}
+        self.must_units = list(dict.fromkeys(unit(m) for m in self.must))
+        self.taken: dict[str, int] = {}
+        for m in self.must:
+            self.taken[unit(m)] = self.taken.get(unit(m), 0) + 1
+
+    def spare(self, unit: str) -> int:
+        """Free shares of ``unit`` not yet chosen."""
+        return self.free[unit] - self.taken.get(unit, 0)
+
+    def fill(
+        self, units: Sequence[str], *, per_unit: int | None = None, start: Placement | None = None
+    ) -> Placement:
+        """Must-include shares (or ``start``'s), then shares of ``units`` in turn up to size."""
+        if start is not None:
+            chosen, units_of = list(start.device_ids), list(start.units)
+        else:
+            chosen, units_of = list(self.must), [self.unit_of(m) for m in self.must]
+        taken = set(chosen)
+        for unit in units:
+            want = self.size - len(chosen)
+            if want <= 0:
+                break
+            if per_unit is not None:
+                want = min(want, per_unit)
+            # (len(id), id) order, by two sorts in C: the second is stable.
+            ordered = sorted(self.groups[unit])
+            ordered.sort(key=len)
+            if taken:
+                ordered = [i for i in ordered if i not in taken]
+            picked = ordered[:want]
+            chosen += picked
+            units_of += [unit] * len(picked)
+            taken.update(picked)
+            self.taken[unit] = self.taken.get(unit, 0) + len(picked)
+        return Placement(tuple(chosen), tuple(units_of), dict(self.free))
+
+
+# ----------------------------------------------------------------------------- message size
+
+
+def _varint_bytes(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def _field_bytes(length: int) -> int:
+    """A length-delimited field: one tag byte (field numbers below 16), its length, the bytes."""
+    return 1 + _varint_bytes(length) + length
+
+
+def list_entry_bytes(
+    device_id: str, numa_nodes: Sequence[int] = (), health: Health = Health.HEALTHY
+) -> int:
+    """Bytes one device adds to a ListAndWatch message, as protobuf encodes it.
+
+    The message is a repeated ``Device`` field: each device costs its ID, its health string
+    (``Unhealthy`` is two bytes longer than ``Healthy``) and its NUMA nodes (node 0 encodes in
+    fewer bytes than the others, protobuf leaving zeros out).
+    """
+    device = _field_bytes(len(device_id.encode())) + _field_bytes(len(health.value))
+    if numa_nodes:
+        nodes = sum(_field_bytes(1 + _varint_bytes(n) if n else 0) for n in numa_nodes)
+        device += _field_bytes(nodes)
+    return _field_bytes(device)
+
+
+def list_message_bytes(devices: Iterable[Device], health: Health | None = None) -> int:
+    """Size of the ListAndWatch message listing ``devices``: compare it with
+    ``devplugin_sdk.api.constants.MAX_MESSAGE_BYTES`` (4 MiB), over which the kubelet drops the
+    stream (and the SDK refuses to send it).
+
+    Args:
+        devices: The devices.
+        health: Count every device with this health (``Health.UNHEALTHY`` for the largest the
+            message can get); None uses each device's own.
+    """
+    return sum(
+        list_entry_bytes(d.id, d.numa_nodes, d.health if health is None else health)
+        for d in devices
+    )

@@ -512,6 +512,11 @@ async def _one_response(client: PluginClient, device_ids: Sequence[str]) -> None
     except ProbeError as exc:
         # Any error fails the pod's admission (UnexpectedAdmissionError).
         raise CheckFailed(f"{label}: {exc}") from None
+    _judge_responses(label, responses)
+
+
+def _judge_responses(label: str, responses: Sequence[object]) -> None:
+    """What the kubelet makes of the container responses to one container request."""
     if not responses:
         raise CheckFailed(
             f"{label} answered no container response; the kubelet fails the pod with 'no "
@@ -544,7 +549,26 @@ async def _allocate_all(s: _Subject) -> str:
     ids = s.healthy_ids()
     started = time.perf_counter()
     # Also re-sends IDs already allocated above: Allocate must be idempotent.
-    await _one_response(client, ids)
+    label = f"Allocate({[list(ids)]!r:.80})"
+    try:
+        responses = await client.allocate(ids)
+    except ProbeError as exc:
+        if (
+            not isinstance(exc, PluginRpcError)
+            or exc.code is not grpc.StatusCode.FAILED_PRECONDITION
+            or not ids
+        ):
+            raise CheckFailed(f"{label}: {exc}") from None
+        # AllocationError: the plugin refuses this container on purpose. A refusal of the
+        # combination (GPU sharing rules, say) costs only such a pod; a refusal of IDs it
+        # handed out before would fail init containers: check that one ID alone still goes.
+        await _one_response(client, ids[:1])
+        raise CheckWarning(
+            f"Allocate of all {_n(len(ids), 'healthy device')} in one container is refused "
+            f"({exc.details}); each device alone is allocated again, so the refusal is of the "
+            "combination (the kubelet fails that pod's admission)"
+        ) from None
+    _judge_responses(label, responses)
     return (
         f"{_n(len(ids), 'device')} in one container request, one response in "
         f"{_ms(time.perf_counter() - started)}"
@@ -834,7 +858,10 @@ CHECKS: tuple[Check[_Subject], ...] = (
         _allocate_all,
         BOTH,
         "as allocate-each-device; the kubelet sends IDs again (init containers, re-allocation "
-        "after a restart, dm/manager.go:devicesToAllocate), so Allocate must be idempotent",
+        "after a restart, dm/manager.go:devicesToAllocate), so Allocate must be idempotent "
+        "(fail); a FAILED_PRECONDITION refusal of the whole set while each device alone is "
+        "allocated again is a deliberate refusal of the combination, such as a sharing rule: "
+        "the kubelet fails that pod only (warn)",
     ),
     Check(
         "allocate-multi-container",

@@ -342,6 +342,18 @@ class Device:
             raise TypeError(f"Device {self.id!r}: attribute {name} is {value!r}, not a string")
         return value
 
+    def number(self, name: str) -> int:
+        """The integer attribute ``name``.
+
+        Raises:
+            KeyError: the device has no attribute ``name``.
+            TypeError: the attribute is not an integer.
+        """
+        value = self.attributes[name]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"Device {self.id!r}: attribute {name} is {value!r}, not an integer")
+        return value
+
 
 def replicate(devices: Iterable[Device], replicas: int) -> list[Device]:
     """Share each device between ``replicas`` containers (time-slicing).

@@ -42,6 +42,8 @@ FAULTS: dict[str, dict[str, str]] = {
     # Both later Allocate checks re-send IDs allocated before.
     "not-idempotent": {"allocate-all-healthy": "fail", "allocate-multi-container": "warn"},
     "first-container-only": {"allocate-multi-container": "warn"},
+    # A sharing rule: no container gets more than two devices; each alone is fine.
+    "refuses-combinations": {"allocate-all-healthy": "warn"},
     # The kubelet fails the pod on no response and reads only the first of several.
     "no-container-response": {
         "allocate-each-device": "fail",
@@ -221,6 +223,10 @@ class RawPlugin:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown devices {unknown}")
             if self.fault == "not-idempotent" and self.allocated & set(ids):
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "already allocated")
+            if self.fault == "refuses-combinations" and len(ids) > 2:
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION, "at most 2 devices per container"
+                )
             if self.fault == "one-device-fails" and "dev-5" in ids:
                 await context.abort(grpc.StatusCode.INTERNAL, "/dev/dev-5: no such file")
             self.allocated |= set(ids)

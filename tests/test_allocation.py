@@ -1,15 +1,26 @@
-"""The generic topology scorer in devplugin_sdk.allocation, on its own (no backend)."""
+"""devplugin_sdk.allocation on its own (no backend): the topology scorer, placing shares of a
+unit together or apart, and the size of a ListAndWatch message."""
 
 from __future__ import annotations
 
 import itertools
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devplugin_sdk.allocation import TopologyScorer, matrix_score
+from devplugin_sdk import _convert
+from devplugin_sdk.allocation import (
+    TopologyScorer,
+    list_entry_bytes,
+    list_message_bytes,
+    matrix_score,
+    place_together,
+    spread_apart,
+)
+from devplugin_sdk.types import Device, Health
 
 # Two NVLink islands of four GPUs each (go-gpuallocator's scale: +100 per link), joined by
 # PCIe only; GPUs 0-3 on NUMA node 0, 4-7 on node 1.
@@ -165,3 +176,224 @@ def test_exact_search_finds_a_set_at_least_as_good_as_any_other(
     best = scorer.set_score(scorer.choose(ids, size))
 
     assert all(best >= scorer.set_score(list(c)) for c in itertools.combinations(ids, size))
+
+
+# ----------------------------------------------------------------------------- shares of a unit
+
+# Four GPUs of 40 GiB as memory units "g<gpu>-<n>" (the nvidia backend's ID shape).
+ORDER = ["g0", "g1", "g2", "g3"]
+
+
+def units(free: dict[str, int]) -> list[str]:
+    """Available memory units: ``free[g]`` units of GPU ``g``, the highest-numbered ones."""
+    return [f"{g}-{n}" for g, count in free.items() for n in range(40 - count, 40)]
+
+
+def gpu_of(device_id: str) -> str:
+    return device_id.rpartition("-")[0]
+
+
+def test_binpack_takes_the_unit_with_the_fewest_free_shares_that_fits() -> None:
+    available = units({"g0": 30, "g1": 5, "g2": 40, "g3": 12})
+
+    placed = place_together(available, 10, gpu_of, unit_order=ORDER)
+
+    assert placed.together
+    assert set(placed.units) == {"g3"}
+    assert len(placed.device_ids) == 10
+    assert placed.free == {"g0": 30, "g1": 5, "g2": 40, "g3": 12}
+
+
+def test_spread_takes_the_unit_with_the_most_free_shares() -> None:
+    available = units({"g0": 30, "g1": 5, "g2": 40, "g3": 12})
+
+    placed = place_together(available, 10, gpu_of, placement="spread", unit_order=ORDER)
+
+    assert set(placed.units) == {"g2"}
+
+
+def test_ties_go_to_the_first_unit_in_unit_order() -> None:
+    available = units(dict.fromkeys(ORDER, 40))
+
+    assert set(place_together(available, 10, gpu_of, unit_order=ORDER).units) == {"g0"}
+    reverse = list(reversed(ORDER))
+    assert set(place_together(available, 10, gpu_of, unit_order=reverse).units) == {"g3"}
+    # Without an order, by name.
+    assert set(place_together(available, 10, gpu_of).units) == {"g0"}
+
+
+def test_10_35_30_gib_binpack_onto_two_gpus_and_45_does_not_fit_on_one() -> None:
+    # The issue's scenario on an A100x8 40 GiB node, replayed as the kubelet would: each
+    # container's units leave `available` once allocated.
+    gpus = [f"g{i}" for i in range(8)]
+    free = [f"{g}-{n}" for g in gpus for n in range(40)]
+    landed = []
+    for size in (10, 35, 30):
+        placed = place_together(free, size, gpu_of, unit_order=gpus)
+        assert placed.together
+        landed.append(placed.units[0])
+        free = [i for i in free if i not in set(placed.device_ids)]
+
+    assert landed == ["g0", "g1", "g0"]
+    placed = place_together(free, 45, gpu_of, unit_order=gpus)
+    assert not placed.together
+    assert placed.largest_free() == ("g2", 40)
+    assert "g0" not in placed.free  # full: none of its units is available
+    # As few GPUs as possible: the largest block, then the next.
+    assert placed.units.count("g2") == 40
+    assert len(set(placed.units)) == 2
+
+
+def test_must_include_keeps_the_rest_on_its_unit() -> None:
+    available = units({"g0": 40, "g1": 20})
+
+    placed = place_together(available, 15, gpu_of, must_include=["g1-30"], unit_order=ORDER)
+
+    assert placed.device_ids[0] == "g1-30"
+    assert set(placed.units) == {"g1"}
+
+
+def test_must_include_on_a_unit_too_small_spills_over_to_the_largest_block() -> None:
+    available = units({"g0": 40, "g1": 4})
+
+    placed = place_together(available, 10, gpu_of, must_include=["g1-36"], unit_order=ORDER)
+
+    assert placed.device_ids[0] == "g1-36"
+    assert placed.units.count("g1") == 4
+    assert placed.units.count("g0") == 6
+
+
+def test_shares_of_a_unit_are_taken_in_number_order() -> None:
+    placed = place_together(["g0-10", "g0-9", "g0-2", "g0-100"], 3, gpu_of)
+
+    assert placed.device_ids == ("g0-2", "g0-9", "g0-10")
+
+
+def test_a_table_names_the_units_and_unlisted_devices_are_their_own_unit() -> None:
+    table = {"a": "u1", "b": "u1", "c": "u2"}
+
+    placed = place_together(["a", "b", "c", "solo"], 2, table)
+
+    assert set(placed.units) == {"u1"}
+    assert placed.free == {"solo": 1, "u1": 2, "u2": 1}
+
+
+def test_too_few_available_gives_what_there_is_and_nothing_gives_no_largest_block() -> None:
+    assert place_together(["g0-1"], 3, gpu_of).device_ids == ("g0-1",)
+    empty = place_together([], 3, gpu_of)
+    assert empty.device_ids == ()
+    assert empty.largest_free() is None
+    assert place_together(["g0-1"], 0, gpu_of).device_ids == ()
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: place_together([], -1, gpu_of), "size must be >= 0"),
+        (lambda: place_together([], 1, gpu_of, placement="first"), "binpack, spread"),
+        (lambda: spread_apart([], -2, gpu_of), "size must be >= 0"),
+    ],
+)
+def test_bad_arguments_raise_value_error(call: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    free=st.lists(st.integers(0, 12), min_size=1, max_size=6),
+    size=st.integers(1, 20),
+    spread=st.booleans(),
+)
+def test_shares_stay_on_one_unit_whenever_one_unit_can_hold_them(
+    free: list[int], size: int, spread: bool
+) -> None:
+    available = [f"u{u}-{n}" for u, count in enumerate(free) for n in range(count)]
+    random.Random(size).shuffle(available)  # the kubelet's order is random
+
+    placed = place_together(available, size, gpu_of, placement="spread" if spread else "binpack")
+
+    assert len(set(placed.device_ids)) == len(placed.device_ids) == min(size, len(available))
+    assert set(placed.device_ids) <= set(available)
+    if not available:
+        assert placed.device_ids == ()
+        return
+    fitting = [c for c in free if c >= size]
+    assert placed.together == (bool(fitting) or size >= len(available) == max(free))
+    if fitting:
+        assert placed.free[placed.units[0]] == (max(fitting) if spread else min(fitting))
+    else:
+        # Fewest units: no other choice of units could use fewer.
+        needed = 0
+        for i, count in enumerate(sorted(free, reverse=True), 1):
+            needed += count
+            if needed >= min(size, len(available)):
+                assert len(set(placed.units)) == i
+                break
+
+
+def test_spread_apart_puts_each_share_on_a_different_unit_most_free_first() -> None:
+    slices = [f"gpu{g}::{n}" for g in range(4) for n in range(4)]
+    taken = {"gpu0::0", "gpu0::1", "gpu2::0"}
+    available = [s for s in slices if s not in taken]
+
+    placed = spread_apart(available, 2, lambda i: i.split("::")[0])
+
+    assert placed.apart
+    assert set(placed.units) == {"gpu1", "gpu3"}
+
+
+def test_spread_apart_breaks_ties_by_link_score_to_the_units_already_chosen() -> None:
+    slices = [f"gpu{g}::{n}" for g in range(8) for n in range(2)]
+    unit = lambda i: i.split("::")[0]  # noqa: E731
+
+    placed = spread_apart(slices, 4, unit, link_score=ISLANDS)
+
+    # Four units of one NVLink island, every unit equally free.
+    assert placed.apart
+    assert len({int(u[3:]) // 4 for u in placed.units}) == 1
+
+
+def test_spread_apart_keeps_must_include_and_avoids_its_unit() -> None:
+    slices = [f"gpu{g}::{n}" for g in range(3) for n in range(4)]
+
+    placed = spread_apart(slices, 3, lambda i: i.split("::")[0], must_include=["gpu1::2"])
+
+    assert placed.device_ids[0] == "gpu1::2"
+    assert placed.apart
+    assert set(placed.units) == {"gpu0", "gpu1", "gpu2"}
+
+
+def test_spread_apart_with_too_few_units_doubles_up_on_the_freest() -> None:
+    placed = spread_apart(["g0-1", "g0-2", "g0-3", "g1-1"], 3, gpu_of)
+
+    assert not placed.apart
+    assert sorted(placed.units) == ["g0", "g0", "g1"]
+
+
+# ----------------------------------------------------------------------------- message size
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    device_id=st.text(st.characters(codec="utf-8", categories=["L", "N", "P"]), min_size=1),
+    numa=st.lists(st.integers(0, 5000), max_size=3),
+    health=st.sampled_from(list(Health)),
+)
+def test_entry_bytes_are_what_the_sdk_encodes(
+    device_id: str, numa: list[int], health: Health
+) -> None:
+    device = Device(device_id, numa_nodes=tuple(numa))
+
+    assert list_entry_bytes(device_id, numa, health) == len(
+        _convert.list_and_watch_entry(device, health)
+    )
+
+
+def test_message_bytes_add_up_and_count_unhealthy_as_asked() -> None:
+    devices = [Device(f"d{i}", numa_nodes=(i % 2,)) for i in range(1000)]
+    encoded = b"".join(_convert.list_and_watch_entry(d, d.health) for d in devices)
+
+    assert list_message_bytes(devices) == len(encoded)
+    assert _convert.decode_list_and_watch(encoded).devices[999].ID == "d999"
+    assert list_message_bytes(devices, Health.UNHEALTHY) == len(encoded) + 2 * len(devices)

@@ -54,6 +54,8 @@ FAULT_MESSAGES = {
     "one-device-fails": "Allocate([['dev-5']]): Allocate failed: INTERNAL: /dev/dev-5: no such file",
     "not-idempotent": "FAILED_PRECONDITION: already allocated",
     "first-container-only": "answered 1 container responses for 4 container requests",
+    "refuses-combinations": "is refused (at most 2 devices per container); each device alone is "
+    "allocated again, so the refusal is of the combination",
     "no-container-response": "answered no container response; the kubelet fails the pod",
     "extra-container-response": "answered 2 container responses for 1 container request; "
     "the kubelet reads only the first",
@@ -428,6 +430,32 @@ async def test_builtin_backend_passes_every_check(short_dir: Path, backend: str)
     assert judged(report) == {}, [r.line() for r in report.results]
     tested = {r.resource for r in report.results if r.resource}
     assert tested == {p.resource_name for p in plugins}
+
+
+@pytest.mark.parametrize("config", ["config-gpushare.yaml", "config-hami.yaml"])
+async def test_gpu_sharing_configs_pass_with_the_refused_combination_as_a_warning(
+    short_dir: Path, config: str
+) -> None:
+    """Memory units and slices refuse a container asking for every device (it spans GPUs):
+    a deliberate refusal, judged a warning once one device alone is allocated again."""
+    import yaml
+
+    from devplugin_sdk.testing import fake_nvml
+
+    fake = fake_nvml.dgx_a100_40gb()
+    roots = fake.write_host(short_dir / "host")
+    data = yaml.safe_load((EXAMPLES / "nvidia" / config).read_text())
+    with fake.installed():
+        plugins = _load_example("nvidia").SiteGpuPlugin.from_config({**data, **roots.config()})
+    limits = Limits(timeout=LIMITS.timeout, expect=len(plugins), settle=0.0, restart_timeout=5.0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_serve_forever, plugins, settings(short_dir / "dp"))
+        report = await check_register_dir(short_dir / "dp", limits)
+        tg.cancel_scope.cancel()
+    warnings = {(r.resource, r.name) for r in report.results if r.status == "warn"}
+    assert report.ok, [r.line() for r in report.results]
+    assert warnings, [r.line() for r in report.results]
+    assert {name for _, name in warnings} == {"allocate-all-healthy"}, warnings
 
 
 # ------------------------------------------------------------------------------------------ CLI

@@ -31,7 +31,16 @@ import anyio
 import anyio.to_thread
 from typing_extensions import Self
 
-from devplugin_sdk.allocation import TopologyScorer
+from devplugin_sdk.allocation import (
+    PLACEMENTS,
+    Placement,
+    TopologyScorer,
+    list_entry_bytes,
+    matrix_score,
+    place_together,
+    spread_apart,
+)
+from devplugin_sdk.api import constants
 from devplugin_sdk.backends import _sysfs
 from devplugin_sdk.config import ConfigReader, shown
 from devplugin_sdk.errors import AllocationError, BackendError, ConfigError, MissingDependencyError
@@ -54,9 +63,12 @@ __all__ = [
     "DEFAULT_IGNORED_XIDS",
     "GpuFacts",
     "GpuInfo",
+    "Interceptor",
+    "MemorySharing",
     "MigInfo",
     "NvidiaConfig",
     "NvmlPlugin",
+    "VgpuSharing",
     "from_config",
     "load_nvml",
     "mig_profile_name",
@@ -116,11 +128,115 @@ _PCIE_SCORES = {
     "SYSTEM": 10.0,
 }
 _STRATEGY_CONFLICT = "envvar and volume-mounts both set NVIDIA_VISIBLE_DEVICES; pick one"
+# TopologyScorer's default bonus for two GPUs on one NUMA node, for slices too.
+_NUMA_BONUS = 10.0
+
+# Memory units (sharing.memory): MiB per unit.
+MEMORY_UNITS = {"GiB": 1024, "MiB": 1}
+# gpushare's variables (AliyunContainerService/gpushare-device-plugin pkg/gpu/nvidia/const.go):
+# the GPU's index, its memory and the container's share, both in units.
+GPUSHARE_INDEX_ENV = "ALIYUN_COM_GPU_MEM_IDX"
+GPUSHARE_DEVICE_ENV = "ALIYUN_COM_GPU_MEM_DEV"
+GPUSHARE_CONTAINER_ENV = "ALIYUN_COM_GPU_MEM_CONTAINER"
+# HAMi-core's (libvgpu.so) limits: CUDA_DEVICE_MEMORY_LIMIT_<i> ("<MiB>m") for the i-th visible
+# GPU, CUDA_DEVICE_SM_LIMIT in percent of the SMs (HAMi pkg/device-plugin/.../plugin/server.go).
+MEMORY_LIMIT_ENV = "CUDA_DEVICE_MEMORY_LIMIT_{}"
+SM_LIMIT_ENV = "CUDA_DEVICE_SM_LIMIT"
+# Where HAMi mounts its interceptor in a container; ld.so.preload lists the library there.
+INTERCEPTOR_LIBRARY = "/usr/local/vgpu/libvgpu.so"
+INTERCEPTOR_PRELOAD = "/etc/ld.so.preload"
+INTERCEPTOR_LOCKS = "/tmp/vgpulock"
+_ONE_WAY_TO_SHARE = ("timeSlicing", "memory", "vgpu")
 
 _CDI_KIND = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[a-zA-Z0-9]([a-zA-Z0-9_.-]*[a-zA-Z0-9])?$")
 
 
 # ----------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class Interceptor:
+    """A HAMi-core compatible interceptor (``libvgpu.so``) that enforces the memory and SM
+    limits inside the container, mounted from the host.
+
+    Args:
+        host_path: Host directory holding ``libvgpu.so``, ``ld.so.preload`` (which lists
+            ``/usr/local/vgpu/libvgpu.so``) and a ``vgpulock`` directory; mounted at
+            ``/usr/local/vgpu/libvgpu.so``, ``/etc/ld.so.preload`` and ``/tmp/vgpulock``.
+    """
+
+    host_path: Path = Path("/usr/local/vgpu")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "host_path", Path(self.host_path))
+        if not self.host_path.is_absolute():
+            raise ValueError(f"host_path must be absolute, got {str(self.host_path)!r}")
+
+    def mounts(self) -> tuple[Mount, ...]:
+        """The container's mounts."""
+        return (
+            Mount(str(self.host_path / "libvgpu.so"), INTERCEPTOR_LIBRARY, read_only=True),
+            Mount(str(self.host_path / "ld.so.preload"), INTERCEPTOR_PRELOAD, read_only=True),
+            Mount(str(self.host_path / "vgpulock"), INTERCEPTOR_LOCKS),
+        )
+
+
+@dataclass(frozen=True)
+class MemorySharing:
+    """GPUs shared by memory (gpushare's model): one device per unit of each GPU's memory.
+
+    Args:
+        resource_name: Resource of the memory units.
+        unit: ``GiB`` or ``MiB``.
+        placement: Which GPU a container's units go to when several can hold them:
+            ``binpack`` (the fewest free units) or ``spread`` (the most).
+        count_resource_name: Also advertise each GPU once under this resource (a count, as
+            gpushare's ``aliyun.com/gpu-count``); a container asking for it gets no GPU.
+        multi_gpu: Let one container's units span GPUs (one memory limit per GPU); otherwise
+            Allocate refuses them.
+        interceptor: Mount a HAMi-core compatible interceptor that enforces the memory limit.
+    """
+
+    resource_name: str = "nvidia.com/gpu-memory"
+    unit: str = "GiB"
+    placement: str = "binpack"
+    count_resource_name: str | None = None
+    multi_gpu: bool = False
+    interceptor: Interceptor | None = None
+
+    def __post_init__(self) -> None:
+        if self.unit not in MEMORY_UNITS:
+            raise ValueError(f"unit must be one of {', '.join(MEMORY_UNITS)}, got {self.unit!r}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}")
+        if self.count_resource_name == self.resource_name:
+            raise ValueError("count_resource_name must differ from resource_name")
+
+    @property
+    def unit_mib(self) -> int:
+        """MiB per unit."""
+        return MEMORY_UNITS[self.unit]
+
+
+@dataclass(frozen=True)
+class VgpuSharing:
+    """GPUs split into slices (HAMi's static split): each GPU is advertised ``slices`` times.
+
+    Args:
+        slices: Devices per GPU; a container's slices are on different GPUs.
+        memory_limit: Set ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` to the GPU's memory / ``slices``.
+        core_limit: Set ``CUDA_DEVICE_SM_LIMIT`` to 100 / ``slices`` percent.
+        interceptor: Mount a HAMi-core compatible interceptor that enforces the limits.
+    """
+
+    slices: int
+    memory_limit: bool = True
+    core_limit: bool = True
+    interceptor: Interceptor | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.slices <= 100:
+            raise ValueError(f"slices must be between 1 and 100, got {self.slices}")
 
 
 @dataclass(frozen=True)
@@ -140,6 +256,8 @@ class NvidiaConfig:
         pass_device_specs: Also return the device nodes (``/dev/nvidia<N>``, control nodes,
             MIG capability nodes), for runtimes that do not add them.
         replicas: Time-slicing: each device is advertised this many times (``<id>::<n>``).
+        memory: Share full GPUs by memory units instead of advertising them whole.
+        vgpu: Advertise full GPUs as slices with memory and SM limits.
         rename_by_default: With replicas, advertise ``<resource>.shared`` instead.
         fail_requests_greater_than_one: With replicas, refuse containers asking for more
             than one device (a shared GPU cannot give more).
@@ -162,6 +280,8 @@ class NvidiaConfig:
     cdi_kind: str = "nvidia.com/gpu"
     pass_device_specs: bool = True
     replicas: int = 1
+    memory: MemorySharing | None = None
+    vgpu: VgpuSharing | None = None
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
     health_disabled: bool = False
@@ -185,6 +305,11 @@ class NvidiaConfig:
             raise ValueError(f"cdi_kind must look like vendor.com/class, got {self.cdi_kind!r}")
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        ways = [w for w in (self.replicas > 1, self.memory, self.vgpu) if w]
+        if len(ways) > 1:
+            raise ValueError("replicas, memory and vgpu are three ways to share: pick one")
+        if ways and self.replicas == 1 and self.mig_strategy == "single":
+            raise ValueError(_SHARING_UNDER_SINGLE)
         if self.probe_interval <= 0:
             raise ValueError(f"probe_interval must be > 0, got {self.probe_interval}")
         if self.recovery_period is not None and self.recovery_period < 0:
@@ -204,8 +329,20 @@ class NvidiaConfig:
             cdiKind: nvidia.com/gpu
             passDeviceSpecs: true
             resourceName: nvidia.com/gpu
-            sharing:
+            sharing:                     # one of timeSlicing, memory, vgpu
               timeSlicing: {replicas: 4, renameByDefault: false, failRequestsGreaterThanOne: false}
+              memory:                    # full GPUs as memory units (gpushare)
+                resourceName: nvidia.com/gpu-memory
+                unit: GiB                # or MiB
+                placement: binpack       # or spread
+                countResourceName: null  # e.g. aliyun.com/gpu-count
+                multiGpu: false
+                interceptor: {hostPath: /usr/local/vgpu}   # optional
+              vgpu:                      # full GPUs as slices (HAMi)
+                slices: 4
+                memoryLimit: true
+                coreLimit: true
+                interceptor: {hostPath: /usr/local/vgpu}   # optional
             health:
               disabled: false
               ignoredXids: [13, 31, 43, 45, 68, 109]   # replaces the default list
@@ -236,7 +373,16 @@ class NvidiaConfig:
             )
 
         sharing = r.section("sharing")
-        sharing.known("timeSlicing", hint={"mps": "MPS sharing is not supported"})
+        sharing.known(*_ONE_WAY_TO_SHARE, hint={"mps": "MPS sharing is not supported"})
+        ways = [w for w in _ONE_WAY_TO_SHARE if sharing.has(w)]
+        if len(ways) > 1:
+            raise ConfigError(
+                sharing.key(ways[1]),
+                f"cannot be combined with sharing.{ways[0]}: one way of sharing GPUs per node",
+            )
+        mig_strategy = r.choice("migStrategy", MIG_STRATEGIES, cls.mig_strategy)
+        if ways and ways[0] != "timeSlicing" and mig_strategy == "single":
+            raise ConfigError(sharing.key(ways[0]), _SHARING_UNDER_SINGLE)
         slicing = sharing.section("timeSlicing")
         slicing.known(
             "replicas",
@@ -249,11 +395,13 @@ class NvidiaConfig:
         health.known("disabled", "ignoredXids", "probeInterval", "recoveryPeriod")
         return cls(
             resource_name=r.resource_name("resourceName", cls.resource_name),
-            mig_strategy=r.choice("migStrategy", MIG_STRATEGIES, cls.mig_strategy),
+            mig_strategy=mig_strategy,
             device_list_strategy=strategies,
             cdi_kind=cdi_kind,
             pass_device_specs=r.boolean("passDeviceSpecs", cls.pass_device_specs),
             replicas=slicing.integer("replicas", cls.replicas, minimum=1),
+            memory=_memory_sharing(sharing) if sharing.has("memory") else None,
+            vgpu=_vgpu_sharing(sharing) if sharing.has("vgpu") else None,
             rename_by_default=slicing.boolean("renameByDefault", cls.rename_by_default),
             fail_requests_greater_than_one=slicing.boolean(
                 "failRequestsGreaterThanOne", cls.fail_requests_greater_than_one
@@ -266,6 +414,54 @@ class NvidiaConfig:
             dev_root=r.path("devRoot", cls.dev_root),
             proc_root=r.path("procRoot", cls.proc_root),
         )
+
+
+_SHARING_UNDER_SINGLE = (
+    "needs migStrategy none or mixed: under single every GPU is already split by MIG"
+)
+
+
+def _memory_sharing(sharing: ConfigReader) -> MemorySharing:
+    memory = sharing.section("memory")
+    memory.known(
+        "resourceName", "unit", "placement", "countResourceName", "multiGpu", "interceptor"
+    )
+    name = memory.resource_name("resourceName", MemorySharing.resource_name)
+    count = memory.resource_name("countResourceName") if memory.has("countResourceName") else None
+    if count == name:
+        raise ConfigError(
+            memory.key("countResourceName"), f"must differ from {memory.key('resourceName')}"
+        )
+    return MemorySharing(
+        resource_name=name,
+        unit=memory.choice("unit", tuple(MEMORY_UNITS), MemorySharing.unit),
+        placement=memory.choice("placement", PLACEMENTS, MemorySharing.placement),
+        count_resource_name=count,
+        multi_gpu=memory.boolean("multiGpu", MemorySharing.multi_gpu),
+        interceptor=_interceptor(memory),
+    )
+
+
+def _vgpu_sharing(sharing: ConfigReader) -> VgpuSharing:
+    vgpu = sharing.section("vgpu")
+    vgpu.known("slices", "memoryLimit", "coreLimit", "interceptor")
+    if not vgpu.has("slices"):
+        raise ConfigError(vgpu.key("slices"), "is required: how many devices each GPU becomes")
+    return VgpuSharing(
+        # CUDA_DEVICE_SM_LIMIT is a whole percent: at most 100 slices of 1 %.
+        slices=vgpu.integer("slices", 1, minimum=1, maximum=100),
+        memory_limit=vgpu.boolean("memoryLimit", VgpuSharing.memory_limit),
+        core_limit=vgpu.boolean("coreLimit", VgpuSharing.core_limit),
+        interceptor=_interceptor(vgpu),
+    )
+
+
+def _interceptor(section: ConfigReader) -> Interceptor | None:
+    if not section.has("interceptor"):
+        return None
+    interceptor = section.section("interceptor")
+    interceptor.known("hostPath")
+    return Interceptor(interceptor.path("hostPath", Interceptor.host_path))
 
 
 _TOP_KEYS = (
@@ -722,6 +918,22 @@ class _Topology:
     scores: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Asked:
+    """A GetPreferredAllocation of shares: its size, the IDs offered, the free shares by GPU."""
+
+    size: int
+    available: Sequence[str]  # a set only when a refusal needs it
+    free: Mapping[str, int]
+
+
+def _with_limits(
+    allocation: Allocation, env: Mapping[str, str], interceptor: Interceptor | None
+) -> Allocation:
+    mounts = allocation.mounts + (interceptor.mounts() if interceptor is not None else ())
+    return replace(allocation, env=dict(env), mounts=mounts)
+
+
 # ----------------------------------------------------------------------------- the plugin
 
 
@@ -740,19 +952,30 @@ class NvmlPlugin(DevicePlugin):
     replicas across physical GPUs. ``on_stop`` frees the event set and balances this plugin's
     ``nvmlInit`` with ``nvmlShutdown`` (NVML counts them per process).
 
+    With ``config.memory`` full GPUs are served as memory units (``serves="memory"``,
+    ``<first group of the GPU UUID>-<n>``, children of their GPU, health reported per GPU), a
+    container's units kept on one GPU by preferred allocation and checked by ``allocate``; and
+    optionally counted whole (``serves="count"``). With ``config.vgpu`` they are served as
+    slices (``<uuid>::<n>``) spread over distinct GPUs, with HAMi-core's limits. docs/sharing.md
+    compares the ways to share.
+
     Args:
         config: Backend settings.
         nvml: The NVML module, or a stand-in with the same functions such as
             ``devplugin_sdk.testing.fake_nvml.FakeNVML``; default: ``import pynvml`` now.
         mig_profile: Serve the MIG devices of this profile (``mixed`` strategy) instead of
             ``config.resource_name``'s devices.
+        serves: What this plugin advertises of the full GPUs: ``gpus`` (whole, time-sliced or
+            sliced), ``memory`` (memory units) or ``count`` (each GPU once, giving nothing);
+            default ``memory`` when ``config.memory`` is set, else ``gpus``.
         resource_name: Override the resource name derived from the config.
         socket_name: Override the socket file name.
         clock: Monotonic clock for recovery periods (tests pass their own).
 
     Raises:
         MissingDependencyError: no ``nvml`` given and nvidia-ml-py is not installed.
-        ValueError: bad names, or ``mig_profile`` without the mixed strategy.
+        ValueError: bad names, ``mig_profile`` without the mixed strategy, or ``serves`` that
+            the configuration does not offer.
     """
 
     def __init__(
@@ -761,22 +984,27 @@ class NvmlPlugin(DevicePlugin):
         *,
         nvml: Any = None,
         mig_profile: str | None = None,
+        serves: str | None = None,
         resource_name: str | None = None,
         socket_name: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config or NvidiaConfig()
+        memory = self.config.memory
         if mig_profile is not None and self.config.mig_strategy != "mixed":
             raise ValueError("mig_profile needs mig_strategy 'mixed'")
         self.mig_profile = mig_profile
+        if serves is None:
+            serves = "memory" if memory is not None and mig_profile is None else "gpus"
+        if serves not in ("gpus", "memory", "count") or (serves != "gpus") != (
+            memory is not None and mig_profile is None
+        ):
+            raise ValueError(f"serves={serves!r} does not match the configuration's sharing")
+        if serves == "count" and memory is not None and memory.count_resource_name is None:
+            raise ValueError("serves='count' needs config.memory.count_resource_name")
+        self.serves = serves
         if resource_name is None:
-            base = (
-                self.config.resource_name
-                if mig_profile is None
-                else f"nvidia.com/mig-{mig_profile}"
-            )
-            shared = self.config.replicas > 1 and self.config.rename_by_default
-            resource_name = f"{base}.shared" if shared else base
+            resource_name = self._default_resource_name()
         super().__init__(resource_name=resource_name, socket_name=socket_name)
         # The engine polls check_health (the probe) on this period.
         self.health_interval = self.config.probe_interval
@@ -791,6 +1019,29 @@ class NvmlPlugin(DevicePlugin):
         self._health = _HealthTracker(self.config.recovery_period, clock)
         self._probe_lock = threading.Lock()
         self._ecc_seen: dict[str, int] = {}  # GPU -> volatile uncorrected ECC count, last probe
+        self._gpu_set: frozenset[str] = frozenset()  # the GPUs of this plugin's devices
+        self._gpu_order: tuple[str, ...] = ()  # the same, in NVML index order
+        self._gpu_index: dict[str, str] = {}  # GPU UUID -> NVML index, for messages
+        self._gpu_of_key: dict[str, str] = {}  # memory units: ID prefix -> GPU UUID
+        self._asked: _Asked | None = None  # the last GetPreferredAllocation of shares
+
+    def _default_resource_name(self) -> str:
+        memory = self.config.memory
+        if self.serves == "memory" and memory is not None:
+            return memory.resource_name
+        if self.serves == "count" and memory is not None and memory.count_resource_name:
+            return memory.count_resource_name
+        if self.mig_profile is not None:
+            base = f"nvidia.com/mig-{self.mig_profile}"
+        else:
+            base = self.config.resource_name
+        shared = self.config.replicas > 1 and self.config.rename_by_default
+        return f"{base}.shared" if shared else base
+
+    @property
+    def _sliced(self) -> VgpuSharing | None:
+        """The vgpu sharing when this plugin serves slices of full GPUs."""
+        return self.config.vgpu if self.mig_profile is None else None
 
     # ------------------------------------------------------------------ building
 
@@ -807,8 +1058,9 @@ class NvmlPlugin(DevicePlugin):
 
     @classmethod
     def build(cls, config: NvidiaConfig, **kwargs: Any) -> list[Self]:
-        """One plugin per resource: ``config.resource_name`` always, and with the mixed strategy
-        one ``nvidia.com/mig-<profile>`` per MIG profile present (NVML is read once, here).
+        """One plugin per resource: ``config.resource_name`` (or with ``config.memory``, its
+        memory units and its count resource), and with the mixed strategy one
+        ``nvidia.com/mig-<profile>`` per MIG profile present (NVML is read once, here).
 
         Args:
             config: Backend settings.
@@ -817,8 +1069,10 @@ class NvmlPlugin(DevicePlugin):
 
         Raises:
             ConfigError: ``config.resource_name`` gives a resource or socket name the kubelet
-                would refuse (``<name>.shared`` too long, say); a ``ValueError``.
-            BackendError: NVML unusable while listing MIG profiles.
+                would refuse (``<name>.shared`` too long, say); memory units whose list would
+                pass the kubelet's 4 MiB message limit on this node (on
+                ``sharing.memory.unit``, with the size).
+            BackendError: NVML unusable while reading the GPUs.
             MissingDependencyError: nvidia-ml-py is not installed.
         """
         try:
@@ -827,11 +1081,51 @@ class NvmlPlugin(DevicePlugin):
             raise
         except ValueError as exc:
             # The names are all derived from resourceName (MIG profile names are NVML's).
-            raise ConfigError("resourceName", str(exc)) from None
+            key = "sharing.memory.resourceName" if config.memory else "resourceName"
+            raise ConfigError(key, str(exc)) from None
         plugins = [first]
-        if config.mig_strategy == "mixed":
-            plugins += [cls(config, mig_profile=p, **kwargs) for p in first.mig_profiles()]
+        if config.memory is not None and config.memory.count_resource_name is not None:
+            plugins.append(cls(config, serves="count", **kwargs))
+        if config.mig_strategy == "mixed" or config.memory is not None:
+            gpus = first._scan_once()
+            if config.memory is not None:
+                first._check_list_size(gpus)
+            if config.mig_strategy == "mixed":
+                profiles = sorted({m.profile for g in gpus for m in g.migs})
+                plugins += [cls(config, mig_profile=p, **kwargs) for p in profiles]
         return plugins
+
+    def _check_list_size(self, gpus: Sequence[GpuInfo]) -> None:
+        """Refuse memory units whose ListAndWatch list could pass the kubelet's limit.
+
+        Raises:
+            ConfigError: on ``sharing.memory.unit``, naming the size.
+        """
+        memory = self.config.memory
+        assert memory is not None
+        served = [g for g in gpus if not (self.config.mig_strategy == "mixed" and g.mig_enabled)]
+        keys = _unit_keys([g.uuid for g in served])
+        size = count = 0
+        for gpu in served:
+            units = (gpu.memory_bytes >> 20) // memory.unit_mib
+            numa = () if gpu.numa_node is None else (gpu.numa_node,)
+            count += units
+            # An entry's size depends on the ID's length only: one per number of digits. The
+            # largest the list gets is with every unit Unhealthy (a longer health string), and
+            # that list must reach the kubelet too.
+            for digits in range(1, len(str(max(units - 1, 0))) + 1):
+                first, last = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
+                n = min(last, units - 1) - first + 1
+                entry = list_entry_bytes(f"{keys[gpu.uuid]}-{first}", numa, Health.UNHEALTHY)
+                size += n * entry
+        # The kubelet's grpc-go client refuses any ListAndWatch message over 4 MiB.
+        if size > constants.MAX_MESSAGE_BYTES:
+            raise ConfigError(
+                "sharing.memory.unit",
+                f"{memory.unit} units make a ListAndWatch list of up to {size:,} bytes here"
+                f" ({count:,} devices on {len(served)} GPUs), over the kubelet's limit of"
+                f" {constants.MAX_MESSAGE_BYTES:,} bytes (4 MiB); use GiB",
+            )
 
     # ------------------------------------------------------------------ NVML
 
@@ -870,6 +1164,10 @@ class NvmlPlugin(DevicePlugin):
         Raises:
             BackendError: NVML cannot be initialised or cannot list the GPUs.
         """
+        return sorted({m.profile for g in self._scan_once() for m in g.migs})
+
+    def _scan_once(self) -> list[GpuInfo]:
+        """Every GPU now, between an ``nvmlInit`` and an ``nvmlShutdown`` of its own."""
         nvml = self._nvml
         try:
             nvml.nvmlInit()
@@ -882,7 +1180,7 @@ class NvmlPlugin(DevicePlugin):
                 nvml.nvmlShutdown()
             except nvml.NVMLError as exc:
                 log.warning("nvmlShutdown failed: %s", exc)
-        return sorted({m.profile for g in gpus for m in g.migs})
+        return gpus
 
     async def on_stop(self) -> None:
         """Free the event set and balance this plugin's ``nvmlInit`` with ``nvmlShutdown``."""
@@ -919,10 +1217,34 @@ class NvmlPlugin(DevicePlugin):
         for gpu in gpus:
             if gpu.fault is not None:
                 self._health.fault(gpu.uuid, gpu.fault)
-        devices = replicate(self._select(gpus), self.config.replicas)
+        units = self._select(gpus)
+        # Tens of thousands of memory units take a moment to build: not on the event loop.
+        devices = await anyio.to_thread.run_sync(self._advertise, units)
+        index = {g.uuid: g.index for g in gpus}
+        self._gpu_order = tuple(sorted({d.text("gpu_uuid") for d in units}, key=lambda u: index[u]))
+        self._gpu_set = frozenset(self._gpu_order)
+        self._gpu_index = {u: str(index[u]) for u in self._gpu_order}
         self._devices = devices
         self._topology = None
         return devices
+
+    def _advertise(self, units: list[Device]) -> list[Device]:
+        """The devices advertised for ``units`` (the GPUs or MIG devices of this resource)."""
+        memory = self.config.memory
+        if self.serves == "memory" and memory is not None:
+            keys = _unit_keys([g.id for g in units])
+            self._gpu_of_key = {key: uuid for uuid, key in keys.items()}
+            return [
+                # Children of their GPU: its faults (reported by GPU UUID) take them all out.
+                replace(gpu, id=f"{keys[gpu.id]}-{n}", parent=gpu.id)
+                for gpu in units
+                for n in range(gpu.number("memory_mib") // memory.unit_mib)
+            ]
+        if self.serves == "count":
+            return units
+        if self._sliced is not None:
+            return replicate(units, self._sliced.slices)
+        return replicate(units, self.config.replicas)
 
     def _select(self, gpus: Sequence[GpuInfo]) -> list[Device]:
         control = tuple(
@@ -1002,11 +1324,20 @@ class NvmlPlugin(DevicePlugin):
     # ------------------------------------------------------------------ allocation
 
     async def allocate(self, devices: Sequence[Device]) -> Allocation:
-        """Container setup for ``devices``: the GPU list in the configured form(s), the nodes.
+        """Container setup for ``devices``: the GPU list in the configured form(s), the nodes;
+        for memory units and slices, the GPUs they are on and the limits.
 
         Raises:
-            AllocationError: more than one shared device asked with failRequestsGreaterThanOne.
+            AllocationError: more than one shared device asked with failRequestsGreaterThanOne;
+                memory units on several GPUs without ``multiGpu``; two slices on one GPU.
         """
+        if self.serves == "count":
+            # A count of GPUs, like gpushare's (a node-status patch there): it gives nothing.
+            return Allocation()
+        if self.serves == "memory":
+            return self._allocate_memory(devices)
+        if self._sliced is not None:
+            return self._allocate_slices(devices, self._sliced)
         cfg = self.config
         if cfg.replicas > 1 and cfg.fail_requests_greater_than_one and len(devices) > 1:
             raise AllocationError(
@@ -1015,6 +1346,11 @@ class NvmlPlugin(DevicePlugin):
             )
         # Replicas of one GPU are one GPU to the container.
         uuids = list(dict.fromkeys(d.text("uuid") for d in devices))
+        return self._setup(uuids, devices)
+
+    def _setup(self, uuids: Sequence[str], devices: Sequence[Device]) -> Allocation:
+        """The GPUs ``uuids`` in the configured form(s), and the nodes of ``devices``."""
+        cfg = self.config
         merged = Allocation.merge(devices) if cfg.pass_device_specs else Allocation()
         env = dict(merged.env)
         mounts = list(merged.mounts)
@@ -1034,25 +1370,171 @@ class NvmlPlugin(DevicePlugin):
             cdi_devices=tuple(dict.fromkeys(cdi)),
         )
 
+    def _allocate_memory(self, devices: Sequence[Device]) -> Allocation:
+        memory = self.config.memory
+        assert memory is not None
+        by_gpu = self._by_gpu(devices)
+        if len(by_gpu) > 1 and not memory.multi_gpu:
+            # The kubelet fails the pod's admission on an Allocate error, for good: better than
+            # a container whose memory is on GPUs it was not meant to use.
+            raise AllocationError(self._units_apart(devices, by_gpu))
+        # One unit per GPU carries the GPU's nodes: merging 40,000 identical ones would not.
+        allocation = self._setup(list(by_gpu), [units[0] for units in by_gpu.values()])
+        env = dict(allocation.env)
+        gpu_units = (u[0].number("memory_mib") // memory.unit_mib for u in by_gpu.values())
+        env[GPUSHARE_INDEX_ENV] = ",".join(self._gpu_index[g] for g in by_gpu)
+        env[GPUSHARE_DEVICE_ENV] = ",".join(str(n) for n in gpu_units)
+        env[GPUSHARE_CONTAINER_ENV] = str(len(devices))
+        for i, units in enumerate(by_gpu.values()):
+            env[MEMORY_LIMIT_ENV.format(i)] = f"{len(units) * memory.unit_mib}m"
+        return _with_limits(allocation, env, memory.interceptor)
+
+    def _allocate_slices(self, devices: Sequence[Device], vgpu: VgpuSharing) -> Allocation:
+        by_gpu = self._by_gpu(devices)
+        if len(by_gpu) < len(devices):
+            raise AllocationError(self._slices_together(devices, by_gpu))
+        allocation = self._setup(list(by_gpu), [slices[0] for slices in by_gpu.values()])
+        env = dict(allocation.env)
+        if vgpu.memory_limit:
+            for i, slices in enumerate(by_gpu.values()):
+                share = slices[0].number("memory_mib") // vgpu.slices
+                env[MEMORY_LIMIT_ENV.format(i)] = f"{share}m"
+        if vgpu.core_limit:
+            env[SM_LIMIT_ENV] = str(100 // vgpu.slices)
+        return _with_limits(allocation, env, vgpu.interceptor)
+
+    def _by_gpu(self, devices: Sequence[Device]) -> dict[str, list[Device]]:
+        """``devices`` grouped by GPU, GPUs in NVML index order (the order of the limits)."""
+        groups: dict[str, list[Device]] = {}
+        for device in devices:
+            groups.setdefault(device.text("gpu_uuid"), []).append(device)
+        return {g: groups[g] for g in sorted(groups, key=lambda g: int(self._gpu_index[g]))}
+
+    def _free_when_asked(self, devices: Sequence[Device]) -> Mapping[str, int] | None:
+        """Free shares by GPU in the preferred-allocation call that chose ``devices``, if known.
+
+        The kubelet admits one container at a time and asks for a preference just before it
+        allocates, so the last call is this container's when it offered these devices.
+        """
+        asked = self._asked
+        if asked is None or asked.size != len(devices):
+            return None
+        offered = set(asked.available)
+        if not all(d.id in offered for d in devices):
+            return None
+        return asked.free
+
+    def _units_apart(self, devices: Sequence[Device], by_gpu: Mapping[str, list[Device]]) -> str:
+        """Why memory units on several GPUs are refused, with the largest free block per GPU."""
+        unit = self.config.memory.unit if self.config.memory else "units"
+        asked = len(devices)
+        spread = ", ".join(
+            f"{len(u)} {unit} on GPU {self._gpu_index[g]}" for g, u in by_gpu.items()
+        )
+        free = self._free_when_asked(devices)
+        if free is None:
+            why = (
+                f"{asked} {unit} requested, and the kubelet chose units on several GPUs ({spread})"
+            )
+        else:
+            best = max(self._gpu_order, key=lambda g: free.get(g, 0))  # the first on a tie
+            most = free.get(best, 0)
+            if most >= asked:
+                why = (
+                    f"{asked} {unit} requested, and the kubelet chose units on several GPUs"
+                    f" ({spread}) although GPU {self._gpu_index[best]} had {most} {unit} free"
+                )
+            else:
+                table = " ".join(f"{self._gpu_index[g]}:{free.get(g, 0)}" for g in self._gpu_order)
+                why = (
+                    f"no single GPU has {asked} {unit} free; largest free: {most} {unit} on GPU"
+                    f" {self._gpu_index[best]} (free {unit} by GPU: {table})"
+                )
+        return (
+            f"{self.resource_name}: {why}; a container's memory must be on one GPU"
+            " (sharing.memory.multiGpu allows several)"
+        )
+
+    def _slices_together(
+        self, devices: Sequence[Device], by_gpu: Mapping[str, list[Device]]
+    ) -> str:
+        """Why slices sharing a GPU are refused."""
+        spread = ", ".join(f"{len(s)} on GPU {self._gpu_index[g]}" for g, s in by_gpu.items())
+        why = f"{len(devices)} slices requested, got {spread}"
+        free = self._free_when_asked(devices)
+        if free is not None:
+            why += f"; {sum(1 for n in free.values() if n)} GPUs had a free slice"
+        return f"{self.resource_name}: {why}; each slice of a container must be on a different GPU"
+
     async def preferred_allocation(
         self, available: Sequence[Device], must_include: Sequence[Device], size: int
     ) -> Sequence[str]:
         """The best-connected set: NVLinks, then PCIe proximity, then NUMA; replicas spread.
 
-        A GPU whose topology cannot be read scores as unconnected; the others still place.
+        Memory units: all on one GPU, chosen by ``placement``; when none can hold them, on as
+        few GPUs as possible (which ``allocate`` then refuses unless ``multiGpu``). Slices: on
+        different GPUs, the GPUs with the most free slices first, then the best connected.
+        What is free is what ``available`` lists. A GPU whose topology cannot be read scores
+        as unconnected; the others still place.
         """
-        gpus = tuple(sorted({d.text("gpu_uuid") for d in available}))
-        topology = self._topology
-        if topology is None or not set(gpus) <= set(topology.gpus):
-            every = tuple(sorted({d.text("gpu_uuid") for d in self._devices} | set(gpus)))
-            topology = await anyio.to_thread.run_sync(self._read_topology, every)
-            self._topology = topology
+        ids = [d.id for d in available]
+        must = [d.id for d in must_include]
+        # The kubelet's `available` is every healthy device not in use (and the must-include
+        # ones): what is free, with no memory of earlier allocations needed. It takes the
+        # answer's intersection with its candidates and fills up, so an answer on several GPUs
+        # is still valid; Allocate then decides.
+        if self.serves == "memory" and self.config.memory is not None:
+            placed = place_together(
+                ids,
+                size,
+                self._gpu_of_unit,
+                must_include=must,
+                placement=self.config.memory.placement,
+                unit_order=self._gpu_order,
+            )
+            return self._remember(ids, size, placed)
+        topology = await self._topology_for(available)
+        if self._sliced is not None:
+            numa = {d.text("gpu_uuid"): d.numa_nodes for d in available}
+            links = matrix_score(topology.scores)
+
+            def link(a: str, b: str) -> float:
+                same_numa = bool(numa.get(a)) and numa.get(a) == numa.get(b)
+                return links(a, b) + (_NUMA_BONUS if same_numa else 0.0)
+
+            placed = spread_apart(
+                ids,
+                size,
+                {d.id: d.text("gpu_uuid") for d in available},
+                must_include=must,
+                link_score=link,
+                unit_order=self._gpu_order,
+            )
+            return self._remember(ids, size, placed)
         scorer = TopologyScorer(
             topology.scores,
             numa_nodes={d.id: d.numa_nodes[0] for d in available if d.numa_nodes},
             units={d.id: d.text("gpu_uuid") for d in available},
         )
-        return scorer.choose([d.id for d in available], size, [d.id for d in must_include])
+        return scorer.choose(ids, size, must)
+
+    def _gpu_of_unit(self, device_id: str) -> str:
+        """The GPU of a memory unit, from its ID (``<key>-<n>``)."""
+        key = device_id.rpartition("-")[0]
+        return self._gpu_of_key.get(key, key)
+
+    def _remember(self, ids: Sequence[str], size: int, placed: Placement) -> tuple[str, ...]:
+        self._asked = _Asked(size, ids, placed.free)
+        return placed.device_ids
+
+    async def _topology_for(self, available: Sequence[Device]) -> _Topology:
+        gpus = tuple(sorted({d.text("gpu_uuid") for d in available}))
+        topology = self._topology
+        if topology is None or not set(gpus) <= set(topology.gpus):
+            every = tuple(sorted(self._gpu_set | set(gpus)))
+            topology = await anyio.to_thread.run_sync(self._read_topology, every)
+            self._topology = topology
+        return topology
 
     def _read_topology(self, uuids: Sequence[str]) -> _Topology:
         nvml = self._ensure_init()
@@ -1141,10 +1623,42 @@ class NvmlPlugin(DevicePlugin):
         """
         if self.config.health_disabled:
             return {}
+        if self.serves == "memory":
+            return await self._check_gpus(devices)
         ours = {d.id: d for d in self._devices}
         wanted = [ours[d.id] for d in devices if d.id in ours]
         gpus = sorted({d.text("gpu_uuid") for d in wanted})
         migs = sorted({d.text("uuid") for d in wanted} - set(gpus))
+        recovered = await self._probe(gpus, migs)
+        health: dict[str, Health] = {}
+        reasons: dict[str, str] = {}
+        for device in wanted:
+            units = _units(device)
+            why = self._health.reason(units)
+            health[device.id] = Health.HEALTHY if why is None else Health.UNHEALTHY
+            why = why or next((recovered[u] for u in units if u in recovered), None)
+            if why is not None:
+                reasons[device.id] = why
+        return HealthReport(health, reasons)
+
+    async def _check_gpus(self, devices: Sequence[Device]) -> HealthReport:
+        """Memory units: the health of their GPUs, by GPU UUID (the units' parent), so that a
+        probe of a node with 100,000 units reports 8 IDs."""
+        gpus = sorted({g for d in devices if (g := d.parent) is not None and g in self._gpu_set})
+        recovered = await self._probe(gpus, [])
+        health: dict[str, Health] = {}
+        reasons: dict[str, str] = {}
+        for gpu in gpus:
+            why = self._health.reason((gpu,))
+            health[gpu] = Health.HEALTHY if why is None else Health.UNHEALTHY
+            why = why or recovered.get(gpu)
+            if why is not None:
+                reasons[gpu] = why
+        return HealthReport(health, reasons)
+
+    async def _probe(self, gpus: Sequence[str], migs: Sequence[str]) -> dict[str, str]:
+        """Probe ``gpus`` and ``migs``, record faults and clean probes; the reasons of the units
+        that have just recovered."""
         problems = await anyio.to_thread.run_sync(self._probe_blocking, gpus, migs)
         recovered: dict[str, str] = {}
         for unit in (*gpus, *migs):
@@ -1156,16 +1670,7 @@ class NvmlPlugin(DevicePlugin):
                     f"recovered: probed clean for {self._health.recovery_period:g} s "
                     f"(out since {cleared.reason})"
                 )
-        health: dict[str, Health] = {}
-        reasons: dict[str, str] = {}
-        for device in wanted:
-            units = _units(device)
-            why = self._health.reason(units)
-            health[device.id] = Health.HEALTHY if why is None else Health.UNHEALTHY
-            why = why or next((recovered[u] for u in units if u in recovered), None)
-            if why is not None:
-                reasons[device.id] = why
-        return HealthReport(health, reasons)
+        return recovered
 
     async def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
         """Push Xid and double-bit ECC faults the moment NVML reports them (the pushed signal).
@@ -1210,7 +1715,7 @@ class NvmlPlugin(DevicePlugin):
                 await anyio.sleep(retry)
 
     def _gpus(self) -> frozenset[str]:
-        return frozenset(d.text("gpu_uuid") for d in self._devices)
+        return self._gpu_set
 
     def _open_events(self, gpus: frozenset[str]) -> tuple[_EventWaiter | None, bool]:
         """An event set for ``gpus`` (None if NVML has none), and whether every GPU is in it."""
@@ -1267,12 +1772,19 @@ class NvmlPlugin(DevicePlugin):
             return []
         # The engine logs each device's change once, with this reason.
         self._health.fault(unit, reason)
+        if self.serves == "memory":
+            # One event for the GPU marks all its units (their parent).
+            return [HealthEvent(unit, Health.UNHEALTHY, reason)]
         return [
             HealthEvent(d.id, Health.UNHEALTHY, reason) for d in self._devices if unit in _units(d)
         ]
 
     def _event_unit(self, gpu: str, gi: int, ci: int) -> str | None:
         """The unit an event on ``gpu`` hits: one of our MIG devices, the GPU, or none."""
+        if gpu not in self._gpu_set:
+            return None
+        if self.serves == "memory":
+            return gpu  # full GPUs only: any fault on it is the whole GPU's
         ours = [d for d in self._devices if d.text("gpu_uuid") == gpu]
         if not ours:
             return None
@@ -1446,6 +1958,22 @@ def _nvml_fault(nvml: Any, exc: Exception, call: str) -> str:
     if isinstance(exc, nvml.NVMLError_GpuIsLost):
         return f"GPU lost: NVML answered '{exc}' to {call} (fallen off the bus?)"
     return f"NVML error: NVML answered '{exc}' to {call}"
+
+
+def _unit_keys(gpus: Sequence[str]) -> dict[str, str]:
+    """The prefix of each GPU's memory-unit IDs: the first group of its UUID.
+
+    ``GPU-8f3a2b1c-...`` gives ``8f3a2b1c``: short, because a node with MiB units lists tens of
+    thousands of IDs against the kubelet's 4 MiB limit, and stable, because the kubelet's
+    checkpoint keeps the IDs of running pods across plugin restarts and reboots (an NVML index
+    can change when a GPU goes missing). A GPU whose first group another GPU of the node shares
+    uses its whole UUID.
+    """
+    first = {uuid: uuid.removeprefix("GPU-").split("-", 1)[0] or uuid for uuid in gpus}
+    seen: dict[str, int] = {}
+    for key in first.values():
+        seen[key] = seen.get(key, 0) + 1
+    return {uuid: key if seen[key] == 1 else uuid for uuid, key in first.items()}
 
 
 def _units(device: Device) -> tuple[str, ...]:

@@ -4,10 +4,11 @@ A ``FakeNVML`` instance stands in for the ``pynvml`` module (nvidia-ml-py): the 
 device plugin needs, with the same names and signatures (the SDK's tests compare them with
 ``inspect.signature`` of the real module), the same constants, the same ``NVMLError``
 subclasses, and NVML's count of ``nvmlInit``/``nvmlShutdown`` pairs. Ready-made machines:
-``dgx_a100``, ``hgx_h100``, ``t4_pcie`` and ``a100_mig`` (deterministic: the same UUIDs in every
-process); faults: ``xid``, ``ecc_double_bit``, ``lose``/``recover``, the memory faults
-``ecc_uncorrected`` (counters that keep rising until ``clear``), ``remap_rows`` and
-``retire_pages`` (pending until ``reset``), and ``fail`` (any function, any NVML error).
+``dgx_a100`` (and ``dgx_a100_40gb``), ``hgx_h100``, ``t4_pcie`` and ``a100_mig``
+(deterministic: the same UUIDs in every process); faults: ``xid``, ``ecc_double_bit``,
+``lose``/``recover``, the memory faults ``ecc_uncorrected`` (counters that keep rising until
+``clear``), ``remap_rows`` and ``retire_pages`` (pending until ``reset``), and ``fail`` (any
+function, any NVML error).
 ``write_host`` writes the matching sysfs, /dev and /proc trees, and ``installed()`` makes
 ``import pynvml`` give the fake. Behaviour follows nvml.h and nvidia-ml-py's ``pynvml.py``; the
 mig-minors layout follows the driver's ``/proc/driver/nvidia-caps/mig-minors`` as read by
@@ -57,6 +58,7 @@ __all__ = [
     "NVMLError",
     "a100_mig",
     "dgx_a100",
+    "dgx_a100_40gb",
     "hgx_h100",
     "main",
     "t4_pcie",
@@ -1182,15 +1184,25 @@ def dgx_a100() -> FakeNVML:
 
     GPU pairs (0,1) (2,3) (4,5) (6,7) share a PCIe switch tree; NUMA nodes 3, 1, 7, 5.
     """
+    return _dgx_a100("dgx-a100", "NVIDIA A100-SXM4-80GB", 81920)
+
+
+def dgx_a100_40gb() -> FakeNVML:
+    """8x A100-SXM4-40GB (40960 MiB each), as in a DGX A100 320GB; otherwise as ``dgx_a100``
+    (other UUIDs)."""
+    return _dgx_a100("dgx-a100-40gb", "NVIDIA A100-SXM4-40GB", 40960)
+
+
+def _dgx_a100(tag: str, name: str, memory_mib: int) -> FakeNVML:
     bus = ["07", "0F", "47", "4E", "87", "90", "B7", "BD"]
     numa = [3, 3, 1, 1, 7, 7, 5, 5]
     switches = [f"00000000:{0xC0 + i:02X}:00.0" for i in range(6)]
     gpus = [
         FakeGPU(
             index=i,
-            uuid=_uuid("GPU", "dgx-a100", i),
-            name="NVIDIA A100-SXM4-80GB",
-            memory_mib=81920,
+            uuid=_uuid("GPU", tag, i),
+            name=name,
+            memory_mib=memory_mib,
             bus_id=f"00000000:{bus[i]}:00.0",
             minor=i,
             numa_node=numa[i],
@@ -1327,6 +1339,7 @@ def a100_mig(
 MACHINES: dict[str, Callable[[], FakeNVML]] = {
     "a100_mig": a100_mig,
     "dgx_a100": dgx_a100,
+    "dgx_a100_40gb": dgx_a100_40gb,
     "hgx_h100": hgx_h100,
     "t4_pcie": t4_pcie,
 }

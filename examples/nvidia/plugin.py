@@ -62,9 +62,16 @@ class SiteGpuPlugin(NvmlPlugin):
         """Refuse to start on a GPU that fails an NVML probe now (the kubelet retries later).
 
         Raises:
-            AllocationError: naming the GPUs that are not healthy.
+            AllocationError: naming the GPUs (or MIG devices) that are not healthy.
         """
         health = await self.check_health(devices)
-        bad = sorted(d.id for d in devices if health.get(d.id) is Health.UNHEALTHY)
+        # Memory units are reported by GPU, their parent; other devices by their own ID.
+        bad = sorted(
+            {
+                d.attributes.get("uuid", d.id)
+                for d in devices
+                if Health.UNHEALTHY in (health.get(d.id), health.get(d.parent or d.id))
+            }
+        )
         if bad:
             raise AllocationError(f"GPUs not healthy right now: {', '.join(bad)}")

@@ -3,7 +3,8 @@
 End to end it runs as the image runs it, ``devplugin run plugin:SiteGpuPlugin --config FILE``
 in a subprocess, with ``python -m devplugin_sdk.testing.fake_nvml`` installing a fake machine as
 ``pynvml`` first. Faults (Xid, lost GPU, recovery) are injected in-process: plugins built with
-``SiteGpuPlugin.from_config`` on a ``FakeNVML`` and served with ``serving``.
+``SiteGpuPlugin.from_config`` on a ``FakeNVML`` and served with ``serving``. The GPU-sharing
+configs (``config-gpushare.yaml``, ``config-hami.yaml``) run both ways on an A100x8 40 GiB node.
 """
 
 from __future__ import annotations
@@ -439,3 +440,202 @@ async def test_no_container_starts_on_a_gpu_lost_since_it_was_advertised(tmp_pat
 
         with pytest.raises(ContainerStartError, match=nvml.gpus[2].uuid):
             await kubelet.allocate(GPU, 4)
+
+
+# ----------------------------------------------------------------------------- GPU sharing
+
+GPUSHARE = "config-gpushare.yaml"
+HAMI = "config-hami.yaml"
+MEM = "aliyun.com/gpu-mem"
+COUNT = "aliyun.com/gpu-count"
+
+
+def sharing_config(name: str, roots: fake_nvml.HostRoots, **changes: Any) -> dict[str, Any]:
+    """The shipped sharing config ``name`` on the fake host ``roots``, ``changes`` merged in."""
+    config: dict[str, Any] = {**yaml.safe_load((HERE / name).read_text()), **roots.config()}
+    for key, value in changes.items():
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    return config
+
+
+def load_sharing(tmp_path: Path, nvml: FakeNVML, name: str, **changes: Any) -> list[Any]:
+    roots = nvml.write_host(tmp_path / "host")
+    with nvml.installed():
+        plugins: list[Any] = example.SiteGpuPlugin.from_config(
+            sharing_config(name, roots, **changes)
+        )
+    return plugins
+
+
+def test_the_sharing_configs_are_valid_and_say_what_they_serve(tmp_path: Path) -> None:
+    nvml = fake_nvml.dgx_a100_40gb()
+
+    mem, count = load_sharing(tmp_path, nvml, GPUSHARE)
+    [sliced] = load_sharing(tmp_path, nvml, HAMI)
+
+    assert (mem.resource_name, count.resource_name) == (MEM, COUNT)
+    assert mem.config.memory.unit == "GiB"
+    assert mem.config.memory.placement == "binpack"
+    assert not mem.config.memory.multi_gpu
+    assert sliced.resource_name == GPU
+    assert sliced.config.vgpu.slices == 4
+    assert sliced.config.vgpu.interceptor.host_path == Path("/usr/local/vgpu")
+
+
+async def test_gpushare_config_binpacks_refuses_45_gib_and_follows_gpu_faults(
+    tmp_path: Path,
+) -> None:
+    nvml = fake_nvml.dgx_a100_40gb()  # A100x8, 40 GiB each
+    health = {"probeInterval": 0.02, "recoveryPeriod": 0}
+    plugins = load_sharing(tmp_path, nvml, GPUSHARE, health=health)
+    index = {g.uuid: g.index for g in nvml.gpus}
+
+    async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(MEM, 320)
+        await kubelet.wait_for_allocatable(COUNT, 8)
+        landed = {}
+        held: set[str] = set()
+        for size in (10, 35, 30):
+            got = await kubelet.allocate(MEM, size)
+            held.update(got.device_ids)
+            env = got.allocation.env
+            landed[size] = index[env["NVIDIA_VISIBLE_DEVICES"]]
+            assert env["ALIYUN_COM_GPU_MEM_IDX"] == str(landed[size])
+            assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == str(size)
+            assert env["ALIYUN_COM_GPU_MEM_DEV"] == "40"
+            assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{size * 1024}m"
+        # Binpack: 10 GiB on GPU 0; 35 does not fit beside it and takes GPU 1; 30 fills GPU 0.
+        assert landed == {10: 0, 35: 1, 30: 0}
+
+        with pytest.raises(AdmissionError, match="no single GPU has 45 GiB free; largest free"):
+            await kubelet.allocate(MEM, 45)
+        assert kubelet.allocated(MEM) == held  # the refused pod holds nothing
+
+        # A GPU fault takes exactly that GPU's 40 units out (and its count), then back.
+        assert await anyio.to_thread.run_sync(nvml.wait_for_waiters, 2, 5.0, 5)
+        nvml.lose(5)
+        nvml.xid(5, 79)
+        await kubelet.wait_for_allocatable(MEM, 280)
+        await kubelet.wait_for_allocatable(COUNT, 7)
+        key = nvml.gpus[5].uuid.removeprefix("GPU-").split("-")[0]
+        out = {i for i, d in kubelet.devices(MEM).items() if d.health == "Unhealthy"}
+        assert out == {f"{key}-{n}" for n in range(40)}
+        nvml.recover(5)
+        await kubelet.wait_for_allocatable(MEM, 320)
+        await kubelet.wait_for_allocatable(COUNT, 8)
+
+    assert nvml.init_count == 0
+
+
+async def test_hami_config_gives_n_slices_on_n_gpus_with_limits_and_the_interceptor(
+    tmp_path: Path,
+) -> None:
+    nvml = fake_nvml.dgx_a100_40gb()
+    health = {"probeInterval": 0.02, "recoveryPeriod": 0}
+    plugins = load_sharing(tmp_path, nvml, HAMI, health=health)
+
+    async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(GPU, 32)
+        got = await kubelet.allocate(GPU, 3)
+        env = got.allocation.env
+        visible = env["NVIDIA_VISIBLE_DEVICES"].split(",")
+        assert len(set(visible)) == 3
+        assert {env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] for i in range(3)} == {"10240m"}
+        assert env["CUDA_DEVICE_SM_LIMIT"] == "25"
+        assert {(m.host_path, m.container_path) for m in got.allocation.mounts} == {
+            ("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so"),
+            ("/usr/local/vgpu/ld.so.preload", "/etc/ld.so.preload"),
+            ("/usr/local/vgpu/vgpulock", "/tmp/vgpulock"),
+        }
+
+        # A GPU fault takes its 4 slices out, and they come back once it probes clean.
+        assert await anyio.to_thread.run_sync(nvml.wait_for_waiters, 1, 5.0, 6)
+        nvml.lose(6)
+        nvml.xid(6, 79)
+        await kubelet.wait_for_allocatable(GPU, 28)
+        out = {i for i, d in kubelet.devices(GPU).items() if d.health == "Unhealthy"}
+        assert out == {f"{nvml.gpus[6].uuid}::{n}" for n in range(4)}
+        nvml.recover(6)
+        await kubelet.wait_for_allocatable(GPU, 32)
+
+
+@pytest.mark.parametrize(
+    ("name", "target"),
+    [(GPUSHARE, "plugin:SiteGpuPlugin"), (HAMI, "nvidia")],
+    ids=["gpushare", "hami"],
+)
+async def test_devplugin_run_serves_the_sharing_configs(
+    tmp_path: Path, name: str, target: str
+) -> None:
+    machine = fake_nvml.dgx_a100_40gb()
+    host = tmp_path / "host"
+    config_file = tmp_path / name
+    roots = fake_nvml.HostRoots(host / "sys", host / "dev", host / "proc")
+    write_atomically(config_file, {**sharing_config(name, roots), "logging": {"format": "json"}})
+    index = {g.uuid: g.index for g in machine.gpus}
+
+    async with FakeKubelet() as kubelet:
+        command = runner_command(
+            "dgx_a100_40gb",
+            host,
+            "run",
+            target,
+            "--config",
+            str(config_file),
+            "--device-plugin-dir",
+            str(kubelet.directory),
+            "--registration",
+            "kubelet",
+        )
+        async with devplugin_run(command) as plugin:
+            if name == GPUSHARE:
+                await kubelet.wait_for_allocatable(MEM, 320, timeout=30)
+                await kubelet.wait_for_allocatable(COUNT, 8, timeout=30)
+                for size, gpu in ((10, 0), (35, 1), (30, 0)):
+                    got = await kubelet.allocate(MEM, size)
+                    assert index[got.allocation.env["NVIDIA_VISIBLE_DEVICES"]] == gpu
+                with pytest.raises(AdmissionError, match="no single GPU has 45 GiB free"):
+                    await kubelet.allocate(MEM, 45)
+            else:
+                await kubelet.wait_for_allocatable(GPU, 32, timeout=30)
+                got = await kubelet.allocate(GPU, 2)
+                visible = got.allocation.env["NVIDIA_VISIBLE_DEVICES"].split(",")
+                assert len(set(visible)) == 2
+                assert got.allocation.env["CUDA_DEVICE_SM_LIMIT"] == "25"
+
+            plugin.process.terminate()
+            with anyio.fail_after(20):
+                assert await plugin.process.wait() == 0
+
+    messages = [e["message"] for e in plugin.log()]
+    if name == GPUSHARE:
+        assert f"{MEM}: discovered 320 devices" in messages
+        assert any(
+            "Allocate refused: " in m and "largest free: 40 GiB on GPU 2" in m for m in messages
+        )
+    else:
+        assert f"{GPU}: discovered 32 devices" in messages
+
+
+def test_devplugin_run_refuses_mib_units_over_the_4_mib_limit_naming_the_size(
+    tmp_path: Path,
+) -> None:
+    roots = fake_nvml.HostRoots(tmp_path / "sys", tmp_path / "dev", tmp_path / "proc")
+    config_file = tmp_path / "config.yaml"
+    write_atomically(
+        config_file, sharing_config(GPUSHARE, roots, sharing={"memory": {"unit": "MiB"}})
+    )
+    command = runner_command(
+        "dgx_a100_40gb", tmp_path, "run", "plugin:SiteGpuPlugin", "--config", str(config_file)
+    )
+
+    done = subprocess.run(
+        command, env=runner_env(), capture_output=True, text=True, timeout=60, check=False
+    )
+
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "devplugin: error: sharing.memory.unit: MiB units make a ListAndWatch list of up to"
+        " 11,379,920 bytes here (327,680 devices on 8 GPUs), over the kubelet's limit of"
+        " 4,194,304 bytes (4 MiB); use GiB"
+    ]

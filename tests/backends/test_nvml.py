@@ -52,6 +52,17 @@ _KEYS = [
     "devRoot",
     "procRoot",
     "mps",
+    "memory",
+    "unit",
+    "placement",
+    "countResourceName",
+    "multiGpu",
+    "interceptor",
+    "hostPath",
+    "vgpu",
+    "slices",
+    "memoryLimit",
+    "coreLimit",
 ]
 
 CONTROL = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"]
@@ -550,7 +561,9 @@ _VALUES = st.recursive(
     | st.integers(-(2**70), 2**70)
     | st.floats()
     | st.text(max_size=8)
-    | st.sampled_from(["none", "mixed", "cdi", "envvar", "/x", "a.b/c", "v1"]),
+    | st.sampled_from(
+        ["none", "mixed", "cdi", "envvar", "/x", "a.b/c", "v1", "GiB", "MiB", "spread"]
+    ),
     lambda children: (
         st.lists(children, max_size=3)
         | st.dictionaries(st.sampled_from(_KEYS), children, max_size=3)

@@ -445,7 +445,22 @@ def test_machines_are_the_same_in_every_process() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
 
     assert out.stdout.strip() == fake_nvml.dgx_a100().gpus[7].uuid
-    assert set(fake_nvml.MACHINES) == {"a100_mig", "dgx_a100", "hgx_h100", "t4_pcie"}
+    assert set(fake_nvml.MACHINES) == {
+        "a100_mig",
+        "dgx_a100",
+        "dgx_a100_40gb",
+        "hgx_h100",
+        "t4_pcie",
+    }
+
+
+def test_the_40gb_dgx_is_the_80gb_one_with_half_the_memory_and_its_own_uuids() -> None:
+    big, small = fake_nvml.dgx_a100(), fake_nvml.dgx_a100_40gb()
+
+    assert [g.memory_mib for g in small.gpus] == [40960] * 8
+    assert small.gpus[0].name == "NVIDIA A100-SXM4-40GB"
+    assert [g.numa_node for g in small.gpus] == [g.numa_node for g in big.gpus]
+    assert not {g.uuid for g in small.gpus} & {g.uuid for g in big.gpus}
 
 
 @pytest.mark.parametrize(
