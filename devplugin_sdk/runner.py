@@ -227,6 +227,8 @@ async def serve(
         strategy, watched = _kubelet_sock.keep_registered, settings.device_plugin_dir
     if driver is not None:
         strategy = driver.attach if api == "dra" else driver.alongside(strategy)
+        if api == "dra":  # no device-plugin directory to watch (a DRA pod may not mount it)
+            watched = settings.plugins_registry_dir
     if http is not None and observer is None:
         observer = _prometheus_observer(http.registry)
     events = Events(observer)
