@@ -155,6 +155,7 @@ class Quantity:
 AttributeValue: TypeAlias = str | int | bool | Version
 
 _VALID_NAMES: set[str] = set()
+_CHECKED: dict[tuple[int, int], tuple[Mapping[str, AttributeValue], Mapping[str, Quantity]]] = {}
 
 
 def _check_name(device_id: str, what: str, name: object) -> None:
@@ -306,7 +307,19 @@ class Device:
                 f"Device {self.id!r}: NUMA node IDs must be >= 0, got {self.numa_nodes}"
             )
         if self.attributes or self.capacity:
-            self._check_typed_facts()
+            # Shares of one device (dataclasses.replace) carry the same mappings: checked once.
+            key = (id(self.attributes), id(self.capacity))
+            checked = _CHECKED.get(key)
+            if (
+                checked is None
+                or checked[0] is not self.attributes
+                or checked[1] is not self.capacity
+            ):
+                self._check_typed_facts()
+                if len(_CHECKED) >= 256:
+                    _CHECKED.pop(next(iter(_CHECKED)))
+                # The references keep the ids from being reused while they are in the cache.
+                _CHECKED[key] = (self.attributes, self.capacity)
 
     def _check_typed_facts(self) -> None:
         if len(self.attributes) + len(self.capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
