@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.abc
 import grpc
 from anyio.abc import TaskStatus
 
@@ -53,6 +54,11 @@ log = logging.getLogger("devplugin_sdk")
 SERVICES = (constants.DRA_SERVICE_V1, constants.DRA_SERVICE_V1BETA1)
 
 Strategy = Callable[["DevicePluginServicer", "Link", Settings, DirectoryWatcher], Awaitable[None]]
+
+#: How long the devices of a plugin that stopped stay published: a configuration reload stops a
+#: changed plugin before its replacement has discovered its devices, which must not withdraw
+#: (and then publish again) every device the two have in common.
+DETACH_GRACE = 10.0
 
 
 @dataclass(eq=False)
@@ -103,6 +109,7 @@ class DraDriver:
             [settings.plugins_registry_dir, self.plugin_dir], settings.restart_poll_interval
         )
         self._duplicates: set[str] = set()
+        self._tg: anyio.abc.TaskGroup | None = None
 
     # ------------------------------------------------------------------ running
 
@@ -131,6 +138,7 @@ class DraDriver:
             )
             await self.preparer.load()
             async with anyio.create_task_group() as tg:
+                self._tg = tg
                 tg.start_soon(self._watcher.run)
                 tg.start_soon(self.publisher.run)
                 task_status.started()
@@ -250,11 +258,26 @@ class DraDriver:
             await anyio.sleep_forever()
         finally:
             unsubscribe()
-            if self.sources.get(resource) is source:
-                del self.sources[resource]
             if not self.both:
                 link.down()
+            if self.sources.get(resource) is source:
+                self._detach(resource, source)
+
+    def _detach(self, resource: str, source: _Source) -> None:
+        """Keep a stopped plugin's devices published for ``DETACH_GRACE``, unless a new plugin
+        of the resource attaches first."""
+
+        async def later() -> None:
+            await anyio.sleep(DETACH_GRACE)
+            if self.sources.get(resource) is source:
+                del self.sources[resource]
+                self._refresh()
+
+        if self._tg is None:
+            del self.sources[resource]
             self._refresh()
+        else:
+            self._tg.start_soon(later)
 
     def alongside(self, strategy: Strategy) -> Strategy:
         """The strategy of ``api: both``: the device-plugin ``strategy`` lists only the devices

@@ -401,3 +401,50 @@ def test_device_names_are_dns_labels_stable_across_runs() -> None:
     assert all(_names.device_name_problem(n) is None for n in names)
     assert len(set(names)) == len(names)
     assert [device_name(i) for i in ids] == names
+
+
+async def test_a_reload_withdraws_no_device_the_new_plugin_still_has(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A changed plugin is stopped before its replacement discovers: the pool keeps its devices
+    meanwhile (DETACH_GRACE) instead of dropping and publishing them again."""
+    import anyio
+
+    from devplugin_sdk.runner import Reload
+
+    api = MemoryApi(nodes=["node-1"])
+    first = StaticPlugin(RESOURCE, widgets(2))
+    second = StaticPlugin(RESOURCE, widgets(3))
+    second.revision = 2  # type: ignore[attr-defined]  # a different fingerprint
+    current = [first]
+    config = tmp_path / "config.yaml"
+    config.write_text("1")
+    sizes: list[int] = []
+
+    async def record() -> None:
+        seen = api.generation
+        while True:
+            seen = await api.wait_changed(seen)
+            sizes.append(sum(len(s.devices) for s in api.pool(DRIVER, "node-1")))
+
+    async with FakeKubelet(dra_api=api) as kubelet:
+        async with serving(
+            first,
+            settings=kubelet.settings(),
+            api="dra",
+            dra=dra_options(kubelet, api),
+            reload=Reload(lambda: list(current), config, sighup=False),
+        ):
+            await _registered(kubelet, api)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(record)
+                current[0] = second
+                # Write then rename, as a ConfigMap update does (the directory is watched).
+                (tmp_path / "next.yaml").write_text("2")
+                (tmp_path / "next.yaml").replace(config)
+                await kubelet.wait_for(
+                    lambda: sum(len(s.devices) for s in api.pool(DRIVER, "node-1")) == 3,
+                    timeout=10,
+                    what="the new plugin's devices",
+                )
+                tg.cancel_scope.cancel()
+    assert sizes
+    assert min(sizes) >= 2, sizes
