@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from pathlib import Path
 
 import anyio
 import grpc
@@ -22,11 +23,14 @@ from devplugin_sdk._link import Link
 from devplugin_sdk._logging import printable
 from devplugin_sdk._server import SocketVanishedError, start_server
 from devplugin_sdk._servicer import DevicePluginServicer
+from devplugin_sdk.api import constants
 from devplugin_sdk.settings import Settings
 
 log = logging.getLogger("devplugin_sdk")
 
 __all__ = ["keep_registered"]
+
+_REPEAT_WAITING = 60.0  # seconds between repeats of a "directory missing" warning
 
 
 async def keep_registered(
@@ -79,22 +83,48 @@ class _KubeletSockRegistration:
                     await self._stop_server()
 
     async def _kubelet_socket(self) -> FileId:
-        """The identity of ``kubelet.sock``, once it exists."""
-        logged = False
+        """The identity of ``kubelet.sock``, once it exists.
+
+        While it waits it says so: once at info level while the directory exists (the kubelet
+        is starting, or not running), and every ``_REPEAT_WAITING`` seconds at warning level
+        while the directory is missing or not a directory (a wrong path or a missing mount).
+        """
+        said: str | None = None
+        said_at = 0.0
         while True:
             generation = self.watcher.generation
             kubelet = file_id(self.settings.kubelet_socket)
             if kubelet is not None:
                 return kubelet
-            if not logged:
-                log.info(
-                    "%s: waiting for %s",
+            why, serious = self._absent()
+            repeat = _REPEAT_WAITING if serious else math.inf
+            if why != said or time.monotonic() - said_at >= repeat:
+                log.log(
+                    logging.WARNING if serious else logging.INFO,
+                    "%s: waiting for the kubelet: %s",
                     self.resource,
-                    self.settings.kubelet_socket,
+                    why,
                     extra={"resource": self.resource},
                 )
-                logged = True
-            await self.watcher.wait(generation)
+                said, said_at = why, time.monotonic()
+            with anyio.move_on_after(max(0.0, said_at + repeat - time.monotonic())):
+                await self.watcher.wait(generation)
+
+    def _absent(self) -> tuple[str, bool]:
+        """Why ``kubelet.sock`` is not there, and whether that looks like a mistake."""
+        directory = self.settings.device_plugin_dir
+        if not directory.exists():
+            return f"the directory {directory} does not exist (yet); still waiting", True
+        if not directory.is_dir():
+            return f"{directory} is not a directory", True
+        why = f"no {self.settings.kubelet_socket} yet; registering as soon as it appears"
+        if directory != Path(constants.DEVICE_PLUGIN_PATH):
+            # Not the kubelet's own directory: nothing may ever create kubelet.sock there.
+            why += (
+                f" (not the kubelet's default directory {constants.DEVICE_PLUGIN_PATH}: "
+                f"start a kubelet there, e.g. `devplugin fake-kubelet --dir {directory}`)"
+            )
+        return why, False
 
     async def _serving(self) -> bool:
         """Make sure our server is up on our socket; False when it must be tried again."""

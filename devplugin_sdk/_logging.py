@@ -1,5 +1,10 @@
-"""Log setup for the ``devplugin`` command (text or JSON lines, with resource/device fields), and
-``printable``, which every engine module applies to peer input before it enters a log message."""
+"""Log setup for the ``devplugin`` command: text or JSON lines, with resource/device fields; and
+``printable``, which every engine module applies to peer input before it enters a log message.
+
+The level applies to the SDK and to the plugin's own loggers; the libraries under them (gRPC's
+Cython layer, asyncio) stay at warning unless a level is asked for by name
+(``debug,grpc=debug``), since their debug output drowns the plugin's.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,12 @@ import logging
 import sys
 import time
 
-__all__ = ["configure_logging", "printable"]
+__all__ = ["QUIET_LIBRARIES", "configure_logging", "parse_levels", "printable"]
+
+#: Loggers of libraries kept at warning (unless named in the level) whatever the level.
+QUIET_LIBRARIES = ("asyncio", "grpc", "anyio", "hpack", "h2", "urllib3", "prometheus_client")
+_LEVELS = ("debug", "info", "warning", "error")
+_named: set[str] = set()  # loggers the last configure_logging call set by name
 
 # Fields the SDK attaches with ``extra=`` and that both formats show.
 _FIELDS = ("resource", "device", "health")
@@ -46,22 +56,60 @@ class TextFormatter(logging.Formatter):
         return f"{line} [{' '.join(fields)}]" if fields else line
 
 
+def parse_levels(spec: str) -> tuple[str, dict[str, str]]:
+    """Split a level spec: ``LEVEL`` then optional ``,LOGGER=LEVEL`` items.
+
+    ``"debug,grpc=info"`` is ``("debug", {"grpc": "info"})``.
+
+    Raises:
+        ValueError: a level other than debug, info, warning, error, or an item without ``=``.
+    """
+    first, *rest = (part.strip() for part in spec.split(","))
+    named: dict[str, str] = {}
+    for item in rest:
+        name, sep, level = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"unknown log level item {item[:60]!r}; use LOGGER=LEVEL")
+        named[name.strip()] = _level(level.strip())
+    return _level(first), named
+
+
+def _level(name: str) -> str:
+    if name.lower() not in _LEVELS:
+        shown = name if len(name) <= 40 else name[:37] + "..."
+        raise ValueError(f"unknown log level {shown!r}; use {', '.join(_LEVELS)}")
+    return name.lower()
+
+
 def configure_logging(level: str = "info", fmt: str = "text") -> None:
     """Send logs to stderr in ``fmt`` ("text" or "json") at ``level``.
+
+    Args:
+        level: A level for the SDK and the plugin (debug, info, warning, error), then optional
+            ``,LOGGER=LEVEL`` items; the loggers of ``QUIET_LIBRARIES`` stay at warning unless
+            named (or unless ``level`` is error, which applies to them too).
+        fmt: ``text`` or ``json``.
 
     Raises:
         ValueError: unknown level or format.
     """
-    numeric = logging.getLevelName(level.upper())
-    if not isinstance(numeric, int):
-        raise ValueError(f"unknown log level {level!r}")  # noqa: TRY004 - a bad value, not a bad type
+    main, named = parse_levels(level)
     if fmt not in ("text", "json"):
-        raise ValueError(f"unknown log format {fmt!r}; use text or json")
+        raise ValueError(f"unknown log format {fmt[:40]!r}; use text or json")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(numeric)
+    root.setLevel(main.upper())
+    for name in _named - named.keys():  # named by an earlier call (a reloaded file): reset
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    _named.clear()
+    _named.update(named)
+    quiet = "error" if main == "error" else "warning"
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(named.get(name, quiet).upper())
+    for name, value in named.items():
+        logging.getLogger(name).setLevel(value.upper())
 
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}

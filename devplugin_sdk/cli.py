@@ -1,24 +1,37 @@
 """The ``devplugin`` command (also ``python -m devplugin_sdk``): run plugins, run the demo.
 
 ``devplugin run NAME --config FILE`` runs a built-in backend (``backends.BUILTIN``);
-``devplugin run MODULE:ATTR`` runs your own plugin class or factory.
+``devplugin run MODULE:ATTR`` runs your own plugin class or factory. ``fake-kubelet``,
+``probe`` and ``conformance`` live in ``_cli_fake_kubelet`` and ``_cli_probe``. Every error a
+user can cause is one line on stderr naming the option or key, the value and the cause, with
+exit code 2; the global options are accepted before and after the subcommand.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import importlib
+import inspect
 import logging
+import math
+import os
+import socket
+import stat
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+import anyio
+import anyio.to_thread
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup, ExceptionGroup
 
-from devplugin_sdk import _cli_probe, backends, cdi, runner
+from devplugin_sdk import __version__, _cli_fake_kubelet, _cli_probe, backends, cdi, runner
 from devplugin_sdk._logging import configure_logging
 from devplugin_sdk.api import constants
 from devplugin_sdk.config import RunConfig, load_yaml, parse_run_config
@@ -35,58 +48,120 @@ def resolve_plugins(target: str, config: Mapping[str, Any] | None) -> list[Devic
     """Turn ``devplugin run``'s target into plugins.
 
     ``target`` is a built-in backend name (its module's ``from_config`` gets ``config``) or
-    ``MODULE:ATTR`` where ATTR is a DevicePlugin subclass (with a ``from_config`` classmethod
-    when a config is given) or a callable returning one plugin or a list of them.
+    ``MODULE:ATTR`` where ATTR is a DevicePlugin subclass or a callable returning one plugin or a
+    list of them. With backend keys in ``config``, ATTR needs a ``from_config`` classmethod to
+    take them; a file with only the SDK's keys (``config`` empty) works without one. MODULE is
+    imported with the working directory on the import path, as ``uvicorn`` and ``gunicorn`` do.
+
+    Args:
+        target: The built-in backend or ``MODULE:ATTR``.
+        config: The file's backend keys; None when there is no file.
 
     Raises:
-        ConfigError: unknown target, or a config the target cannot take.
+        ConfigError: unknown target, a target that produces no plugins or something else, or a
+            config the target cannot take.
     """
     if target in backends.BUILTIN:
         module = importlib.import_module(backends.BUILTIN[target])
-        return _checked(target, module.from_config(config or {}))
+        try:
+            made = module.from_config(config or {})
+        except ConfigError as exc:
+            if config is not None:
+                raise
+            raise ConfigError(
+                "--config",
+                f"the {target} backend needs a configuration file "
+                f"(devplugin run {target} --config FILE); without one: {exc}",
+            ) from None
+        return _checked(target, made)
+    obj = _import_target(target)
+    factory = getattr(obj, "from_config", None)
+    if config and factory is None:
+        keys = ", ".join(str(k)[:40] for k in list(config)[:5])
+        raise ConfigError(
+            "--config",
+            f"{target} has no from_config() to take the file's backend keys ({keys}); "
+            "add that classmethod, or keep only the SDK's keys in the file",
+        )
+    made = factory(config) if factory is not None and config is not None else _call(target, obj)
+    return _checked(target, made)
+
+
+def _import_target(target: str) -> object:
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         known = ", ".join(sorted(backends.BUILTIN))
         raise ConfigError(
             "target", f"{target!r} is neither a built-in backend ({known}) nor MODULE:ATTR"
         )
+    _working_directory_importable()
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError("target", f"cannot import {module_name!r}: {exc}") from None
     try:
-        obj = getattr(module, attr)
+        return getattr(module, attr)
     except AttributeError:
         raise ConfigError("target", f"{module_name!r} has no attribute {attr!r}") from None
-    if config is not None:
-        factory = getattr(obj, "from_config", None)
-        if factory is None:
-            raise ConfigError("--config", f"{target} has no from_config() to take a configuration")
-        made = factory(config)
-    elif callable(obj):  # a DevicePlugin subclass or a factory
-        made = obj()
-    else:
-        raise ConfigError("target", f"{target} is not a DevicePlugin class or factory")
-    return _checked(target, made)
+
+
+def _working_directory_importable() -> None:
+    """Put the working directory first on the import path (``python -m`` does; the
+    ``devplugin`` script, whose path starts with its own directory, does not)."""
+    cwd = os.getcwd()
+    if not any(entry in ("", ".", cwd) for entry in sys.path):
+        sys.path.insert(0, cwd)
+
+
+def _call(target: str, obj: object) -> object:
+    """Call a DevicePlugin class or factory with no arguments, or say why it cannot be."""
+    if not callable(obj):
+        raise ConfigError("target", f"{target} is {_a(obj)}, not a DevicePlugin class or a factory")
+    abstract = getattr(obj, "__abstractmethods__", None)
+    if isinstance(obj, type) and abstract:
+        missing = ", ".join(sorted(abstract))
+        raise ConfigError("target", f"{target} is abstract: it does not define {missing}")
+    try:
+        inspect.signature(obj).bind()
+    except TypeError as exc:
+        raise ConfigError(
+            "target",
+            f"{target} cannot be called without arguments ({exc}); give them defaults, or "
+            "add a from_config(mapping) classmethod and pass --config",
+        ) from None
+    except ValueError:  # no signature (a builtin): just call it
+        pass
+    return obj()
 
 
 def _checked(target: str, made: object) -> list[DevicePlugin]:
-    plugins = [made] if isinstance(made, DevicePlugin) else list(made)  # type: ignore[call-overload]
+    if isinstance(made, DevicePlugin):
+        plugins: list[object] = [made]
+    elif isinstance(made, (list, tuple)):
+        plugins = list(made)
+    else:
+        raise ConfigError(
+            "target", f"{target} returned {_a(made)}; expected a DevicePlugin or a list of them"
+        )
     for plugin in plugins:
         if not isinstance(plugin, DevicePlugin):
-            raise ConfigError(
-                "target", f"{target} produced {type(plugin).__name__}, not a DevicePlugin"
-            )
+            raise ConfigError("target", f"{target} produced {_a(plugin)}, not a DevicePlugin")
     if not plugins:
         raise ConfigError(
             "target", f"{target} produced no plugins: no devices found and none configured"
         )
-    return plugins
+    return plugins  # type: ignore[return-value]  # each one checked above
 
 
-def _run_config(args: argparse.Namespace) -> RunConfig:
-    """The file's settings with the command line's on top."""
-    base = parse_run_config(load_yaml(Path(args.config))) if args.config else RunConfig()
+def _a(value: object) -> str:
+    """``a JSONDecoder``: what a value is, never the value (it may be big)."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _run_config(args: argparse.Namespace, data: Mapping[str, Any] | None) -> RunConfig:
+    """The file's settings (``data``, None without a file) with the command line's on top."""
+    base = parse_run_config(data) if data is not None else RunConfig()
     target = args.target or base.backend
     if target is None:
         raise ConfigError(
@@ -94,18 +169,22 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
         )
     overrides = {
         "backend": target,
-        "device_plugin_dir": Path(args.device_plugin_dir) if args.device_plugin_dir else None,
+        "device_plugin_dir": args.device_plugin_dir,
         "registration": args.registration,
-        "plugins_registry_dir": Path(args.plugins_registry_dir)
-        if args.plugins_registry_dir
-        else None,
+        "plugins_registry_dir": args.plugins_registry_dir,
         "metrics_port": args.metrics_port,
         "metrics_host": args.metrics_host,
         "stuck_after": args.stuck_after,
-        "log_level": args.log_level,
-        "log_format": args.log_format,
+        "log_level": getattr(args, "log_level", None),
+        "log_format": getattr(args, "log_format", None),
     }
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _read_run_config(args: argparse.Namespace) -> RunConfig:
+    """Read and parse the file, then apply the command line: blocking (a worker thread's job
+    when the event loop runs)."""
+    return _run_config(args, load_yaml(args.config) if args.config else None)
 
 
 def _with_cdi(plugins: list[DevicePlugin], config: RunConfig) -> list[DevicePlugin]:
@@ -116,22 +195,25 @@ def _with_cdi(plugins: list[DevicePlugin], config: RunConfig) -> list[DevicePlug
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    config = _run_config(args)
+    config = _read_run_config(args)
     configure_logging(config.log_level, config.log_format)
     assert config.backend is not None
-    options = config.backend_options if args.config else None
-    plugins = _with_cdi(resolve_plugins(config.backend, options), config)
     settings = Settings(
         device_plugin_dir=config.device_plugin_dir,
         registration=config.registration,  # type: ignore[arg-type]
         plugins_registry_dir=config.plugins_registry_dir,
     )
+    _preflight(args, config, settings)
+    options = config.backend_options if args.config else None
+    plugins = _with_cdi(resolve_plugins(config.backend, options), config)
     reload = None
     if args.config:
         path = Path(args.config)
 
-        def load() -> list[DevicePlugin]:
-            new = _run_config(args)
+        async def load() -> list[DevicePlugin]:
+            # Reading and parsing in a worker thread: a big or slow file never stalls the
+            # plugins' gRPC calls. The plugins are built here, on the loop.
+            new = await anyio.to_thread.run_sync(_read_run_config, args)
             fixed = config.restart_needed(new)
             if fixed:
                 log.warning(
@@ -157,6 +239,94 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _preflight(args: argparse.Namespace, config: RunConfig, settings: Settings) -> None:
+    """Check the directories and the HTTP address before anything starts, so that a bad value
+    is one line naming the option, the value and the cause (not an errno from deep inside)."""
+    if settings.uses_plugin_watcher():
+        option = "--plugins-registry-dir" if args.plugins_registry_dir else "pluginsRegistryDir"
+        # Not by creating a file: the kubelet's plugin watcher sees every file created there.
+        _check_directory(option, settings.plugins_registry_dir, create=False)
+    else:
+        option = "--device-plugin-dir" if args.device_plugin_dir else "devicePluginDir"
+        _check_directory(option, settings.device_plugin_dir)
+    if config.metrics_port is not None:
+        _check_listen(
+            "--metrics-port" if args.metrics_port is not None else "metrics.port",
+            "--metrics-host" if args.metrics_host is not None else "metrics.host",
+            config.metrics_host,
+            config.metrics_port,
+        )
+
+
+def _check_directory(option: str, path: Path, *, create: bool = True) -> None:
+    """A directory where the plugin can create its socket; a missing one is waited for (the
+    kubelet may not have made it yet) and the plugin says so while it waits.
+
+    With ``create``, a file is created and removed there (the only sure test: root passes
+    permission checks, yet ``/proc/self`` or a read-only mount still refuse); without, the
+    permissions are asked (``access``).
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(option, f"{path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(option, f"{path} is not a directory")
+    if not create:
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(option, f"{path}: cannot create the plugin's socket there")
+        return
+    try:
+        # A hidden regular file: the kubelet's plugin watcher ignores names starting with '.'.
+        fd, probe = tempfile.mkstemp(prefix=".devplugin-check-", dir=path)
+    except OSError as exc:
+        hint = " (a kernel filesystem?)" if exc.errno == errno.ENOENT else ""
+        raise ConfigError(
+            option, f"{path}: cannot create the plugin's socket there: {exc.strerror}{hint}"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _check_listen(port_option: str, host_option: str, host: str | None, port: int) -> None:
+    """Bind the HTTP address the way the runner will (every address the host resolves to,
+    IPv6 sockets IPv6-only), then let go of it."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(
+            host or None,
+            port,
+            type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE | socket.AI_ADDRCONFIG,
+        )
+    except socket.gaierror as exc:
+        raise ConfigError(host_option, f"{host!r}: cannot resolve: {exc.strerror}") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                where = f"{address[0]} port {port}"
+                if exc.errno == errno.EADDRINUSE:
+                    raise ConfigError(
+                        port_option,
+                        f"{port} is in use on {address[0]} (another process listens there); "
+                        "/healthz, /metrics and /status need a free port",
+                    ) from None
+                if exc.errno == errno.EACCES:
+                    raise ConfigError(
+                        port_option, f"{port}: binding {where} needs privileges (ports < 1024)"
+                    ) from None
+                option = host_option if exc.errno == errno.EADDRNOTAVAIL else port_option
+                raise ConfigError(option, f"cannot listen on {where}: {exc.strerror}") from None
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     # Imported here: the demo pulls in the testing tools, which `devplugin run` never needs.
     from devplugin_sdk import demo  # noqa: PLC0415
@@ -164,30 +334,81 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo.main(json_output=args.json)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``devplugin`` argument parser."""
-    parser = argparse.ArgumentParser(
-        prog="devplugin", description="Run Kubernetes device plugins built with devplugin-sdk."
-    )
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port number (0-65535), got {text[:40]!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text[:40]!r}")
+    return value
+
+
+def _directory(text: str) -> Path:
+    if not text or "\0" in text:
+        raise argparse.ArgumentTypeError(f"must be a directory path, got {text[:40]!r}")
+    return Path(text).absolute()
+
+
+def _add_global_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    """``--log-level`` and ``--log-format``, accepted before and after the subcommand."""
     parser.add_argument(
         "--log-level",
-        default=None,
-        help="debug, info, warning or error (default: info for run, warning otherwise)",
+        default=default,
+        metavar="LEVEL",
+        help="debug, info, warning or error, then optional LOGGER=LEVEL items "
+        "(debug,grpc=debug); libraries stay at warning unless named "
+        "(default: info for run, warning otherwise)",
     )
-    parser.add_argument("--log-format", default=None, choices=["text", "json"])
+    parser.add_argument(
+        "--log-format", default=default, choices=["text", "json"], help="default: text"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``devplugin`` argument parser."""
+    parser: argparse.ArgumentParser = _Parser(
+        prog="devplugin", description="Run Kubernetes device plugins built with devplugin-sdk."
+    )
+    parser.add_argument("--version", action="version", version=f"devplugin-sdk {__version__}")
+    _add_global_options(parser, None)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run_p = sub.add_parser("run", help="run device plugins until SIGTERM")
+    run_p = sub.add_parser(
+        "run",
+        help="run device plugins until SIGTERM",
+        description="Run device plugins until SIGTERM or SIGINT. MODULE is imported with the "
+        "working directory on the import path.",
+    )
     run_p.add_argument(
         "target",
         nargs="?",
         help=f"built-in backend ({', '.join(sorted(backends.BUILTIN))}) or MODULE:ATTR; "
         "may come from the config file's `backend` key instead",
     )
-    run_p.add_argument("--config", help="YAML configuration file")
+    run_p.add_argument("--config", metavar="FILE", help="YAML configuration file")
     run_p.add_argument(
         "--device-plugin-dir",
+        type=_directory,
         default=None,
+        metavar="DIR",
         help=f"the kubelet's device-plugin directory (default {constants.DEVICE_PLUGIN_PATH})",
     )
     run_p.add_argument(
@@ -199,12 +420,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run_p.add_argument(
         "--plugins-registry-dir",
+        type=_directory,
         default=None,
+        metavar="DIR",
         help=f"the kubelet's plugin-watcher directory (default {constants.PLUGINS_REGISTRY_PATH})",
     )
     run_p.add_argument(
         "--metrics-port",
-        type=int,
+        type=_port,
         default=None,
         metavar="PORT",
         help="serve /healthz, /metrics and /status on this TCP port "
@@ -215,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run_p.add_argument(
         "--stuck-after",
-        type=float,
+        type=_seconds,
         default=None,
         metavar="SECONDS",
         help="/healthz fails when a device list stays unsent this long",
@@ -226,7 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo_p.add_argument("--json", action="store_true", help="print the timeline as JSON")
     demo_p.set_defaults(func=_cmd_demo)
 
+    _cli_fake_kubelet.register(sub)
     _cli_probe.register(sub)
+    for subparser in sub.choices.values():
+        _add_global_options(subparser, argparse.SUPPRESS)
     return parser
 
 
@@ -240,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default_level = "info" if args.command == "run" else "warning"
         configure_logging(args.log_level or default_level, args.log_format or "text")
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(f"argument --log-level: {exc}")
     try:
         code: int = args.func(args)
     except (DevicePluginError, ValueError, OSError) as exc:

@@ -3,33 +3,46 @@
 One YAML file holds the backend to run, the paths, the registration path, logging, metrics and
 the kubelet API to serve through (``api``, with ``dra`` for Dynamic Resource Allocation); every
 other top-level key is the backend's (handed to its ``from_config``). Errors name the key and the
-reason. ``load_yaml`` is the one YAML reader of the SDK.
+reason. ``load_yaml`` is the one YAML reader of the SDK: it reads only regular files of at most
+``MAX_FILE_BYTES``, never blocks on a FIFO, uses libyaml when installed, bounds nesting and alias
+expansion, and refuses duplicate keys, because a config file is input that an operator (or an
+attacker on the node) can get wrong in every way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import gc
 import math
 import os
 import reprlib
-from collections.abc import Mapping, Sequence
+import stat
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import yaml
 
-from devplugin_sdk import _names
+from devplugin_sdk import _logging, _names
 from devplugin_sdk.api import constants
 from devplugin_sdk.dra import Api, DeviceRule, DeviceRules, Dra
 from devplugin_sdk.errors import ConfigError
 
 __all__ = [
+    "MAX_DEPTH",
+    "MAX_FILE_BYTES",
+    "MAX_NODES",
     "SDK_KEYS",
     "ConfigReader",
+    "FileOptions",
     "RunConfig",
     "load_yaml",
     "parse_run_config",
+    "parse_yaml",
+    "read_file",
     "shown",
 ]
 
@@ -46,35 +59,307 @@ SDK_KEYS = (
     "dra",
 )
 
+#: The largest configuration file read, in bytes (1 MiB): real ones take a few KiB, and parsing
+#: a mebibyte of YAML already takes about a second.
+MAX_FILE_BYTES = 1 << 20
+#: The deepest nesting of lists and mappings: libyaml's composer recurses in C (a deeper file
+#: crashes the process) and its scanner slows down with the square of the depth.
+MAX_DEPTH = 100
+#: The most nodes (lists, mappings and values) a document may have, aliases (``*name``)
+#: expanded. A parsed node costs about half a kilobyte until the document is built, so a mebibyte
+#: of ``[1,1,1,...]`` would take 300 MB; a 400-byte "billion laughs" file expands to billions,
+#: and anything that walks the result (validation, an error message) would take that long.
+#: Real configurations have a few hundred.
+MAX_NODES = 20_000
 
-def load_yaml(path: str | os.PathLike[str]) -> Mapping[str, Any]:
-    """Read a YAML mapping from ``path``.
+# libyaml's parser when PyYAML was built with it (about 3.5 times faster), else pure Python.
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_MESSAGE_LIMIT = 200  # characters of a YAML library message quoted in an error
+
+
+def read_file(path: str | os.PathLike[str], limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a configuration file, read safely.
+
+    Symlinks are followed (a Kubernetes ConfigMap's files are symlinks), but the file itself
+    must be a regular file of at most ``limit`` bytes: a FIFO, a device (``/dev/zero``), a
+    directory or a bigger file is refused without being read, and opening never blocks.
 
     Raises:
-        ConfigError: unreadable file, YAML syntax error (with line and column), or not a mapping.
+        ConfigError: keyed by the path, saying what the file is or why it cannot be read.
     """
-    path = Path(path)
+    name = os.fspath(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        # Checked before opening: opening a FIFO waits for a writer, and opening some devices
+        # has effects.
+        _check_regular(name, os.stat(name), limit)
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
-        raise ConfigError(str(path), f"cannot read: {exc.strerror or exc}") from None
+        raise ConfigError(name, f"cannot read: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        _check_regular(name, os.fstat(fd), limit)  # it may have been swapped since the stat
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:  # the file may grow after the fstat: never read past the limit
+            chunk = os.read(fd, min(1 << 16, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ConfigError(name, f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise ConfigError(name, f"larger than {limit} bytes; a configuration file is limited")
+    return b"".join(chunks)
+
+
+def _check_regular(name: str, st: os.stat_result, limit: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(name, f"not a regular file but {_file_kind(st.st_mode)}")
+    if st.st_size > limit:
+        raise ConfigError(
+            name, f"{st.st_size} bytes is larger than the {limit} bytes a configuration may have"
+        )
+
+
+def _file_kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((what for test, what in kinds if test(mode)), "a special file")
+
+
+def load_yaml(path: str | os.PathLike[str]) -> Mapping[str, Any]:
+    """Read a YAML mapping from the regular file ``path`` (``read_file``, then ``parse_yaml``).
+
+    Blocking: a caller on an event loop runs it in a worker thread
+    (``anyio.to_thread.run_sync``), as ``devplugin run``'s reload does.
+
+    Raises:
+        ConfigError: unreadable or unsafe file (see ``read_file``), not UTF-8, YAML syntax error
+            (with line and column), nesting or aliases over the limits, a duplicate key, or not
+            a mapping.
+    """
+    name = os.fspath(path)
+    data = read_file(name)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(name, f"not UTF-8 text (byte {exc.start})") from None
+    return parse_yaml(text, name)
+
+
+def parse_yaml(text: str, source: str = "<text>") -> Mapping[str, Any]:
+    """Parse YAML text whose top level is a mapping (an empty document is ``{}``).
+
+    The safe loader (libyaml's when available) with three more checks: nesting at most
+    ``MAX_DEPTH`` deep, at most ``MAX_NODES`` nodes with aliases expanded (a recursive alias is
+    refused), and no key twice in one mapping (YAML would silently keep the last).
+
+    Args:
+        text: The document.
+        source: What errors name when the problem is not a key (the file's path).
+
+    Raises:
+        ConfigError: as ``load_yaml``.
+    """
+    try:
+        with _collector_paused():
+            data = _load(text, source)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = exc.problem or exc.context or "syntax error"
-        if exc.problem and exc.context and exc.context_mark:
-            # "while parsing a flow sequence", from where it started: often the real mistake.
-            problem += f" ({exc.context} from line {exc.context_mark.line + 1})"
-        raise ConfigError(str(path), f"invalid YAML{where}: {problem}") from None
+        raise ConfigError(source, f"invalid YAML{_where(exc)}: {_problem(exc)}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(str(path), f"invalid YAML: {exc}") from None
+        # A reader error spans lines ("... in <unicode string>, position 4"): one line here.
+        raise ConfigError(source, f"invalid YAML: {_cut(' '.join(str(exc).split()))}") from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):
-        raise ConfigError(str(path), f"the top level must be a mapping, got {type(data).__name__}")
+        raise ConfigError(source, f"the top level must be a mapping, got {type(data).__name__}")
     return data
+
+
+def _load(text: str, source: str) -> Any:
+    """The checked document; its nodes are gone when this returns."""
+    _check_structure(text, source)
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_duplicate_keys(loader, node, source)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+_collector_lock = threading.Lock()
+_collector_users = 0
+_collector_was_enabled = False
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Keep Python's cyclic garbage collector off while a document's nodes exist.
+
+    Tens of thousands of short-lived nodes trigger full collections, and a full collection
+    holds the GIL for tens of milliseconds: the event loop, serving Allocate in another thread,
+    waits that long (measured with a 0.5 MB file: the loop's worst wake-up went from 44 ms to
+    10 ms without them). The nodes form no cycles (a recursive alias is refused), so reference
+    counting frees them. Nested or concurrent parses share one pause; the collector is turned
+    back on only if it was on.
+    """
+    global _collector_users, _collector_was_enabled  # noqa: PLW0603 - one process-wide switch
+    with _collector_lock:
+        if _collector_users == 0:
+            _collector_was_enabled = gc.isenabled()
+            gc.disable()
+        _collector_users += 1
+    try:
+        yield
+    finally:
+        with _collector_lock:
+            _collector_users -= 1
+            if _collector_users == 0 and _collector_was_enabled:
+                gc.enable()
+
+
+def _check_structure(text: str, source: str) -> None:
+    """Refuse deep nesting and alias expansion over the limits before anything composes nodes.
+
+    Reads the parser's events one by one, which costs a tenth of a full load and stops at the
+    first excess: composing a 100,000-deep list would crash libyaml's recursive composer.
+    """
+    shape = _Shape(source)
+    for event in yaml.parse(text, Loader=_Loader):
+        shape.add(event)
+
+
+class _Shape:
+    """Node count and depth of a document as the parser's events describe it, aliases expanded."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        # Per open collection: [anchor, node count when it opened, its depth, the deepest
+        # depth reached inside it (aliases expanded)].
+        self.frames: list[list[Any]] = []
+        self.sizes: dict[str, tuple[int, int]] = {}  # anchor -> (nodes, depth), expanded
+        self.count = 0
+        self.added = 0  # nodes added by aliases
+
+    def add(self, event: yaml.Event) -> None:
+        line = event.start_mark.line + 1 if event.start_mark is not None else 0
+        if isinstance(event, yaml.CollectionStartEvent):
+            self._count(1, line)
+            self._reach(len(self.frames) + 1, line, "")
+            depth = len(self.frames) + 1
+            self.frames.append([event.anchor, self.count, depth, depth])
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, start, depth, deepest = self.frames.pop()
+            if anchor is not None:
+                self.sizes[anchor] = (self.count - start + 1, deepest - depth + 1)
+            if self.frames:
+                self.frames[-1][3] = max(self.frames[-1][3], deepest)
+        elif isinstance(event, yaml.ScalarEvent):
+            self._count(1, line)
+            if event.anchor is not None:
+                self.sizes[event.anchor] = (1, 0)
+        elif isinstance(event, yaml.AliasEvent):
+            self._alias(str(event.anchor), line)
+
+    def _alias(self, anchor: str, line: int) -> None:
+        if any(frame[0] == anchor for frame in self.frames):
+            raise ConfigError(self.source, f"recursive alias *{_cut(anchor, 40)} at line {line}")
+        nodes, depth = self.sizes.get(anchor, (1, 0))  # undefined: the composer says so
+        self.added += nodes
+        self._count(nodes, line)
+        self._reach(len(self.frames) + depth, line, " (through an alias)")
+
+    def _count(self, nodes: int, line: int) -> None:
+        self.count += nodes
+        if self.count <= MAX_NODES:
+            return
+        if self.added > MAX_NODES // 2:
+            raise ConfigError(
+                self.source,
+                f"aliases expand to more than {MAX_NODES} nodes (at line {line}); "
+                "write the values out or use fewer aliases",
+            )
+        raise ConfigError(
+            self.source,
+            f"more than {MAX_NODES} nodes (lists, mappings and values) by line {line}; "
+            "a configuration this big is refused",
+        )
+
+    def _reach(self, depth: int, line: int, how: str) -> None:
+        if depth > MAX_DEPTH:
+            raise ConfigError(
+                self.source, f"nesting deeper than {MAX_DEPTH} levels at line {line}{how}"
+            )
+        if self.frames:
+            self.frames[-1][3] = max(self.frames[-1][3], depth)
+
+
+def _check_duplicate_keys(loader: Any, root: yaml.Node, source: str) -> None:
+    """Refuse a key given twice in one mapping, naming it and both lines."""
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    seen: set[int] = set()  # an aliased node is checked once
+    while stack:
+        node, where = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(node.value))
+            continue
+        if not isinstance(node, yaml.MappingNode):
+            continue
+        lines: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:  # `<<: *base`: merged keys may be overridden
+                stack.append((value_node, where))
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                continue  # a complex key; the constructor refuses unhashable ones
+            key = loader.construct_object(key_node)
+            name = key if isinstance(key, str) else shown(key, 60)
+            dotted = f"{where}.{_cut(name, 60)}" if where else _cut(name, 60)
+            line = key_node.start_mark.line + 1
+            try:
+                first = lines.get(key)
+            except TypeError:
+                continue  # unhashable: the constructor says so
+            if first is not None:
+                raise ConfigError(
+                    dotted,
+                    f"given twice, at lines {first} and {line} of {source}; "
+                    "YAML would silently keep only the last one",
+                )
+            lines[key] = line
+            stack.append((value_node, dotted))
+
+
+def _where(exc: yaml.MarkedYAMLError) -> str:
+    mark = exc.problem_mark or exc.context_mark
+    return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+def _problem(exc: yaml.MarkedYAMLError) -> str:
+    problem = exc.problem or exc.context or "syntax error"
+    if exc.problem and exc.context and exc.context_mark:
+        # "while parsing a flow sequence", from where it started: often the real mistake.
+        problem += f" ({exc.context} from line {exc.context_mark.line + 1})"
+    return _cut(problem)
+
+
+def _cut(text: str, limit: int = _MESSAGE_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters (a library message can quote the input)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def shown(value: object, limit: int = 80) -> str:
@@ -89,6 +374,16 @@ def shown(value: object, limit: int = 80) -> str:
 
 
 _UNSET: Any = object()
+
+
+class FileOptions(dict[str, Any]):
+    """The backend's part of a ``devplugin run`` file (``RunConfig.backend_options``).
+
+    A plain dict to the backend; a ``ConfigReader`` at its top level also suggests and lists the
+    SDK's keys when it meets an unknown one, since both share the file's top level.
+    """
+
+    __slots__ = ()
 
 
 class ConfigReader:
@@ -128,15 +423,24 @@ class ConfigReader:
         The error names the unknown key, the closest known one and every known one.
         """
         hints = hint or {}
+        # The top level of a `devplugin run` file also holds the SDK's keys: a misspelt one
+        # (`loging`) is suggested and listed too.
+        sdk = SDK_KEYS if isinstance(self.data, FileOptions) and not self.prefix else ()
         for name in self.data:
             if name in hints:
                 raise ConfigError(self.key(str(name)), hints[name])
             if name not in names:
-                close = difflib.get_close_matches(str(name), names, n=1)
+                close = difflib.get_close_matches(str(name), [*names, *sdk], n=1)
                 guess = f"did you mean {close[0]!r}? " if close else ""
+                expected = f"expected one of {', '.join(names)}"
+                if sdk:
+                    expected = (
+                        f"expected one of the backend's keys ({', '.join(names)}) "
+                        f"or the SDK's ({', '.join(sdk)})"
+                    )
                 raise ConfigError(
                     self.key(shown(name, 60) if not isinstance(name, str) else name[:60]),
-                    f"unknown key; {guess}expected one of {', '.join(names)}",
+                    f"unknown key; {guess}{expected}",
                 )
 
     def section(self, name: str) -> ConfigReader:
@@ -375,9 +679,11 @@ def _string(
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where}{key}", f"must be a non-empty string, got {value!r}")
+        raise ConfigError(f"{where}{key}", f"must be a non-empty string, got {shown(value)}")
     if choices and value not in choices:
-        raise ConfigError(f"{where}{key}", f"must be one of {', '.join(choices)}, got {value!r}")
+        raise ConfigError(
+            f"{where}{key}", f"must be one of {', '.join(choices)}, got {shown(value)}"
+        )
     return value
 
 
@@ -399,25 +705,36 @@ def parse_run_config(data: Mapping[str, Any]) -> RunConfig:
     if "cdi" in data:
         directory = _string(cdi, "directory", "cdi.") or "/var/run/cdi"
         if not directory.startswith("/"):
-            raise ConfigError("cdi.directory", f"must be an absolute path, got {directory!r}")
+            raise ConfigError("cdi.directory", f"must be an absolute path, got {shown(directory)}")
         cdi_dir = Path(directory)
     metrics = _mapping(data, "metrics", ("port", "host", "stuckAfter"))
     port = metrics.get("port")
     if port is not None and (
         isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536
     ):
-        raise ConfigError("metrics.port", f"must be a TCP port number, got {port!r}")
+        raise ConfigError("metrics.port", f"must be a TCP port number (0-65535), got {shown(port)}")
     stuck = metrics.get("stuckAfter", 30.0)
-    if isinstance(stuck, bool) or not isinstance(stuck, (int, float)) or stuck <= 0:
-        raise ConfigError("metrics.stuckAfter", f"must be a number of seconds > 0, got {stuck!r}")
-    level = _string(logging_, "level", "logging.", ("debug", "info", "warning", "error")) or "info"
+    if (
+        isinstance(stuck, bool)
+        or not isinstance(stuck, (int, float))
+        or not math.isfinite(stuck)
+        or stuck <= 0
+    ):
+        raise ConfigError(
+            "metrics.stuckAfter", f"must be a number of seconds > 0, got {shown(stuck)}"
+        )
+    level = _string(logging_, "level", "logging.") or "info"
+    try:
+        _logging.parse_levels(level)
+    except ValueError as exc:
+        raise ConfigError("logging.level", str(exc)) from None
     fmt = _string(logging_, "format", "logging.", ("text", "json")) or "text"
     registration = _string(data, "registration", "", ("auto", "kubelet", "watcher")) or "auto"
     dp_dir = _string(data, "devicePluginDir", "") or constants.DEVICE_PLUGIN_PATH
     reg_dir = _string(data, "pluginsRegistryDir", "") or constants.PLUGINS_REGISTRY_PATH
     for key, value in (("devicePluginDir", dp_dir), ("pluginsRegistryDir", reg_dir)):
         if not value.startswith("/"):
-            raise ConfigError(key, f"must be an absolute path, got {value!r}")
+            raise ConfigError(key, f"must be an absolute path, got {shown(value)}")
     api, dra = _parse_dra(data)
     return RunConfig(
         backend=_string(data, "backend", ""),
@@ -432,7 +749,7 @@ def parse_run_config(data: Mapping[str, Any]) -> RunConfig:
         cdi_dir=cdi_dir,
         api=api,
         dra=dra,
-        backend_options={k: v for k, v in data.items() if k not in SDK_KEYS},
+        backend_options=FileOptions((k, v) for k, v in data.items() if k not in SDK_KEYS),
     )
 
 

@@ -12,6 +12,7 @@ send its request and to take the answer.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import itertools
 import json
 import logging
@@ -234,7 +235,9 @@ async def serve_http(
     listener = await anyio.create_tcp_listener(local_host=host or None, local_port=port)
     async with listener:
         bound: int = listener.extra(SocketAttribute.local_port)
-        log.info("serving /healthz, /metrics and /status on port %d", bound)
+        metrics = importlib.util.find_spec("prometheus_client") is not None
+        served = "/healthz, /metrics and /status" if metrics else "/healthz and /status"
+        log.info("serving %s on port %d", served, bound)
         task_status.started(bound)
         async with anyio.create_task_group() as tg:
             # One accept loop per address family (every address: IPv4 and IPv6).

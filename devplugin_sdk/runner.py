@@ -10,11 +10,13 @@ driver) is decided once, when ``serve`` starts.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import inspect
 import logging
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -23,12 +25,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 from anyio.abc import TaskStatus
 
-from devplugin_sdk import _kubelet_sock, _plugin_watcher, fswatch, healthz
+from devplugin_sdk import _kubelet_sock, _plugin_watcher, config, fswatch, healthz
 from devplugin_sdk._events import Events
 from devplugin_sdk._kubelet_watch import DirectoryWatcher
 from devplugin_sdk._supervisor import Supervisor
 from devplugin_sdk.dra import Api, Dra
-from devplugin_sdk.errors import MissingDependencyError
+from devplugin_sdk.errors import ConfigError, MissingDependencyError
 from devplugin_sdk.observe import Observer, PluginStatus
 from devplugin_sdk.settings import Settings
 
@@ -92,14 +94,25 @@ class Reload:
     changed one is stopped before its replacement registers; a removed one stops. An error from
     ``load`` keeps the running plugins and is logged.
 
+    ``load`` runs on the event loop, beside the plugins' gRPC calls: a blocking ``load`` stalls
+    every Allocate for as long as it takes. Make it a coroutine function that reads and parses in
+    a worker thread, then builds the plugins on the loop (constructors may create anyio
+    primitives, which need it)::
+
+        async def load() -> list[DevicePlugin]:
+            data = await anyio.to_thread.run_sync(config.load_yaml, path)
+            return MyPlugin.from_config(data)
+
     Args:
-        load: Builds the new plugin list (reads and validates the configuration).
-        config_path: File whose content changes trigger a reload (its directory is watched, so a
-            Kubernetes ConfigMap's symlink swap counts); None for SIGHUP only.
+        load: Builds the new plugin list (reads and validates the configuration): a function,
+            or a coroutine function (awaited).
+        config_path: File whose content changes trigger a reload; None for SIGHUP only. Both the
+            file (an edit in place) and its directory (a Kubernetes ConfigMap's symlink swap, an
+            editor's rename) are watched, and the content is compared, read in a worker thread.
         sighup: Reload on SIGHUP (needs the main thread).
     """
 
-    load: Callable[[], Sequence[DevicePlugin]]
+    load: Callable[[], Sequence[DevicePlugin] | Awaitable[Sequence[DevicePlugin]]]
     config_path: Path | None = None
     sighup: bool = True
 
@@ -186,10 +199,11 @@ async def serve(
 
     Each plugin gets its own socket, registration and ListAndWatch streams; one directory
     watcher serves them all. ``task_status.started(Running)`` is called once the HTTP port is
-    bound and every plugin has discovered its devices, so ``await tg.start(serve, ...)`` returns
-    a running set or raises why it could not start. On cancellation every ListAndWatch stream ends
-    cleanly, in-flight calls get ``Settings.stop_grace``, the servers stop, the sockets are
-    removed and each plugin's ``on_stop`` runs. Must run on the asyncio backend (grpc.aio).
+    bound, every plugin has discovered its devices and (with ``reload``) the file is watched,
+    so ``await tg.start(serve, ...)`` returns a running set or raises why it could not start.
+    On cancellation every ListAndWatch stream ends cleanly, in-flight calls get
+    ``Settings.stop_grace``, the servers stop, the sockets are removed and each plugin's
+    ``on_stop`` runs. Must run on the asyncio backend (grpc.aio).
 
     Args:
         plugins: The plugins, at least one, with distinct resource and socket names.
@@ -256,7 +270,7 @@ async def serve(
                 await tg.start(driver.run)
             await supervisor.apply(plugins, fatal=True)
             if reload is not None:
-                tg.start_soon(_reload_loop, supervisor, reload)
+                await tg.start(_reload_loop, supervisor, reload)  # watching when it returns
             task_status.started(running)
     except BaseExceptionGroup as group:
         raise_errors(group)
@@ -350,12 +364,21 @@ def _prometheus_observer(registry: Any) -> Observer | None:
     try:
         return PrometheusObserver(registry)
     except MissingDependencyError as exc:
-        log.warning("%s; /metrics answers 404, /healthz and /status still work", exc)
+        log.warning("%s; /metrics is off (it answers 404)", exc)
         return None
 
 
-async def _reload_loop(supervisor: Supervisor, reload: Reload) -> None:
-    """Reload on SIGHUP and on changes of the configuration file's content."""
+async def _reload_loop(
+    supervisor: Supervisor,
+    reload: Reload,
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Reload on SIGHUP and on changes of the configuration file's content.
+
+    Reports started once SIGHUP is handled and the file is watched, so that no change made
+    after ``serve`` has started is missed.
+    """
     wakeup = anyio.Event()
     reasons: list[str] = []
 
@@ -363,32 +386,26 @@ async def _reload_loop(supervisor: Supervisor, reload: Reload) -> None:
         reasons.append(reason)
         wakeup.set()
 
-    async def on_sighup() -> None:
+    async def on_sighup(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+            task_status.started()
             async for _ in signals:
                 trigger("SIGHUP")
 
-    async def on_file_change(path: Path) -> None:
-        digest = _digest(path)
-        async for _ in fswatch.watch([path.parent], poll_interval=5.0):
-            # ConfigMaps change by swapping symlinks in the directory: compare the content.
-            new = _digest(path)
-            if new != digest:
-                digest = new
-                trigger(f"{path} changed")
-
     async with anyio.create_task_group() as tg:
         if reload.sighup:
-            tg.start_soon(on_sighup)
+            await tg.start(on_sighup)
         if reload.config_path is not None:
-            tg.start_soon(on_file_change, reload.config_path)
+            await tg.start(_on_file_change, reload.config_path, trigger)
+        task_status.started()
         while True:
             await wakeup.wait()
             wakeup = anyio.Event()
             why = ", ".join(dict.fromkeys(reasons))
             reasons.clear()
             try:
-                plugins = reload.load()
+                loaded = reload.load()
+                plugins = await loaded if inspect.isawaitable(loaded) else loaded
                 await supervisor.apply(plugins, fatal=False)
             except Exception as exc:
                 # A bad configuration is expected input: its message, not a traceback.
@@ -397,8 +414,91 @@ async def _reload_loop(supervisor: Supervisor, reload: Reload) -> None:
                 log.info("reloaded (%s): serving %s", why, ", ".join(supervisor.resources))
 
 
-def _digest(path: Path) -> bytes | None:
+async def _on_file_change(
+    path: Path,
+    trigger: Callable[[str], None],
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Call ``trigger`` whenever the content of ``path`` changes.
+
+    The directory is watched for entries coming and going (a ConfigMap update swaps symlinks,
+    editors rename a new file over the old one) and the file itself for writes in place; either
+    one makes the content be compared, read in a worker thread. Reports started once both
+    watches are armed, after comparing once more (a change while they were being armed counts).
+    """
+    digest = await anyio.to_thread.run_sync(_digest, path)
+    poked = anyio.Event()
+
+    def poke() -> None:
+        poked.set()
+
+    async def directory_changes(*, task_status: TaskStatus[None]) -> None:
+        # Started before the first step of the iteration, which arms the watch before this
+        # task yields: the parent resumes with the directory watched.
+        task_status.started()
+        async for _ in fswatch.watch([path.parent], poll_interval=5.0):
+            poke()
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(directory_changes)
+        await tg.start(_file_writes, path, poke)
+        poke()  # what changed between the first read and the watches
+        task_status.started()
+        while True:
+            await poked.wait()
+            poked = anyio.Event()
+            new = await anyio.to_thread.run_sync(_digest, path)
+            if new != digest:
+                digest = new
+                trigger(f"{path} changed")
+
+
+# What an edit in place does to the file (fswatch watches directories, not writes): written
+# and closed, truncated or chmodded, removed or moved (<sys/inotify.h>: IN_CLOSE_WRITE is 0x8).
+_FILE_MASK = 0x008 | fswatch.IN_ATTRIB | fswatch.IN_DELETE_SELF | fswatch.IN_MOVE_SELF
+
+
+async def _file_writes(
+    path: Path,
+    poke: Callable[[], None],
+    rearm_after: float = 5.0,
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Call ``poke`` when the file ``path`` (symlinks followed) is written and closed.
+
+    The watch follows the file that ``path`` names now: it is armed again after every event
+    and every ``rearm_after`` seconds, since a replaced file is a new inode. Without inotify
+    it returns at once (the directory's polling still sees changes). Reports started before
+    the first arming, which happens before this task first yields.
+    """
+    task_status.started()
     try:
-        return hashlib.sha256(path.read_bytes()).digest()
+        inotify = fswatch._Inotify()  # the directory watcher's inotify, here on one file
     except OSError:
-        return None
+        return
+    try:
+        while True:
+            with contextlib.suppress(OSError):  # missing for now: the directory tells
+                # inotify_add_watch follows symlinks and opens nothing (a FIFO cannot block it).
+                inotify.add_watch(path, _FILE_MASK)
+            with anyio.move_on_after(rearm_after):
+                await anyio.wait_readable(inotify.fd)
+                if inotify.read():
+                    poke()
+    finally:
+        inotify.close()
+
+
+def _digest(path: Path) -> bytes:
+    """What ``path`` holds now, for change detection; blocking (run it in a worker thread).
+
+    Read with the configuration reader's rules (a regular file up to its size cap, never a
+    FIFO or a device); otherwise the reason stands for the content, so that a change into an
+    unreadable state still triggers the reload that reports it.
+    """
+    try:
+        return hashlib.sha256(config.read_file(path)).digest()
+    except ConfigError as exc:
+        return exc.reason.encode()

@@ -14,3 +14,14 @@ class TwoWidgets(StaticPlugin):
 
 def not_a_plugin() -> list[str]:
     return ["nope"]
+
+
+def needs_arguments(count: int) -> StaticPlugin:
+    return StaticPlugin("acme.com/widget", widgets(count))
+
+
+class NoFromConfig(StaticPlugin):
+    """A plugin class without ``from_config``: a file may still set the SDK's keys."""
+
+    def __init__(self) -> None:
+        super().__init__("acme.com/plain", widgets(1))

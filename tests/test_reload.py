@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import pytest
 from sdk_helpers import widgets
 
-from devplugin_sdk import DevicePlugin
+from devplugin_sdk import DevicePlugin, runner
 from devplugin_sdk.backends import generic
 from devplugin_sdk.config import ConfigReader, RunConfig, load_yaml, parse_run_config
 from devplugin_sdk.errors import ConfigError
@@ -221,7 +224,9 @@ def test_run_config_splits_sdk_keys_from_backend_options() -> None:
     ("data", "key", "reason"),
     [
         ({"registration": "magic"}, "registration", "must be one of auto, kubelet, watcher"),
-        ({"logging": {"level": "loud"}}, "logging.level", "must be one of"),
+        ({"logging": {"level": "loud"}}, "logging.level", "unknown log level 'loud'"),
+        ({"logging": {"level": "debug,grpc"}}, "logging.level", "use LOGGER=LEVEL"),
+        ({"metrics": {"stuckAfter": float("nan")}}, "metrics.stuckAfter", "> 0"),
         ({"logging": {"colour": True}}, "logging.colour", "unknown key"),
         ({"metrics": {"port": 70000}}, "metrics.port", "TCP port"),
         ({"metrics": {"stuckAfter": 0}}, "metrics.stuckAfter", "> 0"),
@@ -236,3 +241,141 @@ def test_run_config_errors_name_the_key(data: dict[str, object], key: str, reaso
         parse_run_config(data)
     assert caught.value.key == key
     assert reason in caught.value.reason
+
+
+def test_a_level_spec_names_library_loggers() -> None:
+    config = parse_run_config({"logging": {"level": "debug,grpc=info"}})
+    assert config.log_level == "debug,grpc=info"
+
+
+async def test_an_async_load_reads_in_a_worker_thread_and_builds_on_the_loop(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    """The pattern `devplugin run` uses: the event loop keeps serving while the file is read."""
+    root = _tree(tmp_path)
+    config = tmp_path / "config.yaml"
+    _write(config, CONFIG)
+    threads: list[bool] = []
+
+    def parse() -> list[DevicePlugin]:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return _generic_plugins(config, root)
+
+    async def load() -> list[DevicePlugin]:
+        plugins = await anyio.to_thread.run_sync(parse)
+        anyio.Event()  # constructors may need the loop: this runs on it
+        return plugins
+
+    reload = Reload(load=load, config_path=config, sighup=False)
+    async with serving(*parse(), settings=kubelet.settings(), reload=reload):
+        await kubelet.wait_for_allocatable("example.com/serial", 1)
+        _write(config, CONFIG.replace('["/dev/ttyS*"]', '["/dev/ttyUSB*"]'))
+        await kubelet.wait_for_allocatable("example.com/serial", 2)
+    assert threads == [True, False]
+
+
+async def test_a_write_in_place_reloads_without_waiting_for_the_directory_poll(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    """Same inode, content rewritten: the file's own watch sees it (the directory's listing is
+    compared only every 5 s, far beyond this wait)."""
+    root = _tree(tmp_path)
+    config = tmp_path / "config.yaml"
+    _write(config, CONFIG)
+    reload = Reload(load=lambda: _generic_plugins(config, root), config_path=config, sighup=False)
+    async with serving(*_generic_plugins(config, root), settings=kubelet.settings(), reload=reload):
+        await kubelet.wait_for_allocatable("example.com/serial", 1)
+        inode = config.stat().st_ino
+        with config.open("r+") as file:
+            file.write(CONFIG.replace('["/dev/ttyS*"]', '["/dev/ttyUSB*"]'))
+        assert config.stat().st_ino == inode
+        await kubelet.wait_for_allocatable("example.com/serial", 2, timeout=3)
+
+
+async def test_a_configmap_update_through_symlinks_reloads(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    """config.yaml -> ..data/config.yaml, ..data -> ..v1; the update swaps ..data to ..v2."""
+    root = _tree(tmp_path)
+    volume = tmp_path / "volume"
+    (volume / "..v1").mkdir(parents=True)
+    (volume / "..v1" / "config.yaml").write_text(CONFIG)
+    (volume / "..data").symlink_to("..v1")
+    config = volume / "config.yaml"
+    config.symlink_to("..data/config.yaml")
+    reload = Reload(load=lambda: _generic_plugins(config, root), config_path=config, sighup=False)
+    async with serving(*_generic_plugins(config, root), settings=kubelet.settings(), reload=reload):
+        await kubelet.wait_for_allocatable("example.com/serial", 1)
+        (volume / "..v2").mkdir()
+        (volume / "..v2" / "config.yaml").write_text(
+            CONFIG.replace('["/dev/ttyS*"]', '["/dev/ttyUSB*"]')
+        )
+        (volume / "..data_tmp").symlink_to("..v2")
+        os.replace(volume / "..data_tmp", volume / "..data")
+        shutil.rmtree(volume / "..v1")
+        await kubelet.wait_for_allocatable("example.com/serial", 2, timeout=3)
+        # The watch follows the new file: an edit of it in place is seen too.
+        with (volume / "..v2" / "config.yaml").open("a") as file:
+            file.write('  - resourceName: example.com/fuse\n    paths: ["/dev/fuse"]\n')
+        await kubelet.wait_for_allocatable("example.com/fuse", 1, timeout=3)
+
+
+async def test_a_fifo_swapped_in_is_an_error_and_never_blocks(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    root = _tree(tmp_path)
+    config = tmp_path / "config.yaml"
+    _write(config, CONFIG)
+    errors: list[str] = []
+
+    async def load() -> list[DevicePlugin]:
+        try:
+            return await anyio.to_thread.run_sync(_generic_plugins, config, root)
+        except ConfigError as exc:
+            errors.append(str(exc))
+            raise
+
+    reload = Reload(load=load, config_path=config, sighup=False)
+    async with serving(*_generic_plugins(config, root), settings=kubelet.settings(), reload=reload):
+        await kubelet.wait_for_allocatable("example.com/serial", 1)
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        os.replace(fifo, config)
+        await kubelet.wait_for(lambda: bool(errors), what="the refused reload")
+        assert errors == [f"{config}: not a regular file but a FIFO"]
+        assert kubelet.allocatable("example.com/widget") == 2  # still served
+        _write(config, CONFIG.replace('["/dev/ttyS*"]', '["/dev/ttyUSB*"]'))
+        await kubelet.wait_for_allocatable("example.com/serial", 2)
+
+
+def test_the_digest_reads_only_regular_files(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("a: 1\n")
+    first = runner._digest(path)
+    assert first == runner._digest(path)
+    path.write_text("a: 2\n")
+    assert runner._digest(path) != first
+    path.unlink()
+    path.symlink_to("/dev/zero")
+    assert runner._digest(path) == b"not a regular file but a character device"
+
+
+async def test_a_change_right_after_serve_started_is_not_missed(
+    kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    """serve() reports started only once the file is watched: an edit at once still counts,
+    even with a load that reads in a worker thread."""
+    config = tmp_path / "config.yaml"
+    _write(config, "count: 1\n")
+
+    def plugins() -> list[DevicePlugin]:
+        count = ConfigReader(load_yaml(config)).integer("count", 1, minimum=1)
+        return [StaticPlugin(f"acme.com/w{i}", widgets(1)) for i in range(count)]
+
+    async def load() -> list[DevicePlugin]:
+        return await anyio.to_thread.run_sync(plugins)
+
+    reload = Reload(load=load, config_path=config, sighup=False)
+    async with serving(*plugins(), settings=kubelet.settings(), reload=reload):
+        _write(config, "count: 2\n")
+        await kubelet.wait_for_allocatable("acme.com/w1", 1)
