@@ -139,6 +139,13 @@ class Supervisor:
             try:
                 with entry.scope:
                     await served.run(task_status=_Started(entry.started))
+            except anyio.get_cancelled_exc_class():
+                if not entry.scope.cancel_called:
+                    raise
+                # Our own stop, re-raised by a library without anyio's mark: grpc.aio cancels a
+                # call in flight (a Register) and raises a CancelledError of its own, which the
+                # scope does not recognise. Left to escape, it would cancel the runner's whole
+                # task group: every other plugin, the reload loop, the HTTP endpoints.
             except Exception:
                 if fatal:
                     raise

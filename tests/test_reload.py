@@ -379,3 +379,32 @@ async def test_a_change_right_after_serve_started_is_not_missed(
     async with serving(*plugins(), settings=kubelet.settings(), reload=reload):
         _write(config, "count: 2\n")
         await kubelet.wait_for_allocatable("acme.com/w1", 1)
+
+
+class _Versioned(StaticPlugin):
+    """A StaticPlugin whose configuration (a public attribute) changes its fingerprint."""
+
+    def __init__(self, resource_name: str, version: int) -> None:
+        super().__init__(resource_name, widgets(1))
+        self.version = version
+
+
+async def test_a_plugin_replaced_while_its_register_is_in_flight_stops_alone() -> None:
+    """grpc.aio raises its own CancelledError for a cancelled call; the stop of one plugin must
+    not spill over and cancel the others, the reload loop or the replacement."""
+    async with FakeKubelet(register_delay=0.5) as kubelet:
+        current: list[DevicePlugin] = [_Versioned("acme.com/a", 1), _Versioned("acme.com/b", 1)]
+        reload = Reload(load=lambda: list(current), sighup=True)
+        async with serving(*current, settings=kubelet.settings(), reload=reload) as running:
+            await _sighup_handled(kubelet)
+            # Both Register calls are in flight: the kubelet answers after 0.5 s.
+            await kubelet.wait_for(lambda: kubelet.register_calls >= 2, what="two Register calls")
+            current[1] = _Versioned("acme.com/b", 2)
+            os.kill(os.getpid(), signal.SIGHUP)
+            await kubelet.wait_for(
+                lambda: kubelet.register_calls >= 3, what="the replacement's Register"
+            )
+            kubelet.register_delay = 0.0
+            await kubelet.wait_for_allocatable("acme.com/a", 1)
+            await kubelet.wait_for_allocatable("acme.com/b", 1)
+            assert running.resources == ["acme.com/a", "acme.com/b"]
