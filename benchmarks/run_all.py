@@ -26,6 +26,7 @@ FULL: dict[str, list[str]] = {
     "scale": ["bench_scale.py", "--flips", "20"],
     "footprint": ["bench_footprint.py", "--seconds", "60"],
     "sharing": ["bench_sharing.py", "--calls", "200", "--mib-calls", "50"],
+    "dra": ["bench_dra.py", "--claims", "500", "--flips", "500"],
 }
 QUICK: dict[str, list[str]] = {
     "allocate": ["bench_allocate.py", "--calls", "500", "--warmup", "50"],
@@ -37,6 +38,7 @@ QUICK: dict[str, list[str]] = {
     "scale": ["bench_scale.py", "--sizes", "1000,10000", "--flips", "5"],
     "footprint": ["bench_footprint.py", "--seconds", "10"],
     "sharing": ["bench_sharing.py", "--calls", "20", "--mib-calls", "5"],
+    "dra": ["bench_dra.py", "--claims", "50", "--flips", "50"],
 }
 
 

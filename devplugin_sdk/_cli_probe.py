@@ -81,6 +81,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "start), test every plugin that registers, then restart the kubelet"
         ),
     )
+    c.add_argument(
+        "--dra",
+        action="store_true",
+        help="check a DRA kubelet plugin: --socket is its registration socket in "
+        "plugins_registry (or its DRA socket); only claims that do not exist are sent",
+    )
     c.add_argument("--json", action="store_true", help="one JSON document instead of lines")
     c.add_argument(
         "--strict", action="store_true", help="warnings fail too (exit code 1 on any WARN)"
@@ -341,7 +347,12 @@ async def _conformance(args: argparse.Namespace, out: TextIO) -> int:
             _print(out, f"serving {socket_path}; waiting for a plugin to register")
 
     try:
-        if args.socket is not None:
+        if args.dra:
+            if args.socket is None:
+                _print(out, "error: --dra needs --socket (the plugin's registration socket)")
+                return 2
+            report = await conformance.check_dra_socket(args.socket, limits, line)
+        elif args.socket is not None:
             report = await conformance.check_socket(args.socket, limits, line)
         else:
             report = await conformance.check_register_dir(

@@ -11,6 +11,8 @@ checkpointed; a stream end disconnects the plugin (healthy devices become unheal
 starts), and, as in v1.32, the client is looked up by resource name (kubelet issue #121994), so a
 duplicate registration gets torn down when the old stream ends. ``allocate`` chooses devices the
 kubelet's way. ``restart`` wipes the directory except the checkpoint, as kubelet start does.
+Its DRA side (``dra``, ``_fake_dra``) registers DRA drivers found by the plugin watcher and
+prepares pods' ResourceClaims as the kubelet's DRA manager does.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import stat
 import tempfile
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -37,7 +39,9 @@ import anyio.to_thread
 import grpc
 
 from devplugin_sdk import _client, _names, _registration, _watcher_registration, fswatch
+from devplugin_sdk._fake_dra import KUBELET_SERVICES, FakeDra
 from devplugin_sdk.api import constants
+from devplugin_sdk.dra._memory import MemoryApi
 from devplugin_sdk.settings import Settings
 from devplugin_sdk.types import Allocation
 
@@ -157,6 +161,14 @@ class FakeKubelet:
         on_list: Called with the resource name and the devices as each ListAndWatch message
             arrives, before the kubelet's own bookkeeping (a benchmark's clock, say); it must
             not block.
+        dra_api: The API (``testing.MemoryApi``) where the DRA side reads ResourceClaims and
+            deletes ResourceSlices. With it, the plugin watcher runs even without
+            ``plugin_watcher`` (DRA drivers always register there).
+        node_name: The node this kubelet runs on (DRA pools are named after it).
+        dra_services: The DRA gRPC services this kubelet speaks, most recent first; a 1.32
+            kubelet is ``("v1beta1.DRAPlugin",)``.
+        dra_call_timeout: The deadline of the DRA calls (45 s real).
+        dra_wiping_delay: How long after a DRA driver went away its slices are deleted (30 s).
 
     Fault hooks, for what a real kubelet does on its own: ``drop_streams()`` ends ListAndWatch
     streams while the kubelet stays up, ``reject(reason)`` answers registrations with an error,
@@ -175,12 +187,26 @@ class FakeKubelet:
         plugin_watcher: bool = False,
         registry_directory: str | os.PathLike[str] | None = None,
         on_list: Callable[[str, tuple[KubeletDevice, ...]], None] | None = None,
+        dra_api: MemoryApi | None = None,
+        node_name: str = "node-1",
+        dra_services: Sequence[str] = KUBELET_SERVICES,
+        dra_call_timeout: float = constants.DRA_CALL_TIMEOUT_S,
+        dra_wiping_delay: float = constants.DRA_WIPING_DELAY_S,
     ) -> None:
         self._own_directory = directory is None
         self.directory = Path(directory) if directory is not None else Path()
         self._registry_arg = Path(registry_directory) if registry_directory is not None else None
         self.registry_directory = self._registry_arg or self.directory.parent / "plugins_registry"
         self.plugin_watcher = plugin_watcher
+        self.node_name = node_name
+        self.dra = FakeDra(
+            dra_api,
+            node_name=node_name,
+            services=dra_services,
+            call_timeout=dra_call_timeout,
+            wiping_delay=dra_wiping_delay,
+            notify=self._notify,
+        )
         self._watched: dict[Path, _Client | None] = {}
         self._watcher_scope: anyio.CancelScope | None = None
         self.grace_period = grace_period
@@ -280,7 +306,9 @@ class FakeKubelet:
         with anyio.CancelScope(shield=True):  # never leave a half-started server behind
             await server.start()
         self._server = server
-        if self.plugin_watcher:
+        assert self._tg is not None
+        self.dra.start(self._tg)
+        if self.plugin_watcher or self.dra.api is not None:
             # Unlike device-plugins, plugins_registry is not cleaned at start: existing sockets
             # are found by a scan and registered again.
             self.registry_directory.mkdir(parents=True, exist_ok=True)
@@ -298,6 +326,7 @@ class FakeKubelet:
             self._watcher_scope.cancel()
             self._watcher_scope = None
         self._watched.clear()
+        await self.dra.stop()
         for client in list(self._clients.values()):
             await self._disconnect(client)
         await server.stop(0)
@@ -558,6 +587,8 @@ class FakeKubelet:
             client = self._watched.pop(path)
             if client is not None and self._tg is not None:
                 self._tg.start_soon(self._disconnect, client)
+            elif self._tg is not None:
+                self._tg.start_soon(self.dra.deregister, path)
 
     async def _register_watched(self, path: Path) -> None:
         """The reconciler's registration of one socket, retried with backoff until recorded."""
@@ -572,6 +603,12 @@ class FakeKubelet:
             # The kubelet retries from 0.5 s up to about 2 minutes; scaled down here.
             backoff = min(backoff * 2, 2.0)
         else:
+            return
+        if info.type == constants.PLUGIN_TYPE_DRA_PLUGIN:
+            error = self._take_rejection() or await self.dra.register(path, info)
+            await self._notify_status(
+                path, error is None, "" if error is None else f"RegisterPlugin error -- {error}"
+            )
             return
         record = Registration(
             resource_name=info.name,
@@ -611,6 +648,8 @@ class FakeKubelet:
             info = await _watcher_registration.get_info(path, dial_timeout=self.dial_timeout)
         except (TimeoutError, grpc.aio.AioRpcError) as exc:
             return f"failed to get plugin info: {exc}", None
+        if info.type == constants.PLUGIN_TYPE_DRA_PLUGIN:
+            return None, info  # the DRA manager validates it (FakeDra.register)
         if info.type != constants.PLUGIN_TYPE_DEVICE_PLUGIN:
             return f"plugin type {info.type!r} is not handled here", info
         if constants.VERSION not in info.supported_versions:

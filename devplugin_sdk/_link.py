@@ -26,6 +26,9 @@ class Link:
     def __init__(self, resource: str, events: Events) -> None:
         self.resource = resource
         self.registered = False
+        # A device-plugin registration lives as long as the kubelet's ListAndWatch stream; a
+        # plugin served only through DRA has no such stream (its DRA driver sets this False).
+        self.stream_expected = True
         self._events = events
 
     def up(self, seconds: float, how: str) -> None:

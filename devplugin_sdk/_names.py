@@ -79,3 +79,73 @@ def validate_socket_name(name: str) -> str:
 def default_socket_name(resource_name: str) -> str:
     """Socket name for a resource: ``vendor.com/gpu`` -> ``vendor.com_gpu.sock``."""
     return resource_name.replace("/", "_") + ".sock"
+
+
+# ------------------------------------------------------------------ DRA (resource.k8s.io/v1)
+# The rules of the API server's resource validation (pkg/apis/resource/validation): attribute
+# and capacity names are C identifiers of at most 32 characters, optionally behind a DNS
+# subdomain of at most 63 and a slash; driver names are DNS subdomains of at most 63 (the CSI
+# driver name rules); device names are DNS labels.
+
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DNS1123_LABEL_RE = re.compile(rf"^{_DNS1123_LABEL}$")
+#: DeviceMaxIDLength: the name part of an attribute or capacity.
+MAX_ATTRIBUTE_ID = 32
+#: DeviceMaxDomainLength, and the length of a driver name.
+MAX_DOMAIN = 63
+#: A device name (a DNS label).
+MAX_DEVICE_NAME = 63
+
+
+def driver_name_problem(name: str) -> str | None:
+    """Why the API server would reject ``name`` as a DRA driver name (or domain), or None."""
+    if not name:
+        return "it is empty"
+    if len(name) > MAX_DOMAIN:
+        return f"it is longer than {MAX_DOMAIN} characters"
+    if not _DNS1123_SUBDOMAIN.match(name):
+        return "it must be a lower-case DNS-1123 subdomain (a-z, 0-9, '-' and '.')"
+    return None
+
+
+def attribute_name_problem(name: str) -> str | None:
+    """Why the API server would reject ``name`` as a device attribute or capacity name, or None.
+
+    A C identifier of at most 32 characters (``productName``), optionally qualified by a domain
+    (``resource.kubernetes.io/pcieRoot``); an unqualified name belongs to the driver's domain.
+    """
+    domain, slash, ident = name.rpartition("/")
+    if slash:
+        if "/" in domain:
+            return "it has more than one '/'"
+        problem = driver_name_problem(domain)
+        if problem is not None:
+            return f"its domain {domain!r} is invalid: {problem}"
+    if not ident:
+        return "the name is empty"
+    if len(ident) > MAX_ATTRIBUTE_ID:
+        return f"the name {ident!r} is longer than {MAX_ATTRIBUTE_ID} characters"
+    if not _C_IDENTIFIER.match(ident):
+        return f"the name {ident!r} must be a C identifier (letters, digits, '_'; no digit first)"
+    return None
+
+
+def device_name_problem(name: str) -> str | None:
+    """Why the API server would reject ``name`` as a device name in a ResourceSlice, or None."""
+    if not name:
+        return "it is empty"
+    if len(name) > MAX_DEVICE_NAME:
+        return f"it is longer than {MAX_DEVICE_NAME} characters"
+    if not _DNS1123_LABEL_RE.match(name):
+        return "it must be a lower-case DNS-1123 label (a-z, 0-9 and '-')"
+    return None
+
+
+def pool_name_problem(name: str) -> str | None:
+    """Why the API server would reject ``name`` as a pool name, or None."""
+    if not name or len(name) > 253:
+        return "it must have 1 to 253 characters"
+    for part in name.split("/"):
+        if not _DNS1123_SUBDOMAIN.match(part):
+            return "each '/'-separated part must be a lower-case DNS-1123 subdomain"
+    return None

@@ -110,7 +110,8 @@ class ServedPlugin:
             resource=self.resource,
             # The kubelet's stream, not any stream: another client's stream beside a lost
             # registration would hide it (the kubelet never reopens ListAndWatch by itself).
-            registered=self.link.registered and self.streams.kubelet is not None,
+            registered=self.link.registered
+            and (self.streams.kubelet is not None or not self.link.stream_expected),
             streams=len(self.streams),
             pending_seconds=pending_seconds(self.state, self.streams),
             devices={health: n for health, n in counts.items() if n},

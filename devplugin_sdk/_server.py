@@ -101,16 +101,22 @@ def prepare_socket_path(path: Path) -> None:
 
 
 async def start_server(
-    path: Path, handlers: list[grpc.GenericRpcHandler]
+    path: Path, handlers: list[grpc.GenericRpcHandler], *, close_idle: bool = True
 ) -> tuple[grpc.aio.Server, FileId]:
     """Serve ``handlers`` on the unix socket ``path``; return the server and the socket's identity.
+
+    ``close_idle=False`` keeps connections without a call open (a DRA plugin's socket: the
+    kubelet holds its connection idle between calls to see that the plugin is alive).
 
     Raises:
         SocketInUseError: another process serves on ``path``.
         OSError: the socket could not be bound.
     """
     prepare_socket_path(path)
-    server = grpc.aio.server(options=_SERVER_OPTIONS)
+    options = _SERVER_OPTIONS
+    if not close_idle:
+        options = [o for o in options if o[0] != "grpc.max_connection_idle_ms"]
+    server = grpc.aio.server(options=options)
     server.add_generic_rpc_handlers(handlers)
     try:
         server.add_insecure_port(f"unix:{path}")

@@ -82,6 +82,9 @@ class DeviceState:
         self.closed = False
         # When each version still of interest appeared (liveness: how long a list waits).
         self._born: dict[int, float] = {0: clock()}
+        # Which devices the device-plugin API lists (None: all); DRA serves the others.
+        self._listed: Callable[[Device], bool] | None = None
+        self._listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ writers
 
@@ -112,9 +115,16 @@ class DeviceState:
         for key in [k for k in self._reports if k not in by_id and k not in self._children]:
             del self._reports[key]
         self._effective = {d.id: self._compute(d) for d in by_id.values()}
-        self._healthy = sum(1 for h in self._effective.values() if h is Health.HEALTHY)
+        listed = self._listed
+        self._healthy = sum(
+            1
+            for d in by_id.values()
+            if self._effective[d.id] is Health.HEALTHY and (listed is None or listed(d))
+        )
         entries: dict[str, bytes] = {}
         for device in by_id.values():
+            if listed is not None and not listed(device):
+                continue
             cached = self._entries.get(device.id)
             unchanged = (
                 old_devices.get(device.id) == device
@@ -187,15 +197,30 @@ class DeviceState:
             device = self._devices[device_id]
             new = self._compute(device)
             if new is not self._effective[device_id]:
-                self._healthy += 1 if new is Health.HEALTHY else -1
                 self._effective[device_id] = new
-                self._entries[device_id] = _convert.list_and_watch_entry(device, new)
+                if device_id in self._entries:
+                    self._healthy += 1 if new is Health.HEALTHY else -1
+                    self._entries[device_id] = _convert.list_and_watch_entry(device, new)
                 flipped.append(device_id)
                 self._log_flip(device_id, new, why)
                 self._events.health_changed(self.resource_name, device_id, new, why)
         if flipped:
             self._bump()
         return flipped
+
+    def list_only(self, listed: Callable[[Device], bool] | None) -> None:
+        """List (and allocate) only the devices ``listed`` accepts through the device-plugin
+        API; the others stay in the state, with their health, for DRA. None lists every one."""
+        self._listed = listed
+        self._entries = {}
+        self.set_devices(list(self._devices.values()))
+        self._bump()
+
+    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` (which must not block) on every change of devices or health;
+        return the function that unsubscribes it."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
 
     def close(self) -> None:
         """Wake every stream for the last time; they end cleanly."""
@@ -214,7 +239,7 @@ class DeviceState:
         if self._snapshot is None or self._snapshot.version != self._version:
             self._snapshot = Snapshot(
                 version=self._version,
-                devices=tuple(self._devices.values()),
+                devices=tuple(d for d in self._devices.values() if d.id in self._entries),
                 payload=b"".join(self._entries.values()),
                 healthy_count=self._healthy,
             )
@@ -236,7 +261,7 @@ class DeviceState:
             UnknownDeviceError: naming every ID the plugin does not have.
         """
         ids = list(device_ids)
-        unknown = [i for i in ids if i not in self._devices]
+        unknown = [i for i in ids if i not in self._entries]
         if unknown:
             raise UnknownDeviceError(self.resource_name, unknown)
         return [self._devices[i] for i in ids]
@@ -308,3 +333,5 @@ class DeviceState:
             del self._born[next(iter(self._born))]
         self._changed.set()
         self._changed = anyio.Event()
+        for listener in list(self._listeners):
+            listener()

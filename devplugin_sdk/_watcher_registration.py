@@ -8,7 +8,7 @@ outcome through NotifyRegistrationStatus. The kubelet's side of those two calls 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,18 +27,24 @@ def handler(
     resource_name: str,
     on_status: Callable[[bool, str], None],
     on_info: Callable[[], None] | None = None,
+    *,
+    plugin_type: str = constants.PLUGIN_TYPE_DEVICE_PLUGIN,
+    endpoint: str = "",
+    versions: Sequence[str] = constants.SUPPORTED_VERSIONS,
 ) -> grpc.GenericRpcHandler:
-    """The ``pluginregistration.Registration`` handler for one device plugin.
+    """The ``pluginregistration.Registration`` handler for one device plugin (or, with
+    ``plugin_type="DRAPlugin"``, one DRA driver: its name, its DRA socket's absolute path as
+    ``endpoint`` and its gRPC services as ``versions``).
 
     ``on_info`` is called on each GetInfo (the kubelet starting a registration); ``on_status``
     with what NotifyRegistrationStatus reports.
     """
     info = preg.PluginInfo(
-        type=constants.PLUGIN_TYPE_DEVICE_PLUGIN,
+        type=plugin_type,
         name=resource_name,
         # Empty: the kubelet dials this same socket for v1beta1.DevicePlugin.
-        endpoint="",
-        supported_versions=list(constants.SUPPORTED_VERSIONS),
+        endpoint=endpoint,
+        supported_versions=list(versions),
     )
 
     async def get_info(

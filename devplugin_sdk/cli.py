@@ -228,7 +228,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         http = runner.Http(
             port=config.metrics_port, host=config.metrics_host, stuck_after=config.stuck_after
         )
-    runner.run(*plugins, settings=settings, http=http, reload=reload)
+    runner.run(
+        *plugins,
+        settings=settings,
+        http=http,
+        reload=reload,
+        api=config.api,
+        dra=config.dra,
+    )
     return 0
 
 

@@ -1,11 +1,12 @@
 """The configuration file of ``devplugin run``: SDK keys plus the backend's own options.
 
-One YAML file holds the backend to run, the paths, the registration path, logging and metrics;
-every other top-level key is the backend's (handed to its ``from_config``). Errors name the key
-and the reason. ``load_yaml`` is the one YAML reader of the SDK: it reads only regular files of
-at most ``MAX_FILE_BYTES``, never blocks on a FIFO, uses libyaml when installed, bounds nesting
-and alias expansion, and refuses duplicate keys, because a config file is input that an operator
-(or an attacker on the node) can get wrong in every way.
+One YAML file holds the backend to run, the paths, the registration path, logging, metrics and
+the kubelet API to serve through (``api``, with ``dra`` for Dynamic Resource Allocation); every
+other top-level key is the backend's (handed to its ``from_config``). Errors name the key and the
+reason. ``load_yaml`` is the one YAML reader of the SDK: it reads only regular files of at most
+``MAX_FILE_BYTES``, never blocks on a FIFO, uses libyaml when installed, bounds nesting and alias
+expansion, and refuses duplicate keys, because a config file is input that an operator (or an
+attacker on the node) can get wrong in every way.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
 from devplugin_sdk import _logging, _names
 from devplugin_sdk.api import constants
+from devplugin_sdk.dra import Api, DeviceRule, DeviceRules, Dra
 from devplugin_sdk.errors import ConfigError
 
 __all__ = [
@@ -53,6 +55,8 @@ SDK_KEYS = (
     "logging",
     "metrics",
     "cdi",
+    "api",
+    "dra",
 )
 
 #: The largest configuration file read, in bytes (1 MiB): real ones take a few KiB, and parsing
@@ -631,6 +635,8 @@ class RunConfig:
         stuck_after: Seconds an unsent device list may wait before /healthz fails.
         cdi_dir: Serve every plugin through CDI, writing specs here (``cdi.use_cdi``); None
             hands out device nodes, mounts and env directly.
+        api: ``devicePlugin``, ``dra`` or ``both`` (``runner.serve``'s ``api``).
+        dra: The DRA driver (the ``dra`` section), with ``api`` ``dra`` or ``both``.
         backend_options: Every other top-level key, for the backend's ``from_config``.
     """
 
@@ -644,6 +650,8 @@ class RunConfig:
     metrics_host: str | None = None
     stuck_after: float = 30.0
     cdi_dir: Path | None = None
+    api: Api = "devicePlugin"
+    dra: Dra | None = None
     backend_options: Mapping[str, Any] = field(default_factory=dict)
 
     def restart_needed(self, other: RunConfig) -> list[str]:
@@ -654,6 +662,8 @@ class RunConfig:
             "registration": (self.registration, other.registration),
             "pluginsRegistryDir": (self.plugins_registry_dir, other.plugins_registry_dir),
             "cdi": (self.cdi_dir, other.cdi_dir),
+            "api": (self.api, other.api),
+            "dra": (self.dra, other.dra),
             "metrics": (
                 (self.metrics_port, self.metrics_host, self.stuck_after),
                 (other.metrics_port, other.metrics_host, other.stuck_after),
@@ -725,6 +735,7 @@ def parse_run_config(data: Mapping[str, Any]) -> RunConfig:
     for key, value in (("devicePluginDir", dp_dir), ("pluginsRegistryDir", reg_dir)):
         if not value.startswith("/"):
             raise ConfigError(key, f"must be an absolute path, got {shown(value)}")
+    api, dra = _parse_dra(data)
     return RunConfig(
         backend=_string(data, "backend", ""),
         device_plugin_dir=Path(dp_dir),
@@ -736,5 +747,65 @@ def parse_run_config(data: Mapping[str, Any]) -> RunConfig:
         metrics_host=_string(metrics, "host", "metrics."),
         stuck_after=float(stuck),
         cdi_dir=cdi_dir,
+        api=api,
+        dra=dra,
         backend_options=FileOptions((k, v) for k, v in data.items() if k not in SDK_KEYS),
+    )
+
+
+def _parse_dra(data: Mapping[str, Any]) -> tuple[Api, Dra | None]:
+    """``api`` and the ``dra`` section."""
+    top = ConfigReader(data)
+    api = cast(Api, top.choice("api", ("devicePlugin", "dra", "both"), "devicePlugin"))
+    if not top.has("dra"):
+        if api != "devicePlugin":
+            raise ConfigError("dra", f"is required with api: {api} (at least dra.driver)")
+        return api, None
+    if api == "devicePlugin":
+        raise ConfigError("dra", "is set but api is devicePlugin; say api: dra or api: both")
+    section = top.section("dra")
+    section.known("driver", "nodeName", "kubeconfig", "pluginDir", "cdiDir", "devices")
+    driver = section.string("driver")
+    problem = _names.driver_name_problem(driver)
+    if problem is not None:
+        raise ConfigError(
+            section.key("driver"), f"invalid DRA driver name {shown(driver)}: {problem}"
+        )
+    node = section.optional_string("nodeName")
+    if node is not None and (_names.pool_name_problem(node) is not None or "/" in node):
+        raise ConfigError(section.key("nodeName"), f"{shown(node)} is not a node name")
+    rules = tuple(_device_rule(rule) for rule in section.sections("devices"))
+    return api, Dra(
+        driver=driver,
+        node_name=node,
+        kubeconfig=section.path("kubeconfig", "/") if section.has("kubeconfig") else None,
+        plugin_dir=section.path("pluginDir", "/") if section.has("pluginDir") else None,
+        cdi_dir=section.path("cdiDir", "/var/run/cdi"),
+        devices=DeviceRules(rules) if rules else None,
+    )
+
+
+def _device_rule(rule: ConfigReader) -> DeviceRule:
+    """One entry of ``dra.devices``: ``resource``, ``ids`` (globs), ``attributes``."""
+    rule.known("resource", "ids", "attributes")
+    if not rule.data:
+        raise ConfigError(rule.prefix, "an empty rule would match every device; give a field")
+    attributes: dict[str, tuple[Any, ...]] = {}
+    section = rule.section("attributes")
+    for name, value in section.data.items():
+        problem = _names.attribute_name_problem(name) if isinstance(name, str) else "not a string"
+        if problem is not None:
+            raise ConfigError(section.key(str(name)), f"invalid attribute name: {problem}")
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if not isinstance(item, (str, int, bool)) or item == "":
+                raise ConfigError(
+                    section.key(name),
+                    f"values must be strings, integers or booleans, got {shown(item)}",
+                )
+        attributes[name] = tuple(values)
+    return DeviceRule(
+        resource=rule.optional_string("resource"),
+        ids=rule.strings("ids"),
+        attributes=attributes,
     )

@@ -9,7 +9,8 @@
     │   └── UnknownDeviceError          the request names device IDs the plugin does not have
     ├── BackendError                    the hardware layer failed (NVML, sysfs, ...)
     │   └── MissingDependencyError      an optional extra is not installed
-    └── ConfigError                     a configuration file or value is invalid
+    ├── ConfigError                     a configuration file or value is invalid
+    └── KubeApiError                    the Kubernetes API refused a DRA request (status, reason)
 
 Misuse of the API (a bad resource name, a bad socket name) raises ``ValueError`` at
 construction instead. ``_servicer`` maps these to gRPC status codes, in that one place.
@@ -24,6 +25,7 @@ __all__ = [
     "BackendError",
     "ConfigError",
     "DevicePluginError",
+    "KubeApiError",
     "MissingDependencyError",
     "RegistrationRejectedError",
     "SocketInUseError",
@@ -79,3 +81,28 @@ class ConfigError(DevicePluginError, ValueError):
         self.key = key
         self.reason = reason
         super().__init__(f"{key}: {reason}")
+
+
+class KubeApiError(DevicePluginError):
+    """The Kubernetes API answered a DRA driver's request with an error.
+
+    Attributes:
+        status: The HTTP status (404 not found, 409 conflict, 403 forbidden...); 0 when the API
+            server could not be reached.
+        reason: The API server's message.
+    """
+
+    def __init__(self, status: int, reason: str) -> None:
+        self.status = status
+        self.reason = reason
+        super().__init__(f"Kubernetes API: {status or 'unreachable'}: {reason}")
+
+    @property
+    def not_found(self) -> bool:
+        """Whether the object does not exist (404)."""
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        """Whether the write lost a race (409: the object changed or already exists)."""
+        return self.status == 409

@@ -1,9 +1,11 @@
 """The one way to run plugins: ``serve`` inside an event loop, ``run`` until SIGTERM/SIGINT.
 
 Everything else is an option of these two, as in kopf's ``operator()``/``run()``: the HTTP
-endpoints (``Http``), hot reload (``Reload``) and an ``Observer``. ``devplugin run`` calls
-``run``; ``devplugin_sdk.testing.serving`` runs ``serve`` in the background of a test. How
-plugins register (``kubelet.sock`` or the plugin watcher) is decided once, when ``serve`` starts.
+endpoints (``Http``), hot reload (``Reload``), an ``Observer`` and the kubelet API the plugins
+are served through (``api``: the device-plugin API, Dynamic Resource Allocation with ``dra``, or
+both). ``devplugin run`` calls ``run``; ``devplugin_sdk.testing.serving`` runs ``serve`` in the
+background of a test. How plugins register (``kubelet.sock``, the plugin watcher, or as a DRA
+driver) is decided once, when ``serve`` starts.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from devplugin_sdk import _kubelet_sock, _plugin_watcher, config, fswatch, healt
 from devplugin_sdk._events import Events
 from devplugin_sdk._kubelet_watch import DirectoryWatcher
 from devplugin_sdk._supervisor import Supervisor
+from devplugin_sdk.dra import Api, Dra
 from devplugin_sdk.errors import ConfigError, MissingDependencyError
 from devplugin_sdk.observe import Observer, PluginStatus
 from devplugin_sdk.settings import Settings
@@ -35,11 +38,13 @@ if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 if TYPE_CHECKING:
+    from devplugin_sdk._served import Strategy
+    from devplugin_sdk.dra._driver import DraDriver
     from devplugin_sdk.plugin import DevicePlugin
 
 log = logging.getLogger("devplugin_sdk")
 
-__all__ = ["Http", "Reload", "Running", "run", "serve"]
+__all__ = ["DraStatus", "Http", "Reload", "Running", "run", "serve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +127,7 @@ class Running:
     def __init__(self, supervisor: Supervisor, http_port: int | None) -> None:
         self._supervisor = supervisor
         self.http_port = http_port
+        self._driver: DraDriver | None = None
 
     @property
     def resources(self) -> list[str]:
@@ -132,6 +138,52 @@ class Running:
         """The status of every plugin this runner serves (what ``/healthz`` reads)."""
         return self._supervisor.statuses()
 
+    @property
+    def dra(self) -> DraStatus | None:
+        """The DRA driver's state, or None when the runner serves no DRA driver."""
+        driver = self._driver
+        if driver is None:
+            return None
+        publisher = driver.publisher
+        return DraStatus(
+            driver=driver.driver,
+            node_name=driver.node_name,
+            registered=driver.registered,
+            registrations=driver.registrations,
+            generation=publisher.generation if publisher is not None else 0,
+            published=len(publisher.published or ()) if publisher is not None else 0,
+            pending_seconds=publisher.pending_seconds if publisher is not None else 0.0,
+            prepared_claims=len(driver.preparer.prepared) if driver.preparer is not None else 0,
+            last_error=publisher.last_error if publisher is not None else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DraStatus:
+    """What the runner's DRA driver is doing (``Running.dra``).
+
+    Attributes:
+        driver: The driver name.
+        node_name: The node (and pool) name.
+        registered: The kubelet's plugin watcher reported the driver registered.
+        registrations: How many times it did (again after each kubelet restart).
+        generation: The pool generation last published.
+        published: Devices in the pool as last published.
+        pending_seconds: How long the newest device set has waited to be published.
+        prepared_claims: Claims prepared on this node (the checkpoint's entries).
+        last_error: The Kubernetes API's latest refusal while publishing, until one works.
+    """
+
+    driver: str
+    node_name: str
+    registered: bool
+    registrations: int
+    generation: int
+    published: int
+    pending_seconds: float
+    prepared_claims: int
+    last_error: str | None
+
 
 async def serve(
     *plugins: DevicePlugin,
@@ -139,6 +191,8 @@ async def serve(
     observer: Observer | None = None,
     http: Http | None = None,
     reload: Reload | None = None,
+    api: Api = "devicePlugin",
+    dra: Dra | None = None,
     task_status: TaskStatus[Running] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``plugins`` in the running event loop until cancelled.
@@ -159,10 +213,17 @@ async def serve(
             ``metrics`` extra is installed).
         http: Serve the HTTP endpoints.
         reload: Reload the plugin set on SIGHUP and configuration changes.
+        api: ``"devicePlugin"`` registers each plugin with the device-plugin API;
+            ``"dra"`` serves them all as the kubelet plugin of the DRA driver ``dra``,
+            publishing their devices in ResourceSlices; ``"both"`` does both, each device going
+            one way only (``Dra.devices``).
+        dra: The DRA driver, with ``api`` ``"dra"`` or ``"both"``.
         task_status: Reports the ``Running`` set (``TaskGroup.start``).
 
     Raises:
-        ValueError: no plugins, bad names, or two plugins for one resource or socket.
+        ValueError: no plugins, bad names, two plugins for one resource or socket, or an
+            ``api``/``dra`` mismatch.
+        MissingDependencyError: DRA without a Kubernetes client (the ``dra`` extra).
         OSError: the HTTP address cannot be bound (before any plugin starts).
         RegistrationRejectedError: the kubelet rejected a plugin for good.
         SocketInUseError: another live server answers on a plugin's socket.
@@ -171,11 +232,17 @@ async def serve(
     if not plugins:
         raise ValueError("serve() needs at least one plugin")
     settings = settings or Settings()
+    driver = _dra_driver(api, dra, settings, plugins)
     # Decided once: the registration path does not change while the process runs.
+    strategy: Strategy
     if settings.uses_plugin_watcher():
         strategy, watched = _plugin_watcher.keep_registered, settings.plugins_registry_dir
     else:
         strategy, watched = _kubelet_sock.keep_registered, settings.device_plugin_dir
+    if driver is not None:
+        strategy = driver.attach if api == "dra" else driver.alongside(strategy)
+        if api == "dra":  # no device-plugin directory to watch (a DRA pod may not mount it)
+            watched = settings.plugins_registry_dir
     if http is not None and observer is None:
         observer = _prometheus_observer(http.registry)
     events = Events(observer)
@@ -184,6 +251,7 @@ async def serve(
         async with anyio.create_task_group() as tg:
             supervisor = Supervisor(tg, settings, watcher, events, strategy)
             running = Running(supervisor, None)
+            running._driver = driver
             if http is not None:
                 running.http_port = await tg.start(
                     partial(
@@ -198,6 +266,8 @@ async def serve(
                 )
             events.serving(running.statuses)
             tg.start_soon(watcher.run)
+            if driver is not None:
+                await tg.start(driver.run)
             await supervisor.apply(plugins, fatal=True)
             if reload is not None:
                 await tg.start(_reload_loop, supervisor, reload)  # watching when it returns
@@ -212,6 +282,8 @@ def run(
     observer: Observer | None = None,
     http: Http | None = None,
     reload: Reload | None = None,
+    api: Api = "devicePlugin",
+    dra: Dra | None = None,
 ) -> None:
     """Serve ``plugins`` in a new event loop until SIGTERM or SIGINT, then clean up.
 
@@ -224,7 +296,13 @@ def run(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_cancel_on_signal, tg.cancel_scope)
                 await serve(
-                    *plugins, settings=settings, observer=observer, http=http, reload=reload
+                    *plugins,
+                    settings=settings,
+                    observer=observer,
+                    http=http,
+                    reload=reload,
+                    api=api,
+                    dra=dra,
                 )
                 tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
@@ -262,6 +340,22 @@ def raise_errors(group: BaseExceptionGroup[BaseException]) -> NoReturn:
     if not errors:
         raise group
     raise BaseExceptionGroup(f"{len(errors)} errors while serving", errors)
+
+
+def _dra_driver(
+    api: str, dra: Dra | None, settings: Settings, plugins: Sequence[DevicePlugin]
+) -> DraDriver | None:
+    if api not in ("devicePlugin", "dra", "both"):
+        raise ValueError(f"api must be devicePlugin, dra or both, got {api!r}")
+    if api == "devicePlugin":
+        if dra is not None:
+            raise ValueError("dra= is given but api is devicePlugin; say api='dra' or 'both'")
+        return None
+    if dra is None:
+        raise ValueError(f"api={api!r} needs dra=Dra(driver=...): the DRA driver to serve")
+    from devplugin_sdk.dra._driver import DraDriver  # noqa: PLC0415 - only for DRA
+
+    return DraDriver(dra, settings, both=api == "both", expected=[p.resource_name for p in plugins])
 
 
 def _prometheus_observer(registry: Any) -> Observer | None:

@@ -2,26 +2,193 @@
 
 Everything here is a frozen dataclass or an enum; hooks receive and return these and never
 see protobuf (only ``_convert`` and the gRPC service and registration modules do; an
-import-linter contract checks it).
+import-linter contract checks it). A device's typed attributes and capacities (``Version``,
+``Quantity``) are what Dynamic Resource Allocation publishes; the device-plugin API has no field
+for them.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeAlias
+
+from devplugin_sdk import _names
 
 __all__ = [
     "Allocation",
+    "AttributeValue",
     "Device",
     "DeviceNode",
     "Health",
     "HealthEvent",
     "HealthReport",
     "Mount",
+    "Quantity",
     "RescanEvent",
+    "Version",
     "replicate",
 ]
+
+# The limits of resource.k8s.io/v1 (ResourceSliceMaxAttributesAndCapacitiesPerDevice,
+# DeviceAttributeMaxValueLength): an API server refuses a slice that breaks them.
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_ATTRIBUTE_VALUE_BYTES = 64
+_INT64 = (-(2**63), 2**63 - 1)
+
+# Semantic Versioning 2.0.0, as the API server checks a version attribute.
+_NUMBER = r"(0|[1-9]\d*)"
+_PRERELEASE = r"(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)"
+_BUILD = r"[0-9a-zA-Z-]+"
+_SEMVER = re.compile(
+    rf"^{_NUMBER}\.{_NUMBER}\.{_NUMBER}"
+    rf"(-{_PRERELEASE}(\.{_PRERELEASE})*)?"
+    rf"(\+{_BUILD}(\.{_BUILD})*)?$"
+)
+_LOOSE_VERSION = re.compile(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """A semantic version (semver.org 2.0.0), a device attribute that DRA compares as one.
+
+    CEL selectors compare versions by precedence
+    (``device.attributes["gpu.acme.com"].driverVersion.isGreaterThan(semver("550.0.0"))``), which a
+    string attribute would compare character by character.
+
+    Args:
+        text: The version, e.g. ``"12.4.0"`` (at most 64 characters).
+
+    Raises:
+        ValueError: ``text`` is not a semantic version.
+    """
+
+    text: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str) or not _SEMVER.match(self.text):
+            raise ValueError(f"{self.text!r} is not a semantic version (MAJOR.MINOR.PATCH)")
+        if len(self.text.encode()) > MAX_ATTRIBUTE_VALUE_BYTES:
+            raise ValueError(f"version {self.text!r} is longer than 64 bytes")
+
+    @classmethod
+    def loose(cls, text: str) -> Version:
+        """A version from a tool's dotted numbers: ``"12.4"`` is ``12.4.0``, ``"535.104.05"``
+        is ``535.104.5`` (semver forbids leading zeros), a leading ``v`` is dropped.
+
+        Raises:
+            ValueError: ``text`` is not one to three dotted numbers (or a semantic version).
+        """
+        text = text.strip()
+        if _SEMVER.match(text):
+            return cls(text)
+        match = _LOOSE_VERSION.match(text)
+        if match is None:
+            raise ValueError(f"{text!r} is not a version (one to three dotted numbers)")
+        return cls(".".join(str(int(part or 0)) for part in match.groups()))
+
+    def __str__(self) -> str:
+        return self.text
+
+
+_BINARY_SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_DECIMAL_SUFFIXES = ("k", "M", "G", "T", "P", "E")
+_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Quantity:
+    """A device capacity: a whole, non-negative amount in base units (bytes, counts).
+
+    Published as a Kubernetes resource quantity (``80Gi``), which CEL selectors compare with
+    ``device.capacity["gpu.acme.com"].memory.compareTo(quantity("40Gi")) >= 0``.
+
+    Args:
+        value: The amount in base units, e.g. ``80 * 2**30`` for 80 GiB.
+
+    Raises:
+        ValueError: a negative amount or one past a signed 64-bit integer.
+        TypeError: not an ``int``.
+    """
+
+    value: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.value, bool) or not isinstance(self.value, int):
+            raise TypeError(f"Quantity needs an int, got {type(self.value).__name__}")
+        if not 0 <= self.value <= _INT64[1]:
+            raise ValueError(f"Quantity must be between 0 and 2**63-1, got {self.value}")
+
+    @classmethod
+    def parse(cls, text: str) -> Quantity:
+        """A quantity from its Kubernetes spelling: ``"80Gi"``, ``"16k"``, ``"4"``.
+
+        Raises:
+            ValueError: not a whole number with an optional binary or decimal suffix.
+        """
+        match = _QUANTITY.match(text.strip())
+        if match is None:
+            raise ValueError(f"{text!r} is not a quantity such as 80Gi, 16k or 4")
+        number, suffix = int(match.group(1)), match.group(2)
+        if suffix in _BINARY_SUFFIXES:
+            number *= 1024 ** (_BINARY_SUFFIXES.index(suffix) + 1)
+        elif suffix:
+            number *= 1000 ** (_DECIMAL_SUFFIXES.index(suffix) + 1)
+        return cls(number)
+
+    def __str__(self) -> str:
+        """The shortest exact Kubernetes spelling: ``80Gi``, ``16k``, ``7``."""
+        for base, suffixes in ((1024, _BINARY_SUFFIXES), (1000, _DECIMAL_SUFFIXES)):
+            value, power = self.value, 0
+            while value and value % base == 0 and power < len(suffixes):
+                value //= base
+                power += 1
+            if power:
+                return f"{value}{suffixes[power - 1]}"
+        return str(self.value)
+
+
+#: What a device attribute can hold (``resource.k8s.io/v1`` DeviceAttribute): a string of at
+#: most 64 bytes, a signed 64-bit integer, a boolean or a semantic version.
+AttributeValue: TypeAlias = str | int | bool | Version
+
+_VALID_NAMES: set[str] = set()
+_CHECKED: dict[tuple[int, int], tuple[Mapping[str, AttributeValue], Mapping[str, Quantity]]] = {}
+
+
+def _check_name(device_id: str, what: str, name: object) -> None:
+    if name in _VALID_NAMES:
+        return
+    if not isinstance(name, str):
+        raise TypeError(f"Device {device_id!r}: {what} names must be strings, got {name!r}")
+    problem = _names.attribute_name_problem(name)
+    if problem is not None:
+        raise ValueError(f"Device {device_id!r}: invalid {what} name {name!r}: {problem}")
+    if len(_VALID_NAMES) < 4096:  # names repeat across devices; the cache stays small
+        _VALID_NAMES.add(name)
+
+
+def _check_attribute(device_id: str, name: str, value: object) -> None:
+    _check_name(device_id, "attribute", name)
+    if isinstance(value, (bool, Version)):
+        return
+    if isinstance(value, int):
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise ValueError(f"Device {device_id!r}: attribute {name} is not a 64-bit integer")
+        return
+    if isinstance(value, str):
+        if len(value.encode()) > MAX_ATTRIBUTE_VALUE_BYTES:
+            raise ValueError(
+                f"Device {device_id!r}: attribute {name} is longer than "
+                f"{MAX_ATTRIBUTE_VALUE_BYTES} bytes: {value[:40]!r}..."
+            )
+        return
+    raise TypeError(
+        f"Device {device_id!r}: attribute {name} must be a str, int, bool or Version, "
+        f"got {type(value).__name__}"
+    )
 
 
 class Health(str, enum.Enum):
@@ -101,8 +268,15 @@ class Device:
         cdi_devices: Fully qualified CDI device names (``vendor.com/class=name``).
         parent: ID of the physical device this one is a share or partition of. A health
             event for the parent applies to this device too.
-        attributes: Free-form facts for the backend's own use (model, PCI address, ...);
-            never sent to the kubelet.
+        attributes: Typed facts about the device (model, UUID, PCI address, driver version):
+            ``str`` (at most 64 bytes), ``int``, ``bool`` or ``Version``, by name. A name is a
+            C identifier of at most 32 characters, optionally behind a domain and a slash
+            (``resource.kubernetes.io/pcieRoot``). Dynamic Resource Allocation publishes them
+            in ResourceSlices for CEL selectors and ``matchAttribute`` constraints; the
+            device-plugin kubelet never sees them.
+        capacity: Amounts the device has (``{"memory": Quantity(80 * 2**30)}``), under the same
+            name rules; published by DRA only. Attributes and capacities count together
+            against DRA's limit of 32 per device.
     """
 
     id: str
@@ -114,7 +288,8 @@ class Device:
     annotations: Mapping[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()
     parent: str | None = None
-    attributes: Mapping[str, str] = field(default_factory=dict)
+    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
+    capacity: Mapping[str, Quantity] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -131,11 +306,66 @@ class Device:
             raise ValueError(
                 f"Device {self.id!r}: NUMA node IDs must be >= 0, got {self.numa_nodes}"
             )
+        if self.attributes or self.capacity:
+            # Shares of one device (dataclasses.replace) carry the same mappings: checked once.
+            key = (id(self.attributes), id(self.capacity))
+            checked = _CHECKED.get(key)
+            if (
+                checked is None
+                or checked[0] is not self.attributes
+                or checked[1] is not self.capacity
+            ):
+                self._check_typed_facts()
+                if len(_CHECKED) >= 256:
+                    _CHECKED.pop(next(iter(_CHECKED)))
+                # The references keep the ids from being reused while they are in the cache.
+                _CHECKED[key] = (self.attributes, self.capacity)
+
+    def _check_typed_facts(self) -> None:
+        if len(self.attributes) + len(self.capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+            raise ValueError(
+                f"Device {self.id!r}: {len(self.attributes)} attributes and "
+                f"{len(self.capacity)} capacities; DRA allows {MAX_ATTRIBUTES_AND_CAPACITIES} "
+                "together"
+            )
+        for name, value in self.attributes.items():
+            _check_attribute(self.id, name, value)
+        for name, amount in self.capacity.items():
+            _check_name(self.id, "capacity", name)
+            if not isinstance(amount, Quantity):
+                raise TypeError(
+                    f"Device {self.id!r}: capacity {name} must be a Quantity, "
+                    f"got {type(amount).__name__}"
+                )
 
     @property
     def healthy(self) -> bool:
         """Whether the device is healthy as discovered."""
         return self.health is Health.HEALTHY
+
+    def text(self, name: str) -> str:
+        """The string attribute ``name`` (a backend reading back a fact it stored).
+
+        Raises:
+            KeyError: the device has no attribute ``name``.
+            TypeError: the attribute is not a string.
+        """
+        value = self.attributes[name]
+        if not isinstance(value, str):
+            raise TypeError(f"Device {self.id!r}: attribute {name} is {value!r}, not a string")
+        return value
+
+    def number(self, name: str) -> int:
+        """The integer attribute ``name``.
+
+        Raises:
+            KeyError: the device has no attribute ``name``.
+            TypeError: the attribute is not an integer.
+        """
+        value = self.attributes[name]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"Device {self.id!r}: attribute {name} is {value!r}, not an integer")
+        return value
 
 
 def replicate(devices: Iterable[Device], replicas: int) -> list[Device]:

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTOS = (
     "devplugin_sdk/api/deviceplugin/v1beta1/deviceplugin.proto",
     "devplugin_sdk/api/pluginregistration/v1/pluginregistration.proto",
+    "devplugin_sdk/api/dra/v1/dra.proto",
+    "devplugin_sdk/api/dra/v1beta1/dra.proto",
 )
 
 

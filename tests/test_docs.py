@@ -29,6 +29,7 @@ import pytest
 
 import devplugin_sdk
 import devplugin_sdk.cdi
+import devplugin_sdk.dra
 import devplugin_sdk.testing
 from devplugin_sdk import Device, Health, Settings, cli
 from devplugin_sdk.backends import fpga, generic, nvml, rdma
@@ -322,6 +323,7 @@ def test_api_reference_covers_every_public_name() -> None:
         *devplugin_sdk.__all__,
         *devplugin_sdk.testing.__all__,
         *devplugin_sdk.cdi.__all__,
+        *devplugin_sdk.dra.__all__,
     }
     assert public - documented == set()
 

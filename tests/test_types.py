@@ -65,3 +65,90 @@ def test_replicate_makes_shares_with_parent() -> None:
     assert replicate([Device("x")], 1) == [Device("x")]
     with pytest.raises(ValueError, match="replicas must be >= 1"):
         replicate([Device("x")], 0)
+
+
+# ------------------------------------------------------------------ typed attributes (DRA)
+
+
+def test_attributes_are_typed_facts_with_dras_names() -> None:
+    from devplugin_sdk.types import Quantity, Version
+
+    device = Device(
+        "gpu0",
+        attributes={
+            "uuid": "GPU-1",
+            "index": 3,
+            "migCapable": True,
+            "driverVersion": Version("550.54.15"),
+            "resource.kubernetes.io/pcieRoot": "pci0000:00",
+        },
+        capacity={"memory": Quantity(80 * 2**30)},
+    )
+    assert device.attributes["index"] == 3
+    assert str(device.capacity["memory"]) == "80Gi"
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("1index", "C identifier"),
+        ("pci-root", "C identifier"),
+        ("x" * 33, "longer than 32"),
+        ("Acme.COM/x", "DNS-1123"),
+        ("a/b/c", "more than one '/'"),
+        ("acme.com/", "empty"),
+    ],
+)
+def test_attribute_names_follow_the_api_servers_rules(name: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        Device("a", attributes={name: "x"})
+    from devplugin_sdk.types import Quantity
+
+    with pytest.raises(ValueError, match=reason):
+        Device("a", capacity={name: Quantity(1)})
+
+
+def test_attribute_values_are_bounded_and_typed() -> None:
+    with pytest.raises(ValueError, match="64 bytes"):
+        Device("a", attributes={"model": "x" * 65})
+    with pytest.raises(ValueError, match="64-bit"):
+        Device("a", attributes={"big": 2**63})
+    with pytest.raises(TypeError, match="str, int, bool or Version"):
+        Device("a", attributes={"ratio": 0.5})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="Quantity"):
+        Device("a", capacity={"memory": 5})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="32 together"):
+        Device("a", attributes={f"a{i}": i for i in range(33)})
+
+
+def test_versions_are_semantic_and_loose_ones_are_normalised() -> None:
+    from devplugin_sdk.types import Version
+
+    assert str(Version("1.2.3-rc.1+build.5")) == "1.2.3-rc.1+build.5"
+    assert str(Version.loose("12.4")) == "12.4.0"
+    assert str(Version.loose("535.104.05")) == "535.104.5"
+    assert str(Version.loose("v2")) == "2.0.0"
+    for bad in ("1.2", "01.2.3", "1.2.3-", ""):
+        with pytest.raises(ValueError, match="semantic version"):
+            Version(bad)
+    with pytest.raises(ValueError, match="not a version"):
+        Version.loose("R535")
+
+
+def test_quantities_parse_and_print_as_kubernetes_does() -> None:
+    from devplugin_sdk.types import Quantity
+
+    assert Quantity.parse("80Gi") == Quantity(80 * 2**30)
+    assert Quantity.parse("16k").value == 16000
+    assert [str(Quantity(v)) for v in (0, 7, 1024, 1536, 3000, 2**40)] == [
+        "0",
+        "7",
+        "1Ki",
+        "1536",
+        "3k",
+        "1Ti",
+    ]
+    with pytest.raises(ValueError, match="quantity"):
+        Quantity.parse("1.5Gi")
+    with pytest.raises(ValueError, match="between"):
+        Quantity(-1)

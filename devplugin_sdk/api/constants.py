@@ -28,3 +28,19 @@ KUBELET_DIAL_TIMEOUT_S: Final = 10.0
 MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
 # Linux sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH_BYTES: Final = 107
+
+# The kubelet's DRA plugins (k8s.io/kubelet pkg/apis/pluginregistration/v1 constants.go,
+# pkg/apis/dra/*/types.go, k8s.io/dynamic-resource-allocation kubeletplugin).
+PLUGIN_TYPE_DRA_PLUGIN: Final = "DRAPlugin"
+# A DRA plugin lists the gRPC services it serves as its "supported versions"; the kubelet takes
+# the first one in the plugin's order that it speaks (v1 from Kubernetes 1.34, v1beta1 in 1.32).
+DRA_SERVICE_V1: Final = "v1.DRAPlugin"
+DRA_SERVICE_V1BETA1: Final = "v1beta1.DRAPlugin"
+# Where kubeletplugin puts a driver's dra.sock (in a directory of its own, <dir>/<driver>).
+DRA_PLUGINS_PATH: Final = "/var/lib/kubelet/plugins"
+# The kubelet's deadline on NodePrepareResources/NodeUnprepareResources (pkg/kubelet/cm/dra/
+# plugin, defaultClientCallTimeout: half its retry period).
+DRA_CALL_TIMEOUT_S: Final = 45.0
+# The kubelet deletes a driver's ResourceSlices this long after its last plugin went away
+# (pkg/kubelet/cm/dra, defaultWipingDelay), and every slice of the node when it starts.
+DRA_WIPING_DELAY_S: Final = 30.0

@@ -7,9 +7,21 @@ Reads are blocking: call them from ``anyio.to_thread.run_sync``.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
-__all__ = ["list_dir", "numa_node", "pci_device_dir", "read_attr", "read_int", "read_link_name"]
+# A PCI root bus in the device path, e.g. /sys/devices/pci0000:3a/0000:3a:02.0/0000:3b:00.0.
+_ROOT_BUS = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+
+__all__ = [
+    "list_dir",
+    "numa_node",
+    "pci_device_dir",
+    "pcie_root",
+    "read_attr",
+    "read_int",
+    "read_link_name",
+]
 
 
 def read_attr(path: Path) -> str | None:
@@ -61,3 +73,17 @@ def numa_node(device_dir: Path) -> int | None:
     if node is None or node < 0:
         return None
     return node
+
+
+def pcie_root(sysfs_root: Path, pci_address: str) -> str | None:
+    """The PCI root bus a device hangs off (``pci0000:3a``), or None when unknown.
+
+    Devices under one root share a PCIe root complex; Kubernetes names this
+    ``resource.kubernetes.io/pcieRoot`` (k8s.io/dynamic-resource-allocation deviceattribute),
+    found the same way: the ``/sys/bus/pci/devices/<address>`` link resolved.
+    """
+    try:
+        resolved = os.path.realpath(pci_device_dir(sysfs_root, pci_address), strict=True)
+    except OSError:
+        return None
+    return next((part for part in Path(resolved).parts if _ROOT_BUS.match(part)), None)

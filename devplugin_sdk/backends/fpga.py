@@ -589,6 +589,17 @@ def _dfl_region_board(
     )
 
 
+def _dra_attributes(board: Board) -> dict[str, str | int]:
+    """The board's facts as typed attributes (DRA publishes them): its NUMA node as a number;
+    a value longer than a DRA attribute may be (64 bytes) is left out."""
+    attributes: dict[str, str | int] = {
+        k: v for k, v in board.attributes.items() if len(v.encode()) <= 64
+    }
+    if board.numa_node is not None:
+        attributes["numaNode"] = board.numa_node
+    return attributes
+
+
 def scan(config: FpgaConfig) -> list[Board]:
     """Scan the host for the configured family (blocking)."""
     if config.family == "xrt":
@@ -721,7 +732,7 @@ class FpgaPlugin(DevicePlugin):
                 DeviceNode(host_path=str(host / node), container_path=f"/dev/{node}")
                 for node in board.device_nodes
             ),
-            attributes=board.attributes,
+            attributes=_dra_attributes(board),
         )
 
     def _watch_dirs(self) -> list[Path]:

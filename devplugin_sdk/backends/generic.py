@@ -621,7 +621,7 @@ class GenericPlugin(DevicePlugin):
                     (*members, *shared),
                     (*problems, *missing),
                     group.count,
-                    attributes={"path": lead.container},
+                    attributes=_path_attribute(lead.container),
                 )
             )
         return units
@@ -1190,6 +1190,12 @@ def _device(unit: _Unit, health: Health, absent: frozenset[str]) -> Device:
         mounts=tuple(Mount(m.host, m.container, m.read_only) for m in kept if m.mount),
         attributes=unit.attributes,
     )
+
+
+def _path_attribute(path: str) -> dict[str, str]:
+    """``{"path": path}``, or nothing when the path is longer than a DRA attribute may be (64
+    bytes): the device nodes still carry it."""
+    return {"path": path} if len(path.encode()) <= 64 else {}
 
 
 def _is_are(items: Sequence[str]) -> str:

@@ -12,6 +12,7 @@ NVIDIA/go-nvlib ``pkg/nvlib/device/mig_profile.go`` (MIG profile names); NVIDIA/
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import itertools
@@ -20,6 +21,7 @@ import math
 import re
 import threading
 import time
+import uuid as uuid_module
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -51,12 +53,15 @@ from devplugin_sdk.types import (
     HealthEvent,
     HealthReport,
     Mount,
+    Quantity,
     RescanEvent,
+    Version,
     replicate,
 )
 
 __all__ = [
     "DEFAULT_IGNORED_XIDS",
+    "GpuFacts",
     "GpuInfo",
     "Interceptor",
     "MemorySharing",
@@ -558,6 +563,26 @@ class MigInfo:
 
 
 @dataclass(frozen=True)
+class GpuFacts:
+    """What a GPU is, for a scheduler: published as DRA attributes, unknown ones left out.
+
+    Each comes from an NVML call that older drivers or boards may not answer (Not Supported,
+    Function Not Found); such a fact is None.
+    """
+
+    architecture: str | None = None
+    compute_capability: Version | None = None
+    driver_version: Version | None = None
+    cuda_driver_version: Version | None = None
+    pcie_root: str | None = None
+    #: GPUs joined by NVLink (directly or through NVSwitches) share it; from the NVLink fabric
+    #: (cluster UUID and clique) where NVML reports one.
+    nvlink_domain: str | None = None
+    fabric_cluster: str | None = None
+    fabric_clique: int | None = None
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     """One GPU as discovered through NVML (and sysfs for the NUMA node).
 
@@ -575,6 +600,7 @@ class GpuInfo:
     mig_enabled: bool
     migs: tuple[MigInfo, ...] = ()
     fault: str | None = None
+    facts: GpuFacts = field(default_factory=GpuFacts)
 
 
 def mig_profile_name(
@@ -620,10 +646,15 @@ class _Scanner:
         except nvml.NVMLError as exc:
             raise BackendError(f"NVML could not count GPUs: {exc}") from exc
         mig_minors = _read_mig_minors(self.config.proc_root)
+        driver, cuda = self.system_facts()
         out: list[GpuInfo] = []
+        links: dict[str, list[str]] = {}
         for index in range(count):
             try:
-                out.append(self.gpu(index, mig_minors))
+                gpu = self.gpu(index, mig_minors)
+                links[pci_address(gpu.pci_bus_id)] = self.nvlink_remotes(index)
+                facts = replace(gpu.facts, driver_version=driver, cuda_driver_version=cuda)
+                out.append(replace(gpu, facts=facts))
             except nvml.NVMLError as exc:
                 # One unreadable GPU never hides the others.
                 previous = known.get(index)
@@ -632,7 +663,42 @@ class _Scanner:
                     continue
                 log.warning("GPU %d (%s) cannot be read: %s", index, previous.uuid, exc)
                 out.append(replace(previous, fault=_nvml_fault(nvml, exc, "discovery")))
-        return out
+        return _with_nvlink_domains(out, links)
+
+    def system_facts(self) -> tuple[Version | None, Version | None]:
+        """The driver's and CUDA's versions (the same for every GPU)."""
+        nvml = self.nvml
+        driver = _optional(nvml, nvml.nvmlSystemGetDriverVersion)
+        cuda = _optional(nvml, getattr(nvml, "nvmlSystemGetCudaDriverVersion", None))
+        return (
+            _loose_version(_text(driver)) if driver is not None else None,
+            # nvml.h: major * 1000 + minor * 10.
+            Version(f"{cuda // 1000}.{cuda % 1000 // 10}.0")
+            if isinstance(cuda, int) and cuda > 0
+            else None,
+        )
+
+    def nvlink_remotes(self, index: int) -> list[str]:
+        """PCI addresses of the far ends of GPU ``index``'s active NVLinks (GPUs, switches)."""
+        nvml = self.nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        except nvml.NVMLError:
+            return []
+        remotes: list[str] = []
+        for link in range(nvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                if nvml.nvmlDeviceGetNvLinkState(handle, link) != nvml.NVML_FEATURE_ENABLED:
+                    continue
+                remotes.append(
+                    pci_address(_text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
+                )
+            except nvml.NVMLError_NotSupported:
+                if link == 0:
+                    break  # no NVLink at all (PCIe-only boards)
+            except (nvml.NVMLError, ValueError):
+                continue
+        return remotes
 
     def gpu(self, index: int, mig_minors: Mapping[str, int]) -> GpuInfo:
         nvml = self.nvml
@@ -656,6 +722,10 @@ class _Scanner:
         migs: tuple[MigInfo, ...] = ()
         if mig_enabled:
             migs = tuple(self.migs(handle, uuid, minor, memory, mig_minors))
+        try:
+            root = _sysfs.pcie_root(self.config.sysfs_root, pci_address(bus_id))
+        except ValueError:
+            root = None
         return GpuInfo(
             index=index,
             uuid=uuid,
@@ -666,6 +736,41 @@ class _Scanner:
             numa_node=numa,
             mig_enabled=mig_enabled,
             migs=migs,
+            facts=replace(self.device_facts(handle), pcie_root=root),
+        )
+
+    def device_facts(self, handle: Any) -> GpuFacts:
+        """Architecture, compute capability and NVLink fabric of one GPU, where NVML says."""
+        nvml = self.nvml
+        arch = _optional(nvml, getattr(nvml, "nvmlDeviceGetArchitecture", None), handle)
+        capability = _optional(
+            nvml, getattr(nvml, "nvmlDeviceGetCudaComputeCapability", None), handle
+        )
+        cluster: str | None = None
+        clique: int | None = None
+        info_type = getattr(nvml, "c_nvmlGpuFabricInfo_t", None)
+        if info_type is not None:
+            info = info_type()
+            done = _optional(
+                nvml, getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None), handle, ctypes.byref(info)
+            )
+            # nvml.h: the fabric is known once its state is COMPLETED and its status SUCCESS.
+            if (
+                done is not None
+                and info.state == getattr(nvml, "NVML_GPU_FABRIC_STATE_COMPLETED", 3)
+                and info.status == nvml.NVML_SUCCESS
+                and any(info.clusterUuid)
+            ):
+                cluster = str(uuid_module.UUID(bytes=bytes(info.clusterUuid)))
+                clique = int(info.cliqueId)
+        return GpuFacts(
+            architecture=_ARCHITECTURES.get(arch) if isinstance(arch, int) else None,
+            compute_capability=Version(f"{capability[0]}.{capability[1]}.0")
+            if isinstance(capability, tuple) and len(capability) == 2
+            else None,
+            nvlink_domain=f"{cluster}.{clique}" if cluster is not None else None,
+            fabric_cluster=cluster,
+            fabric_clique=clique,
         )
 
     def migs(
@@ -1116,9 +1221,7 @@ class NvmlPlugin(DevicePlugin):
         # Tens of thousands of memory units take a moment to build: not on the event loop.
         devices = await anyio.to_thread.run_sync(self._advertise, units)
         index = {g.uuid: g.index for g in gpus}
-        self._gpu_order = tuple(
-            sorted({d.attributes["gpu_uuid"] for d in units}, key=lambda u: index[u])
-        )
+        self._gpu_order = tuple(sorted({d.text("gpu_uuid") for d in units}, key=lambda u: index[u]))
         self._gpu_set = frozenset(self._gpu_order)
         self._gpu_index = {u: str(index[u]) for u in self._gpu_order}
         self._devices = devices
@@ -1135,7 +1238,7 @@ class NvmlPlugin(DevicePlugin):
                 # Children of their GPU: its faults (reported by GPU UUID) take them all out.
                 replace(gpu, id=f"{keys[gpu.id]}-{n}", parent=gpu.id)
                 for gpu in units
-                for n in range(int(gpu.attributes["memory_mib"]) // memory.unit_mib)
+                for n in range(gpu.number("memory_mib") // memory.unit_mib)
             ]
         if self.serves == "count":
             return units
@@ -1180,14 +1283,17 @@ class NvmlPlugin(DevicePlugin):
             numa_nodes=() if gpu.numa_node is None else (gpu.numa_node,),
             device_nodes=(DeviceNode(f"/dev/nvidia{gpu.minor}"), *control),
             attributes={
+                "type": "gpu",
                 "uuid": gpu.uuid,
                 "gpu_uuid": gpu.uuid,
-                "index": str(gpu.index),
+                "index": gpu.index,
                 "name": gpu.name,
-                "memory_mib": str(gpu.memory_bytes >> 20),
+                "memory_mib": gpu.memory_bytes >> 20,
                 "pci_bus_id": gpu.pci_bus_id,
-                "minor": str(gpu.minor),
+                "minor": gpu.minor,
+                **_facts(gpu),
             },
+            capacity={"memory": Quantity(gpu.memory_bytes)},
         )
 
     def _mig_device(self, mig: MigInfo, gpu: GpuInfo, control: tuple[DeviceNode, ...]) -> Device:
@@ -1199,17 +1305,20 @@ class NvmlPlugin(DevicePlugin):
             device_nodes=(*nodes, *control),
             parent=gpu.uuid,
             attributes={
+                "type": "mig",
                 "uuid": mig.uuid,
                 "gpu_uuid": gpu.uuid,
-                "index": f"{gpu.index}:{mig.gi}:{mig.ci}",
+                "index": gpu.index,
                 "name": f"{gpu.name} MIG {mig.profile}",
-                "memory_mib": str(mig.memory_bytes >> 20),
+                "memory_mib": mig.memory_bytes >> 20,
                 "pci_bus_id": gpu.pci_bus_id,
-                "minor": str(gpu.minor),
+                "minor": gpu.minor,
                 "mig_profile": mig.profile,
-                "gi": str(mig.gi),
-                "ci": str(mig.ci),
+                "gi": mig.gi,
+                "ci": mig.ci,
+                **_facts(gpu),
             },
+            capacity={"memory": Quantity(mig.memory_bytes)},
         )
 
     # ------------------------------------------------------------------ allocation
@@ -1236,7 +1345,7 @@ class NvmlPlugin(DevicePlugin):
                 " size for shared resources is 1 (sharing.timeSlicing.failRequestsGreaterThanOne)"
             )
         # Replicas of one GPU are one GPU to the container.
-        uuids = list(dict.fromkeys(d.attributes["uuid"] for d in devices))
+        uuids = list(dict.fromkeys(d.text("uuid") for d in devices))
         return self._setup(uuids, devices)
 
     def _setup(self, uuids: Sequence[str], devices: Sequence[Device]) -> Allocation:
@@ -1272,7 +1381,7 @@ class NvmlPlugin(DevicePlugin):
         # One unit per GPU carries the GPU's nodes: merging 40,000 identical ones would not.
         allocation = self._setup(list(by_gpu), [units[0] for units in by_gpu.values()])
         env = dict(allocation.env)
-        gpu_units = (int(u[0].attributes["memory_mib"]) // memory.unit_mib for u in by_gpu.values())
+        gpu_units = (u[0].number("memory_mib") // memory.unit_mib for u in by_gpu.values())
         env[GPUSHARE_INDEX_ENV] = ",".join(self._gpu_index[g] for g in by_gpu)
         env[GPUSHARE_DEVICE_ENV] = ",".join(str(n) for n in gpu_units)
         env[GPUSHARE_CONTAINER_ENV] = str(len(devices))
@@ -1288,7 +1397,7 @@ class NvmlPlugin(DevicePlugin):
         env = dict(allocation.env)
         if vgpu.memory_limit:
             for i, slices in enumerate(by_gpu.values()):
-                share = int(slices[0].attributes["memory_mib"]) // vgpu.slices
+                share = slices[0].number("memory_mib") // vgpu.slices
                 env[MEMORY_LIMIT_ENV.format(i)] = f"{share}m"
         if vgpu.core_limit:
             env[SM_LIMIT_ENV] = str(100 // vgpu.slices)
@@ -1298,7 +1407,7 @@ class NvmlPlugin(DevicePlugin):
         """``devices`` grouped by GPU, GPUs in NVML index order (the order of the limits)."""
         groups: dict[str, list[Device]] = {}
         for device in devices:
-            groups.setdefault(device.attributes["gpu_uuid"], []).append(device)
+            groups.setdefault(device.text("gpu_uuid"), []).append(device)
         return {g: groups[g] for g in sorted(groups, key=lambda g: int(self._gpu_index[g]))}
 
     def _free_when_asked(self, devices: Sequence[Device]) -> Mapping[str, int] | None:
@@ -1386,7 +1495,7 @@ class NvmlPlugin(DevicePlugin):
             return self._remember(ids, size, placed)
         topology = await self._topology_for(available)
         if self._sliced is not None:
-            numa = {d.attributes["gpu_uuid"]: d.numa_nodes for d in available}
+            numa = {d.text("gpu_uuid"): d.numa_nodes for d in available}
             links = matrix_score(topology.scores)
 
             def link(a: str, b: str) -> float:
@@ -1396,7 +1505,7 @@ class NvmlPlugin(DevicePlugin):
             placed = spread_apart(
                 ids,
                 size,
-                {d.id: d.attributes["gpu_uuid"] for d in available},
+                {d.id: d.text("gpu_uuid") for d in available},
                 must_include=must,
                 link_score=link,
                 unit_order=self._gpu_order,
@@ -1405,7 +1514,7 @@ class NvmlPlugin(DevicePlugin):
         scorer = TopologyScorer(
             topology.scores,
             numa_nodes={d.id: d.numa_nodes[0] for d in available if d.numa_nodes},
-            units={d.id: d.attributes["gpu_uuid"] for d in available},
+            units={d.id: d.text("gpu_uuid") for d in available},
         )
         return scorer.choose(ids, size, must)
 
@@ -1419,7 +1528,7 @@ class NvmlPlugin(DevicePlugin):
         return placed.device_ids
 
     async def _topology_for(self, available: Sequence[Device]) -> _Topology:
-        gpus = tuple(sorted({d.attributes["gpu_uuid"] for d in available}))
+        gpus = tuple(sorted({d.text("gpu_uuid") for d in available}))
         topology = self._topology
         if topology is None or not set(gpus) <= set(topology.gpus):
             every = tuple(sorted(self._gpu_set | set(gpus)))
@@ -1518,8 +1627,8 @@ class NvmlPlugin(DevicePlugin):
             return await self._check_gpus(devices)
         ours = {d.id: d for d in self._devices}
         wanted = [ours[d.id] for d in devices if d.id in ours]
-        gpus = sorted({d.attributes["gpu_uuid"] for d in wanted})
-        migs = sorted({d.attributes["uuid"] for d in wanted} - set(gpus))
+        gpus = sorted({d.text("gpu_uuid") for d in wanted})
+        migs = sorted({d.text("uuid") for d in wanted} - set(gpus))
         recovered = await self._probe(gpus, migs)
         health: dict[str, Health] = {}
         reasons: dict[str, str] = {}
@@ -1676,17 +1785,14 @@ class NvmlPlugin(DevicePlugin):
             return None
         if self.serves == "memory":
             return gpu  # full GPUs only: any fault on it is the whole GPU's
-        ours = [d for d in self._devices if d.attributes["gpu_uuid"] == gpu]
+        ours = [d for d in self._devices if d.text("gpu_uuid") == gpu]
         if not ours:
             return None
         if gi == _NOT_ATTRIBUTED:
             return gpu
         for d in ours:
-            if d.attributes.get("gi") == str(gi) and ci in (
-                _NOT_ATTRIBUTED,
-                int(d.attributes["ci"]),
-            ):
-                return d.attributes["uuid"]
+            if d.attributes.get("gi") == gi and ci in (_NOT_ATTRIBUTED, d.attributes.get("ci")):
+                return d.text("uuid")
         if all("gi" in d.attributes for d in ours):
             return None  # a MIG instance of this GPU that another resource serves
         return gpu
@@ -1749,6 +1855,92 @@ class NvmlPlugin(DevicePlugin):
             return _nvml_fault(nvml, exc, call)
 
 
+# nvml.h nvmlDeviceArchitecture_t, as NVIDIA's tools name them.
+_ARCHITECTURES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada Lovelace",
+    9: "Hopper",
+    10: "Blackwell",
+}
+
+
+def _optional(nvml: Any, query: Callable[..., Any] | None, *args: Any) -> Any:
+    """``query(*args)``, or None when this NVML or board does not answer it."""
+    if query is None:  # an nvidia-ml-py without the function
+        return None
+    try:
+        return query(*args)
+    except nvml.NVMLError:
+        return None
+
+
+def _loose_version(text: str) -> Version | None:
+    try:
+        return Version.loose(text)
+    except ValueError:
+        return None
+
+
+def _facts(gpu: GpuInfo) -> dict[str, str | int | Version]:
+    """A GPU's facts as DRA attributes (``resource.kubernetes.io/`` ones as Kubernetes names
+    them); unknown facts are left out."""
+    facts = gpu.facts
+    out: dict[str, str | int | Version | None] = {
+        "architecture": facts.architecture,
+        "cudaComputeCapability": facts.compute_capability,
+        "driverVersion": facts.driver_version,
+        "cudaDriverVersion": facts.cuda_driver_version,
+        "numaNode": gpu.numa_node,
+        "nvlinkDomain": facts.nvlink_domain,
+        "fabricClusterUUID": facts.fabric_cluster,
+        "fabricCliqueID": facts.fabric_clique,
+        "resource.kubernetes.io/pcieRoot": facts.pcie_root,
+    }
+    with contextlib.suppress(ValueError):
+        out["resource.kubernetes.io/pciBusID"] = pci_address(gpu.pci_bus_id)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _with_nvlink_domains(gpus: list[GpuInfo], links: Mapping[str, Sequence[str]]) -> list[GpuInfo]:
+    """Give GPUs joined by NVLink (directly, or through the same NVSwitches) one domain: the
+    lowest PCI address among them. A fabric's own domain (cluster and clique) is kept."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for gpu_address, remotes in links.items():
+        for remote in remotes:
+            a, b = find(gpu_address), find(remote)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    linked = {address for address, remotes in links.items() if remotes}
+    members: dict[str, list[str]] = {}
+    for address in linked:
+        members.setdefault(find(address), []).append(address)
+    domain = {a: min(group) for group in members.values() for a in group}
+    out = []
+    for gpu in gpus:
+        try:
+            address = pci_address(gpu.pci_bus_id)
+        except ValueError:
+            address = ""
+        if gpu.facts.nvlink_domain is None and address in domain:
+            joined = replace(gpu.facts, nvlink_domain=f"nvlink-{domain[address]}")
+            out.append(replace(gpu, facts=joined))
+        else:
+            out.append(gpu)
+    return out
+
+
 def _signal(nvml: Any, query: Callable[..., Any], *args: Any) -> Any:
     """NVML's answer, or None when the answer says nothing about the GPU's state."""
     try:
@@ -1786,7 +1978,7 @@ def _unit_keys(gpus: Sequence[str]) -> dict[str, str]:
 
 def _units(device: Device) -> tuple[str, ...]:
     """The units whose faults a device suffers: its MIG instance (if any) and its GPU."""
-    return tuple(dict.fromkeys((device.attributes["uuid"], device.attributes["gpu_uuid"])))
+    return tuple(dict.fromkeys((device.text("uuid"), device.text("gpu_uuid"))))
 
 
 # ----------------------------------------------------------------------------- from_config

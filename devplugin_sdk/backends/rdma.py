@@ -574,7 +574,7 @@ class RdmaPlugin(DevicePlugin):
             names.append("rdma_cm")
         nodes = tuple(DeviceNode(str(_HOST_DEV / name), permissions="rw") for name in names)
         prefix = self.resource.env_prefix
-        attributes = {
+        attributes: dict[str, str | int] = {
             "rdma_device": info.name,
             "pci_address": info.pci_address or "",
             "vendor": info.vendor or "",
@@ -585,6 +585,20 @@ class RdmaPlugin(DevicePlugin):
             "ports": ",".join(str(port.number) for port in info.ports),
             "netdevs": ",".join(info.netdevs),
             "physfn": info.physfn or "",
+            "virtualFunction": bool(info.physfn),
+        }
+        if info.numa_node is not None:
+            attributes["numaNode"] = info.numa_node
+        if info.pci_address:
+            # The names Kubernetes gives these (k8s.io/dynamic-resource-allocation
+            # deviceattribute): a GPU and a NIC under one root can be required together.
+            attributes["resource.kubernetes.io/pciBusID"] = info.pci_address
+            root = _sysfs.pcie_root(self.sysfs_root, info.pci_address)
+            if root is not None:
+                attributes["resource.kubernetes.io/pcieRoot"] = root
+        # A DRA attribute holds at most 64 bytes; a longer list (many netdevs) is left out.
+        attributes = {
+            k: v for k, v in attributes.items() if not isinstance(v, str) or len(v.encode()) <= 64
         }
         cdi_devices: tuple[str, ...] = ()
         if self.resource.cdi_kind is not None:
@@ -636,9 +650,9 @@ class RdmaPlugin(DevicePlugin):
         """
         merged = Allocation.merge(devices)
         prefix = self.resource.env_prefix
-        names = dict.fromkeys(d.attributes.get("rdma_device", d.id) for d in devices)
+        names = dict.fromkeys(str(d.attributes.get("rdma_device", d.id)) for d in devices)
         netdevs = dict.fromkeys(
-            n for d in devices for n in d.attributes.get("netdevs", "").split(",") if n
+            n for d in devices for n in str(d.attributes.get("netdevs", "")).split(",") if n
         )
         env = dict(merged.env)
         env[f"{prefix}_DEVICES"] = ",".join(names)

@@ -1,4 +1,5 @@
-"""Test tools for plugin authors: ``FakeKubelet``, ``serving`` and ``StaticPlugin``.
+"""Test tools for plugin authors: ``FakeKubelet``, ``serving``, ``StaticPlugin`` and, for DRA,
+``MemoryApi`` (ResourceClaims and ResourceSlices in memory) with ``FakeKubelet.dra``.
 
 ``FakeKubelet`` plays the kubelet over real gRPC on real unix sockets; ``serving`` runs plugins
 against it in the background of a test, through the one runner (``devplugin_sdk.serve``)::
@@ -18,6 +19,7 @@ from typing import Any
 
 import anyio
 
+from devplugin_sdk._fake_dra import DraPod, PodPreparationError, PreparedPod
 from devplugin_sdk._fake_kubelet import (
     AdmissionError,
     ContainerAllocation,
@@ -27,6 +29,7 @@ from devplugin_sdk._fake_kubelet import (
     KubeletDevice,
     Registration,
 )
+from devplugin_sdk.dra._memory import MemoryApi
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.runner import Running, raise_errors, serve
 from devplugin_sdk.testing._static import StaticPlugin
@@ -38,9 +41,13 @@ __all__ = [
     "AdmissionError",
     "ContainerAllocation",
     "ContainerStartError",
+    "DraPod",
     "FakeKubelet",
     "FakeKubeletError",
     "KubeletDevice",
+    "MemoryApi",
+    "PodPreparationError",
+    "PreparedPod",
     "Registration",
     "StaticPlugin",
     "serving",

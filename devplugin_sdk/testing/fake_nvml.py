@@ -132,6 +132,32 @@ NVML_AGGREGATE_ECC = 1
 NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 
+NVML_DEVICE_ARCH_VOLTA = 5
+NVML_DEVICE_ARCH_TURING = 6
+NVML_DEVICE_ARCH_AMPERE = 7
+NVML_DEVICE_ARCH_ADA = 8
+NVML_DEVICE_ARCH_HOPPER = 9
+NVML_DEVICE_ARCH_BLACKWELL = 10
+NVML_DEVICE_ARCH_UNKNOWN = 0xFFFFFFFF
+
+NVML_GPU_FABRIC_UUID_LEN = 16
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
+NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
+
+
+class c_nvmlGpuFabricInfo_t(ctypes.Structure):
+    """What ``nvmlDeviceGetGpuFabricInfo`` fills: the NVLink fabric (cluster, clique) of a GPU."""
+
+    _fields_: ClassVar[list[tuple[str, Any]]] = [
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint8),
+    ]
+
+
 NVML_DEVICE_MIG_DISABLE = 0x0
 NVML_DEVICE_MIG_ENABLE = 0x1
 NVML_GPU_INSTANCE_ID_ANY = 0xFFFFFFFF
@@ -368,6 +394,10 @@ class FakeGPU:
         remap_pending: A row remapping waits for a GPU reset.
         remap_failed: A row remapping failed at some time (the flag stays set).
         pages_pending: Retired pages wait for a reboot or GPU reset to be blacklisted.
+        architecture: ``NVML_DEVICE_ARCH_*`` for ``nvmlDeviceGetArchitecture``.
+        compute_capability: CUDA compute capability (major, minor).
+        fabric: The NVLink fabric's cluster UUID and clique ID (multi-node NVLink, or an
+            NVSwitch system with the fabric manager); None answers Not Supported.
     """
 
     index: int
@@ -402,6 +432,9 @@ class FakeGPU:
     remap_pending: bool = False
     remap_failed: bool = False
     pages_pending: bool = False
+    architecture: int = NVML_DEVICE_ARCH_AMPERE
+    compute_capability: tuple[int, int] = (8, 0)
+    fabric: tuple[str, int] | None = None
 
     @property
     def sysfs_address(self) -> str:
@@ -470,14 +503,21 @@ class FakeNVML:
     Args:
         gpus: The machine's GPUs, in NVML index order.
         driver_version: What ``nvmlSystemGetDriverVersion`` returns.
+        cuda_driver_version: What ``nvmlSystemGetCudaDriverVersion`` returns (12080 is 12.8).
 
     Attributes:
         calls: How many times each NVML function was called.
     """
 
-    def __init__(self, gpus: Sequence[FakeGPU], driver_version: str = "570.124.06") -> None:
+    def __init__(
+        self,
+        gpus: Sequence[FakeGPU],
+        driver_version: str = "570.124.06",
+        cuda_driver_version: int = 12080,
+    ) -> None:
         self.gpus = list(gpus)
         self.driver_version = driver_version
+        self.cuda_driver_version = cuda_driver_version
         self.calls: collections.Counter[str] = collections.Counter()
         self._cond = threading.Condition()
         self._init_count = 0
@@ -486,6 +526,9 @@ class FakeNVML:
         self._event_sets: list[_EventSet] = []
         self._handles = {g.index: _Handle(g) for g in self.gpus}
         self._mig_handles = {m.uuid: _Handle(g, m) for g in self.gpus for m in g.migs}
+
+    # pynvml's structure for nvmlDeviceGetGpuFabricInfo, an attribute of the module.
+    c_nvmlGpuFabricInfo_t = c_nvmlGpuFabricInfo_t
 
     def __getattr__(self, name: str) -> Any:
         # pynvml's constants and error classes are attributes of the module; so they are here.
@@ -675,9 +718,22 @@ class FakeNVML:
             The three roots.
         """
         roots = HostRoots(root / "sys", root / "dev", root / "proc")
+        complexes = list(dict.fromkeys(gpu.pcie_path[0] for gpu in self.gpus if gpu.pcie_path))
         for gpu in self.gpus:
-            pci_dir = roots.sysfs_root / "bus" / "pci" / "devices" / gpu.sysfs_address
+            # The kernel's layout: the device under its root bus and bridges in devices/, and
+            # a bus/pci/devices/<address> link to it (how a PCIe root is found).
+            domain = gpu.sysfs_address.split(":")[0]
+            rc = complexes.index(gpu.pcie_path[0]) if gpu.pcie_path else 0
+            parts = [f"pci{domain}:{0x10 * rc:02x}"]
+            parts += [
+                f"{domain}:{0x10 * rc:02x}:{i + 1:02x}.0" for i in range(len(gpu.pcie_path) - 1)
+            ]
+            pci_dir = roots.sysfs_root.joinpath("devices", *parts, gpu.sysfs_address)
             pci_dir.mkdir(parents=True, exist_ok=True)
+            link = roots.sysfs_root / "bus" / "pci" / "devices" / gpu.sysfs_address
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.is_symlink():
+                link.symlink_to(Path("../../..", "devices", *parts, gpu.sysfs_address))
             # The kernel writes -1 when the platform reports no NUMA affinity.
             numa = -1 if gpu.numa_node is None else gpu.numa_node
             (pci_dir / "numa_node").write_text(f"{numa}\n")
@@ -762,6 +818,32 @@ class FakeNVML:
     def nvmlSystemGetDriverVersion(self) -> str:
         self._enter("nvmlSystemGetDriverVersion")
         return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._enter("nvmlSystemGetCudaDriverVersion")
+        return self.cuda_driver_version
+
+    def nvmlDeviceGetArchitecture(self, device: _Handle) -> int:
+        self._enter("nvmlDeviceGetArchitecture")
+        return self._full_gpu(device).architecture
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: _Handle) -> tuple[int, int]:
+        self._enter("nvmlDeviceGetCudaComputeCapability")
+        return self._gpu_of(handle).gpu.compute_capability
+
+    def nvmlDeviceGetGpuFabricInfo(self, device: _Handle, gpuFabricInfo: Any) -> int:
+        self._enter("nvmlDeviceGetGpuFabricInfo")
+        gpu = self._full_gpu(device)
+        if gpu.fabric is None:
+            raise NVMLError_NotSupported()
+        # Called with the structure itself or ctypes.byref() of it, as pynvml passes it on.
+        info = getattr(gpuFabricInfo, "_obj", gpuFabricInfo)
+        cluster, clique = gpu.fabric
+        info.clusterUuid[:] = list(uuid_module.UUID(cluster).bytes)
+        info.status = NVML_SUCCESS
+        info.cliqueId = clique
+        info.state = NVML_GPU_FABRIC_STATE_COMPLETED
+        return NVML_SUCCESS
 
     # ------------------------------------------------------------------ device queries
 
@@ -1156,6 +1238,10 @@ def hgx_h100() -> FakeNVML:
             nvlinks=[(switches[s], NVML_NVLINK_DEVICE_TYPE_SWITCH) for s in link_switch],
             mig_capable=True,
             row_remapping=True,
+            architecture=NVML_DEVICE_ARCH_HOPPER,
+            compute_capability=(9, 0),
+            # The fabric manager puts the NVSwitch domain's GPUs in one clique.
+            fabric=(str(uuid_module.uuid5(uuid_module.NAMESPACE_URL, "fake-nvml/hgx-h100")), 1),
         )
         for i in range(8)
     ]
@@ -1179,6 +1265,8 @@ def t4_pcie() -> FakeNVML:
             numa_node=i // 2,
             pcie_path=(f"rc{i // 2}", f"sw{i // 2}"),
             page_retirement=True,
+            architecture=NVML_DEVICE_ARCH_TURING,
+            compute_capability=(7, 5),
         )
         for i in range(4)
     ]

@@ -68,7 +68,7 @@ class SiteGpuPlugin(NvmlPlugin):
         # Memory units are reported by GPU, their parent; other devices by their own ID.
         bad = sorted(
             {
-                d.attributes.get("uuid", d.id)
+                str(d.attributes.get("uuid", d.id))
                 for d in devices
                 if Health.UNHEALTHY in (health.get(d.id), health.get(d.parent or d.id))
             }

@@ -30,8 +30,8 @@ class RdmaExamplePlugin(RdmaPlugin):
         allocation = await super().allocate(devices)
         ports: dict[str, None] = {}
         for device in devices:
-            name = device.attributes["rdma_device"]
-            for port in device.attributes["ports"].split(","):
+            name = device.text("rdma_device")
+            for port in device.text("ports").split(","):
                 ports.setdefault(f"{name}:{port}")
         env = {
             **allocation.env,

@@ -97,6 +97,44 @@ def test_wire_field_numbers_match_the_kubelet() -> None:
     assert fields["PreStartContainerRequest"] == {"devices_ids": 1}
 
 
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_dra_method_paths_and_fields_are_the_kubelets(version: str) -> None:
+    """The kubelet calls /k8s.io.kubelet.pkg.apis.dra.<version>.DRAPlugin/...; the fields are
+    its wire contract (k8s.io/kubelet pkg/apis/dra/<version>/api.proto)."""
+    dra = importlib.import_module(f"devplugin_sdk.api.dra.{version}.dra_pb2")
+    package = f"k8s.io.kubelet.pkg.apis.dra.{version}"
+    assert dra.DESCRIPTOR.package == package
+    services = {
+        s.full_name: [m.name for m in s.methods] for s in dra.DESCRIPTOR.services_by_name.values()
+    }
+    assert services == {f"{package}.DRAPlugin": ["NodePrepareResources", "NodeUnprepareResources"]}
+    fields = {
+        m.name: {f.name: f.number for f in m.fields}
+        for m in dra.DESCRIPTOR.message_types_by_name.values()
+    }
+    assert fields["Claim"] == {"namespace": 1, "uid": 2, "name": 3}
+    assert fields["Device"] == {
+        "request_names": 1,
+        "pool_name": 2,
+        "device_name": 3,
+        "cdi_device_ids": 4,
+    }
+    assert fields["NodePrepareResourceResponse"] == {"devices": 1, "error": 2}
+    assert fields["NodeUnprepareResourceResponse"] == {"error": 1}
+    assert fields["NodePrepareResourcesResponse"] == {"claims": 1}
+
+
+def test_every_api_loads_in_one_process() -> None:
+    """Both DRA versions, the device-plugin API and the registration API share one pool."""
+    from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
+    from devplugin_sdk.api.dra.v1 import dra_pb2 as v1
+    from devplugin_sdk.api.dra.v1beta1 import dra_pb2 as v1beta1
+    from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2 as preg
+
+    names = {m.DESCRIPTOR.name for m in (pb, v1, v1beta1, preg)}
+    assert len(names) == 4
+
+
 def test_importing_the_sdk_does_not_import_nvml() -> None:
     """Optional heavy dependencies stay in their backend."""
     import subprocess

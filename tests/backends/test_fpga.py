@@ -212,6 +212,10 @@ async def test_af_mode_gives_one_resource_per_afu_id(tmp_path: Path) -> None:
     assert [n.host_path for n in port0.device_nodes] == ["/dev/dfl-port.0"]
     assert port0.attributes["interface_id"] == DFL_INTERFACE_ID
     assert port0.health is Health.HEALTHY
+    # Typed for DRA: the family, the AFU and the NUMA node as a number.
+    assert port0.attributes["family"] == "dfl"
+    assert port0.attributes["afu_id"] == NLB0_AFU_ID
+    assert (port0.attributes["numaNode"], port1.attributes["numaNode"]) == (0, 1)
 
 
 async def test_region_mode_gives_one_device_per_card_keyed_by_interface_id(tmp_path: Path) -> None:

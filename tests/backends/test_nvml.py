@@ -92,6 +92,57 @@ def by_index(devices: Sequence[Device]) -> dict[int, Device]:
 # ----------------------------------------------------------------------------- discovery
 
 
+async def test_gpus_carry_the_facts_dra_publishes(tmp_path: Path) -> None:
+    """Typed attributes a scheduler can select on: versions, architecture, topology."""
+    from devplugin_sdk.types import Quantity, Version
+
+    h100 = (await plugin_for(fake_nvml.hgx_h100(), tmp_path / "h100").discover())[0]
+    assert h100.attributes["type"] == "gpu"
+    assert h100.attributes["index"] == 0
+    assert h100.attributes["architecture"] == "Hopper"
+    assert h100.attributes["cudaComputeCapability"] == Version("9.0.0")
+    assert h100.attributes["driverVersion"] == Version("570.124.6")
+    assert h100.attributes["cudaDriverVersion"] == Version("12.8.0")
+    assert h100.attributes["numaNode"] == 0
+    assert h100.attributes["resource.kubernetes.io/pciBusID"] == "0000:18:00.0"
+    assert h100.attributes["resource.kubernetes.io/pcieRoot"] == "pci0000:00"
+    assert h100.attributes["fabricCliqueID"] == 1
+    assert h100.attributes["nvlinkDomain"] == f"{h100.attributes['fabricClusterUUID']}.1"
+    assert h100.capacity == {"memory": Quantity(81559 * 2**20)}
+
+    dgx = await plugin_for(fake_nvml.dgx_a100(), tmp_path / "dgx").discover()
+    # No fabric manager domain: the GPUs on the same NVSwitches form one NVLink domain.
+    assert {d.attributes["nvlinkDomain"] for d in dgx} == {"nvlink-0000:07:00.0"}
+    assert "fabricClusterUUID" not in dgx[0].attributes
+    # Pairs share a PCIe root complex.
+    roots = [d.attributes["resource.kubernetes.io/pcieRoot"] for d in dgx]
+    assert roots[0] == roots[1] != roots[2] == roots[3]
+
+    t4 = await plugin_for(fake_nvml.t4_pcie(), tmp_path / "t4").discover()
+    assert t4[0].attributes["architecture"] == "Turing"
+    assert "nvlinkDomain" not in t4[0].attributes  # PCIe only
+
+
+async def test_mig_devices_carry_their_parents_facts(tmp_path: Path) -> None:
+    nvml = fake_nvml.a100_mig([("1g.10gb", "1g.10gb")])
+    plugin = plugin_for(nvml, tmp_path, mig_strategy="single")
+    devices = await plugin.discover()
+    assert {d.attributes["type"] for d in devices} == {"mig"}
+    assert [(d.attributes["gi"], d.attributes["ci"]) for d in devices] == [(1, 0), (2, 0)]
+    assert {str(d.capacity["memory"]) for d in devices} == {"9728Mi"}
+    assert {d.attributes["architecture"] for d in devices} == {"Ampere"}
+
+
+async def test_facts_an_older_nvml_lacks_are_left_out(tmp_path: Path) -> None:
+    nvml = fake_nvml.t4_pcie()
+    nvml.fail("nvmlDeviceGetArchitecture", nvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    nvml.fail("nvmlSystemGetCudaDriverVersion", nvml.NVML_ERROR_NOT_SUPPORTED)
+    [first, *_] = await plugin_for(nvml, tmp_path).discover()
+    assert "architecture" not in first.attributes
+    assert "cudaDriverVersion" not in first.attributes
+    assert first.attributes["driverVersion"]
+
+
 async def test_discovers_every_dgx_a100_gpu_with_uuid_numa_node_and_device_nodes(
     tmp_path: Path,
 ) -> None:
@@ -105,7 +156,7 @@ async def test_discovers_every_dgx_a100_gpu_with_uuid_numa_node_and_device_nodes
     assert [d.numa_nodes for d in devices] == [(3,), (3,), (1,), (1,), (7,), (7,), (5,), (5,)]
     assert [n.host_path for n in devices[5].device_nodes] == ["/dev/nvidia5", *CONTROL]
     assert devices[5].attributes["name"] == "NVIDIA A100-SXM4-80GB"
-    assert devices[5].attributes["memory_mib"] == "81920"
+    assert devices[5].attributes["memory_mib"] == 81920
     assert devices[5].attributes["pci_bus_id"] == "00000000:90:00.0"
     assert all(d.health is Health.HEALTHY and d.parent is None for d in devices)
 
@@ -607,7 +658,7 @@ async def test_a_lost_gpu_does_not_break_placement_for_the_others(tmp_path: Path
     plugin = plugin_for(nvml, tmp_path)
     devices = await plugin.discover()
     nvml.lose(4)
-    healthy = [d for d in devices if d.attributes["index"] != "4"]
+    healthy = [d for d in devices if d.attributes["index"] != 4]
 
     chosen = await plugin.preferred_allocation(healthy, [healthy[4]], 2)
 

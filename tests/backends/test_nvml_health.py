@@ -468,7 +468,7 @@ async def test_one_failed_gpu_leaves_allocation_of_the_others_untouched(
         nvml.xid(4, xid)
         nvml.lose(4)
         await next_event(events)
-    others = [d for d in devices if d.attributes["index"] != "4"]
+    others = [d for d in devices if d.attributes["index"] != 4]
 
     chosen = await plugin.preferred_allocation(others, [], 4)
     allocation = await plugin.allocate([d for d in others if d.id in chosen])

@@ -306,6 +306,13 @@ async def test_exclusive_mode_gives_each_rdma_device_its_nodes_env_and_numa_node
     )
     assert devices[1].env == {"RDMA_DEVICES": "mlx5_1", "RDMA_NETDEVS": "ib1"}
     assert devices[1].attributes["pci_address"] == "0000:ca:00.0"
+    # Typed facts for DRA: the NUMA node, the link layer, the PCIe root (a NIC and a GPU can be
+    # required under one root with a matchAttribute constraint).
+    assert devices[1].attributes["numaNode"] == 1
+    assert devices[1].attributes["link_layer"] == "InfiniBand"
+    assert devices[1].attributes["virtualFunction"] is False
+    assert devices[1].attributes["resource.kubernetes.io/pciBusID"] == "0000:ca:00.0"
+    assert str(devices[1].attributes["resource.kubernetes.io/pcieRoot"]).startswith("pci0000:")
 
 
 async def test_shared_mode_makes_shares_whose_parent_is_the_hca(tmp_path: Path) -> None:

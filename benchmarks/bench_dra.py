@@ -1,0 +1,110 @@
+"""DRA: what a DRA driver built from a plugin costs, against FakeKubelet's DRA side and MemoryApi.
+
+* prepare: ``kubelet.dra.prepare(pod)`` of a one-device claim (NodePrepareResources over gRPC,
+  the claim read, the plugin's ``allocate()``, one CDI spec and the checkpoint written, both
+  fsynced), then ``unprepare`` (spec and entry removed);
+* repeat: the same prepare again after the kubelet forgot its answer (served from the
+  checkpoint, no work);
+* withdraw: a device's health event until the pool's new generation no longer lists it;
+* republish: the kubelet's wipe of the node's slices until the pool is complete again.
+
+    python benchmarks/bench_dra.py [--claims 200] [--flips 200] [--devices 64]
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import _common
+import anyio
+
+from devplugin_sdk import Device, DeviceNode, Health
+from devplugin_sdk.dra import Dra
+from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
+
+DRIVER = "bench.example.com"
+RESOURCE = "bench.example.com/dev"
+
+
+async def main(claims: int, flips: int, count: int) -> None:
+    _common.print_header("DRA", claims=claims, flips=flips, devices=count)
+    api = MemoryApi(nodes=["node-1"])
+    devices = [
+        Device(f"d{i}", device_nodes=(DeviceNode(f"/dev/d{i}"),), attributes={"index": i})
+        for i in range(count)
+    ]
+    plugin = StaticPlugin(RESOURCE, devices)
+    work = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    try:
+        async with FakeKubelet(dra_api=api) as kubelet:
+            dra = Dra(
+                driver=DRIVER,
+                node_name="node-1",
+                api=api,
+                plugin_dir=work / "plugins",
+                cdi_dir=work / "cdi",
+            )
+            async with serving(plugin, settings=kubelet.settings(), api="dra", dra=dra):
+                await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), timeout=10)
+                await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), timeout=10)
+                prepare: list[float] = []
+                repeat: list[float] = []
+                unprepare: list[float] = []
+                for i in range(claims):
+                    pod = kubelet.dra.pod("bench", f"p{i}", [f"c{i}"])
+                    api.allocate(
+                        "bench",
+                        f"c{i}",
+                        {"r": [f"d{i % count}"]},
+                        driver=DRIVER,
+                        pool="node-1",
+                        pods=[pod.uid],
+                    )
+                    started = time.perf_counter()
+                    await kubelet.dra.prepare(pod)
+                    prepare.append(time.perf_counter() - started)
+                    kubelet.dra._claims.clear()  # the kubelet asks again: the checkpoint answers
+                    started = time.perf_counter()
+                    await kubelet.dra.prepare(pod)
+                    repeat.append(time.perf_counter() - started)
+                    started = time.perf_counter()
+                    await kubelet.dra.unprepare(pod)
+                    unprepare.append(time.perf_counter() - started)
+                    api.delete_claim("bench", f"c{i}")
+                _common.report("prepare (1 device, CDI spec + checkpoint)", prepare)
+                _common.report("prepare again (from the checkpoint)", repeat)
+                _common.report("unprepare", unprepare)
+
+                withdraw: list[float] = []
+                for i in range(flips):
+                    health = Health.UNHEALTHY if i % 2 == 0 else Health.HEALTHY
+                    want = count - 1 if health is Health.UNHEALTHY else count
+                    started = time.perf_counter()
+                    plugin.set_health("d0", health)
+                    while sum(len(s.devices) for s in api.pool(DRIVER, "node-1")) != want:
+                        await api.wait_changed(api.generation)
+                    withdraw.append(time.perf_counter() - started)
+                _common.report("health event -> pool generation", withdraw)
+
+                republish: list[float] = []
+                for _ in range(20):
+                    started = time.perf_counter()
+                    api.wipe_slices("node-1")
+                    while not api.pool_complete(DRIVER, "node-1"):
+                        await api.wait_changed(api.generation)
+                    republish.append(time.perf_counter() - started)
+                _common.report("kubelet wipe -> pool complete again", republish)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    args = _common.parser(__doc__ or "")
+    args.add_argument("--claims", type=int, default=200)
+    args.add_argument("--flips", type=int, default=200)
+    args.add_argument("--devices", type=int, default=64)
+    parsed = args.parse_args()
+    anyio.run(main, parsed.claims, parsed.flips, parsed.devices, backend="asyncio")

@@ -1,0 +1,390 @@
+"""FakeKubelet's DRA side: the kubelet's DRA manager (pkg/kubelet/cm/dra), run against real drivers.
+
+It registers DRA plugins that the plugin watcher finds (GetInfo type ``DRAPlugin``), choosing the
+first gRPC service in the plugin's list that it speaks, keeps the claim information of prepared
+claims (its ``dra_manager_state`` checkpoint survives a kubelet restart), and prepares and
+unprepares a pod's claims as the kubelet does: per pod, synchronously, one call per driver with
+all of the pod's claims for that driver, each call bounded by 45 s; a claim's error, a missing
+answer or an unknown UID fails the pod's preparation. With an API (``MemoryApi``) it reads the
+claims there, checks the pod is in ``reservedFor``, deletes every ResourceSlice of its node when
+it starts, and a driver's slices 30 s after the driver's last plugin went away. It speaks
+through ``dra._service.DraClient`` and never sees protobuf.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import grpc
+
+from devplugin_sdk import _names
+from devplugin_sdk._watcher_registration import PluginInfo
+from devplugin_sdk.api import constants
+from devplugin_sdk.dra._memory import MemoryApi
+from devplugin_sdk.dra._model import ClaimRef, PreparedDevice
+from devplugin_sdk.dra._service import DraClient
+from devplugin_sdk.errors import KubeApiError
+
+__all__ = ["DraPod", "DraRegistration", "FakeDra", "PodPreparationError", "PreparedPod"]
+
+log = logging.getLogger("devplugin_sdk.fake_kubelet")
+
+#: What a kubelet of 1.34 or later speaks, most recent first (servicesSupportedByKubelet).
+KUBELET_SERVICES = (constants.DRA_SERVICE_V1, constants.DRA_SERVICE_V1BETA1)
+
+
+class PodPreparationError(Exception):
+    """The kubelet could not prepare (or unprepare) a pod's claims; the pod does not start."""
+
+
+@dataclass(frozen=True, slots=True)
+class DraPod:
+    """A pod that uses ResourceClaims (by claim name, in its namespace)."""
+
+    namespace: str
+    name: str
+    claims: tuple[str, ...]
+    uid: str = field(default_factory=lambda: str(uuid.uuid4()))
+
+
+@dataclass(frozen=True, slots=True)
+class DraRegistration:
+    """One DRA plugin registration as the kubelet saw it."""
+
+    driver: str
+    endpoint: str
+    service: str
+    socket: str
+    at: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedPod:
+    """What the kubelet holds for a pod after preparing it: the devices of each claim."""
+
+    pod: DraPod
+    claims: dict[str, tuple[PreparedDevice, ...]]
+
+    def cdi_ids(self, claim: str, request: str | None = None) -> list[str]:
+        """The CDI device IDs a container referencing ``claim`` (and ``request``) gets, as the
+        kubelet collects them (claimInfo.cdiDevicesAsList)."""
+        ids: dict[str, None] = {}
+        for device in self.claims[claim]:
+            if request is None or not device.request_names or request in device.request_names:
+                ids.update(dict.fromkeys(device.cdi_ids))
+        return list(ids)
+
+
+@dataclass(eq=False)
+class _Plugin:
+    registration: DraRegistration
+    channel: grpc.aio.Channel
+    client: DraClient
+
+
+@dataclass(eq=False)
+class _ClaimInfo:
+    claim: ClaimRef
+    drivers: tuple[str, ...]
+    pods: set[str] = field(default_factory=set)
+    devices: dict[str, tuple[PreparedDevice, ...]] = field(default_factory=dict)
+    prepared: bool = False
+
+
+class FakeDra:
+    """The kubelet's DRA manager; ``FakeKubelet.dra`` (see ``FakeKubelet``'s ``dra_api``).
+
+    Args:
+        api: The API holding claims and slices; None: claims cannot be read (only
+            registration works).
+        node_name: The kubelet's node.
+        services: The DRA services this kubelet speaks, most recent first (a 1.32 kubelet:
+            ``("v1beta1.DRAPlugin",)``).
+        call_timeout: The deadline of NodePrepareResources/NodeUnprepareResources.
+        wiping_delay: How long after a driver's last plugin went away its slices are deleted.
+        notify: Called on every change (wakes FakeKubelet's waiters).
+    """
+
+    def __init__(
+        self,
+        api: MemoryApi | None,
+        *,
+        node_name: str,
+        services: Sequence[str] = KUBELET_SERVICES,
+        call_timeout: float = constants.DRA_CALL_TIMEOUT_S,
+        wiping_delay: float = constants.DRA_WIPING_DELAY_S,
+        notify: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.api = api
+        self.node_name = node_name
+        self.services = tuple(services)
+        self.call_timeout = call_timeout
+        self.wiping_delay = wiping_delay
+        self.registrations: list[DraRegistration] = []
+        self.calls: list[tuple[str, str, tuple[str, ...]]] = []
+        self._plugins: dict[str, list[_Plugin]] = {}
+        self._claims: dict[tuple[str, str], _ClaimInfo] = {}
+        self._wipes: dict[str, anyio.CancelScope] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._notify = notify
+
+    # ------------------------------------------------------------------ kubelet start / stop
+
+    def start(self, tg: anyio.abc.TaskGroup) -> None:
+        """The kubelet starts: no driver is registered yet, so every slice of the node goes."""
+        self._tg = tg
+        if self.api is not None:
+            wiped = self.api.wipe_slices(self.node_name)
+            if wiped:
+                log.info(
+                    "kubelet start: deleted %d ResourceSlices of node %s", wiped, self.node_name
+                )
+
+    async def stop(self) -> None:
+        """The kubelet stops: connections close; claim information is kept (checkpointed)."""
+        for plugins in self._plugins.values():
+            for plugin in plugins:
+                await plugin.channel.close()
+        self._plugins.clear()
+        for scope in self._wipes.values():
+            scope.cancel()
+        self._wipes.clear()
+        self._notify()
+
+    # ------------------------------------------------------------------ registration
+
+    async def register(self, socket: Path, info: PluginInfo) -> str | None:
+        """RegisterPlugin for a DRA plugin; None on success, else the kubelet's error."""
+        record = DraRegistration(info.name, info.endpoint, "", str(socket), time.monotonic())
+        error: str | None = None
+        chosen = next((s for s in info.supported_versions if s in self.services), None)
+        if not info.supported_versions:
+            error = "empty list of supported gRPC services (aka supported versions)"
+        elif chosen is None:
+            error = (
+                f"none of services supported by the plugin ({list(info.supported_versions)}) "
+                f"are supported by the kubelet ({list(self.services)})"
+            )
+        elif _names.driver_name_problem(info.name) is not None:
+            error = f"invalid DRA driver name {info.name!r}"
+        elif not info.endpoint.startswith("/"):
+            error = f"endpoint {info.endpoint!r} is not an absolute socket path"
+        elif any(
+            p.registration.endpoint == info.endpoint for p in self._plugins.get(info.name, [])
+        ):
+            error = f"endpoint {info.endpoint} already registered for DRA driver plugin {info.name}"
+        if error is not None:
+            error = (
+                f"invalid supported gRPC versions of DRA driver plugin {info.name} at endpoint "
+                f"{info.endpoint}: {error}"
+                if chosen is None
+                else error
+            )
+            self.registrations.append(_with_error(record, error))
+            self._notify()
+            return error
+        assert chosen is not None
+        record = DraRegistration(info.name, info.endpoint, chosen, str(socket), record.at)
+        channel = grpc.aio.insecure_channel(f"unix:{info.endpoint}")
+        self._plugins.setdefault(info.name, []).append(
+            _Plugin(record, channel, DraClient(channel, chosen))
+        )
+        # A plugin of the driver is back: a pending wipe of its slices is cancelled.
+        pending = self._wipes.pop(info.name, None)
+        if pending is not None:
+            pending.cancel()
+        self.registrations.append(record)
+        self._notify()
+        return None
+
+    async def deregister(self, socket: Path) -> None:
+        """The registration socket is gone: DeRegisterPlugin."""
+        for driver, plugins in list(self._plugins.items()):
+            for plugin in list(plugins):
+                if plugin.registration.socket != str(socket):
+                    continue
+                plugins.remove(plugin)
+                await plugin.channel.close()
+                if not plugins:
+                    del self._plugins[driver]
+                    self._schedule_wipe(driver)
+        self._notify()
+
+    def _schedule_wipe(self, driver: str) -> None:
+        if self.api is None or self._tg is None or driver in self._wipes:
+            return
+        scope = anyio.CancelScope()
+        self._wipes[driver] = scope
+        api = self.api
+
+        async def wipe() -> None:
+            with scope:
+                await anyio.sleep(self.wiping_delay)
+                api.wipe_slices(self.node_name, driver)
+                log.info("deleted the ResourceSlices of DRA driver %s (gone)", driver)
+            if self._wipes.get(driver) is scope:
+                del self._wipes[driver]
+
+        self._tg.start_soon(wipe)
+
+    def is_registered(self, driver: str) -> bool:
+        """Whether a plugin of ``driver`` is registered."""
+        return bool(self._plugins.get(driver))
+
+    def successful_registrations(self, driver: str) -> list[DraRegistration]:
+        return [r for r in self.registrations if r.driver == driver and r.error is None]
+
+    def _client(self, driver: str) -> DraClient:
+        plugins = self._plugins.get(driver)
+        if not plugins:
+            raise PodPreparationError(f"DRA driver {driver} is not registered")
+        # The most recent registration, as the kubelet picks it.
+        return plugins[-1].client
+
+    # ------------------------------------------------------------------ pods
+
+    def pod(self, namespace: str, name: str, claims: Sequence[str]) -> DraPod:
+        """A pod using ``claims`` (names of ResourceClaims in ``namespace``)."""
+        return DraPod(namespace, name, tuple(claims))
+
+    async def prepare(self, pod: DraPod) -> PreparedPod:
+        """PrepareResources for ``pod``, as the kubelet does before its containers start.
+
+        Raises:
+            PodPreparationError: with the kubelet's message; the pod does not start.
+        """
+        batches: dict[str, list[ClaimRef]] = {}
+        infos: dict[str, _ClaimInfo] = {}
+        for name in pod.claims:
+            info = await self._claim_info(pod, name)
+            info.pods.add(pod.uid)
+            if info.prepared:
+                continue
+            infos[info.claim.uid] = info
+            for driver in info.drivers:
+                batches.setdefault(driver, []).append(info.claim)
+        for driver, refs in batches.items():
+            client = self._client(driver)
+            self.calls.append(("NodePrepareResources", driver, tuple(r.uid for r in refs)))
+            try:
+                results = await client.prepare(refs, self.call_timeout)
+            except grpc.aio.AioRpcError as exc:
+                raise PodPreparationError(
+                    f"NodePrepareResources failed: rpc error: code = {exc.code().name} "
+                    f"desc = {exc.details()}"
+                ) from None
+            for uid, result in results.items():
+                info_for = infos.get(uid)
+                if info_for is None:
+                    raise PodPreparationError(
+                        f"NodePrepareResources returned result for unknown claim UID {uid}"
+                    )
+                if result.error:
+                    raise PodPreparationError(
+                        f"NodePrepareResources failed for claim {info_for.claim.namespace}/"
+                        f"{info_for.claim.name}: {result.error}"
+                    )
+                info_for.devices[driver] = result.devices
+            unfinished = len(refs) - len(results)
+            if unfinished:
+                raise PodPreparationError(f"NodePrepareResources left out {unfinished} claims")
+        for info in infos.values():
+            info.prepared = True
+        self._notify()
+        return PreparedPod(
+            pod,
+            {
+                name: tuple(
+                    d
+                    for devices in self._claims[(pod.namespace, name)].devices.values()
+                    for d in devices
+                )
+                for name in pod.claims
+            },
+        )
+
+    async def _claim_info(self, pod: DraPod, name: str) -> _ClaimInfo:
+        info = self._claims.get((pod.namespace, name))
+        if self.api is None:
+            if info is None:
+                raise PodPreparationError(f"no API to read ResourceClaim {name} of pod {pod.name}")
+            return info
+        try:
+            claim = await self.api.read_claim(pod.namespace, name)
+        except KubeApiError as exc:
+            raise PodPreparationError(
+                f"failed to fetch ResourceClaim {name} referenced by pod {pod.name}: {exc.reason}"
+            ) from None
+        if pod.uid not in claim.reserved_for:
+            raise PodPreparationError(
+                f"pod {pod.name}({pod.uid}) is not allowed to use resource claim "
+                f"{name}({claim.uid})"
+            )
+        if info is None or info.claim.uid != claim.uid:
+            drivers = tuple(dict.fromkeys(r.driver for r in claim.results))
+            info = _ClaimInfo(ClaimRef(claim.namespace, claim.uid, claim.name), drivers)
+            self._claims[(pod.namespace, name)] = info
+        return info
+
+    async def unprepare(self, pod: DraPod) -> None:
+        """UnprepareResources for ``pod`` (it ended): claims no other pod uses are unprepared.
+
+        Raises:
+            PodPreparationError: with the kubelet's message; it tries again later.
+        """
+        batches: dict[str, list[ClaimRef]] = {}
+        infos: dict[str, _ClaimInfo] = {}
+        for name in pod.claims:
+            info = self._claims.get((pod.namespace, name))
+            if info is None:
+                continue
+            if info.pods - {pod.uid}:
+                info.pods.discard(pod.uid)
+                continue
+            infos[info.claim.uid] = info
+            for driver in info.drivers:
+                batches.setdefault(driver, []).append(info.claim)
+        for driver, refs in batches.items():
+            client = self._client(driver)
+            self.calls.append(("NodeUnprepareResources", driver, tuple(r.uid for r in refs)))
+            try:
+                errors = await client.unprepare(refs, self.call_timeout)
+            except grpc.aio.AioRpcError as exc:
+                raise PodPreparationError(
+                    f"NodeUnprepareResources failed: rpc error: code = {exc.code().name} "
+                    f"desc = {exc.details()}"
+                ) from None
+            for uid, error in errors.items():
+                info_for = infos.get(uid)
+                if info_for is None:
+                    raise PodPreparationError(
+                        f"NodeUnprepareResources returned result for unknown claim UID {uid}"
+                    )
+                if error:
+                    raise PodPreparationError(
+                        f"NodeUnprepareResources failed for claim {info_for.claim.namespace}/"
+                        f"{info_for.claim.name}: {error}"
+                    )
+                del self._claims[(info_for.claim.namespace, info_for.claim.name)]
+            unfinished = len(refs) - len(errors)
+            if unfinished:
+                raise PodPreparationError(f"NodeUnprepareResources left out {unfinished} claims")
+        self._notify()
+
+    def prepared_claims(self) -> list[ClaimRef]:
+        """The claims the kubelet holds as prepared."""
+        return [info.claim for info in self._claims.values() if info.prepared]
+
+
+def _with_error(record: DraRegistration, error: str) -> DraRegistration:
+    return DraRegistration(
+        record.driver, record.endpoint, record.service, record.socket, record.at, error
+    )

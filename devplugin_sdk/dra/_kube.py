@@ -1,0 +1,258 @@
+"""``ResourceApi`` over a real API server, through lightkube (the ``dra`` extra).
+
+lightkube is an async client on httpx, so it runs on the SDK's anyio/asyncio loop without
+threads, and lightkube-models has typed resource.k8s.io/v1 models. This module only converts
+between those models and the SDK's ``dra.resources`` dataclasses and maps errors to
+``KubeApiError``; it is imported only when a DRA driver connects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx2
+from lightkube import AsyncClient, KubeConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.models import meta_v1
+from lightkube.models import resource_v1 as m
+from lightkube.resources.core_v1 import Node
+from lightkube.resources.resource_v1 import ResourceClaim as KubeClaim
+from lightkube.resources.resource_v1 import ResourceSlice as KubeSlice
+
+from devplugin_sdk.dra.resources import (
+    AllocatedDevice,
+    ResourceClaim,
+    ResourceSlice,
+    SliceDevice,
+)
+from devplugin_sdk.errors import KubeApiError
+from devplugin_sdk.types import AttributeValue, Quantity, Version
+
+__all__ = ["LightkubeApi", "claim_from_kube", "slice_from_kube", "slice_to_kube"]
+
+# The field selectors the API server supports on ResourceSlices (ResourceSliceSelectorNodeName,
+# ResourceSliceSelectorDriver in k8s.io/api resource/v1).
+_NODE_FIELD = "spec.nodeName"
+_DRIVER_FIELD = "spec.driver"
+_FIELD_MANAGER = "devplugin-sdk"
+
+
+class LightkubeApi:
+    """``ResourceApi`` on a lightkube ``AsyncClient``.
+
+    Args:
+        client: The client (its configuration says which cluster and credentials).
+    """
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    @classmethod
+    def connect(cls, kubeconfig: Path | None = None) -> LightkubeApi:
+        """A client from ``kubeconfig``, or from the pod's service account.
+
+        Raises:
+            ValueError: the configuration cannot be loaded.
+        """
+        try:
+            config = (
+                KubeConfig.from_file(kubeconfig)
+                if kubeconfig is not None
+                else KubeConfig.from_service_account()
+            )
+        except Exception as exc:
+            where = kubeconfig or "the in-cluster service account"
+            raise ValueError(
+                f"cannot load the Kubernetes configuration from {where}: {exc}"
+            ) from exc
+        return cls(AsyncClient(config=config, field_manager=_FIELD_MANAGER))
+
+    async def read_claim(self, namespace: str, name: str) -> ResourceClaim:
+        with _errors():
+            claim = await self._client.get(KubeClaim, name, namespace=namespace)
+        return claim_from_kube(claim)
+
+    async def list_slices(self, driver: str, node_name: str) -> list[ResourceSlice]:
+        with _errors():
+            found = [
+                slice_from_kube(s)
+                async for s in self._client.list(
+                    KubeSlice, fields={_NODE_FIELD: node_name, _DRIVER_FIELD: driver}
+                )
+            ]
+        return sorted(found, key=lambda s: s.name)
+
+    async def create_slice(self, resource_slice: ResourceSlice) -> ResourceSlice:
+        with _errors():
+            created = await self._client.create(slice_to_kube(resource_slice))
+        return slice_from_kube(created)
+
+    async def update_slice(self, resource_slice: ResourceSlice) -> ResourceSlice:
+        with _errors():
+            replaced = await self._client.replace(slice_to_kube(resource_slice))
+        return slice_from_kube(replaced)
+
+    async def delete_slice(self, name: str) -> None:
+        with _errors():
+            await self._client.delete(KubeSlice, name)
+
+    async def watch_slices(self, driver: str, node_name: str) -> AsyncIterator[None]:
+        with _errors():
+            async for _event in self._client.watch(
+                KubeSlice, fields={_NODE_FIELD: node_name, _DRIVER_FIELD: driver}
+            ):
+                yield None
+
+    async def node_uid(self, node_name: str) -> str:
+        with _errors():
+            node = await self._client.get(Node, node_name)
+        return str(node.metadata.uid if node.metadata is not None else "")
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+class _errors:
+    """Turns lightkube's and httpx's errors into ``KubeApiError``."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
+        if isinstance(exc, ApiError):
+            status = exc.status.code if exc.status is not None else None
+            message = exc.status.message if exc.status is not None else None
+            raise KubeApiError(int(status or 0), str(message or exc)) from exc
+        if isinstance(exc, httpx2.HTTPError):
+            raise KubeApiError(0, f"{type(exc).__name__}: {exc}") from exc
+        return False
+
+
+# ------------------------------------------------------------------ conversions
+
+
+def _attribute_to_kube(value: AttributeValue) -> m.DeviceAttribute:
+    if isinstance(value, bool):
+        return m.DeviceAttribute(bool=value)
+    if isinstance(value, int):
+        return m.DeviceAttribute(int=value)
+    if isinstance(value, Version):
+        return m.DeviceAttribute(version=value.text)
+    return m.DeviceAttribute(string=value)
+
+
+def _field(obj: Any, name: str) -> Any:
+    # lightkube decodes nested models lazily: a map's values may still be plain dicts.
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+def _attribute_from_kube(attribute: Any) -> AttributeValue | None:
+    if _field(attribute, "bool") is not None:
+        return bool(_field(attribute, "bool"))
+    if _field(attribute, "int") is not None:
+        return int(_field(attribute, "int"))
+    if _field(attribute, "version") is not None:
+        return Version(_field(attribute, "version"))
+    if _field(attribute, "string") is not None:
+        return str(_field(attribute, "string"))
+    return None  # a list-valued attribute (alpha): not one this SDK writes
+
+
+def slice_to_kube(s: ResourceSlice) -> KubeSlice:
+    """The lightkube object of a slice."""
+    owners = (
+        [
+            meta_v1.OwnerReference(
+                apiVersion="v1", kind="Node", name=s.node_name, uid=s.node_uid, controller=True
+            )
+        ]
+        if s.node_uid
+        else None
+    )
+    metadata = meta_v1.ObjectMeta(
+        name=s.name or None,
+        # The name kubeletplugin's ResourceSlice controller generates: <node>-<driver>-xxxxx.
+        generateName=None if s.name else f"{s.node_name}-{s.driver}-",
+        resourceVersion=s.resource_version or None,
+        ownerReferences=owners,
+    )
+    devices = [
+        m.Device(
+            name=d.name,
+            attributes={k: _attribute_to_kube(v) for k, v in d.attributes.items()} or None,
+            capacity={k: m.DeviceCapacity(value=str(q)) for k, q in d.capacity.items()} or None,
+        )
+        for d in s.devices
+    ]
+    spec = m.ResourceSliceSpec(
+        driver=s.driver,
+        pool=m.ResourcePool(name=s.pool, generation=s.generation, resourceSliceCount=s.slice_count),
+        nodeName=s.node_name,
+        devices=devices,
+    )
+    return KubeSlice(metadata=metadata, spec=spec)
+
+
+def slice_from_kube(obj: Any) -> ResourceSlice:
+    """The SDK dataclass of a lightkube ResourceSlice."""
+    meta = obj.metadata
+    spec = obj.spec
+    node_uid = ""
+    for owner in (meta.ownerReferences or []) if meta is not None else []:
+        if owner.kind == "Node":
+            node_uid = owner.uid
+    devices = []
+    for d in spec.devices or []:
+        attributes = {}
+        for key, raw in (d.attributes or {}).items():
+            value = _attribute_from_kube(raw)
+            if value is not None:
+                attributes[key] = value
+        capacity = {
+            key: _quantity(str(_field(raw, "value")))
+            for key, raw in (d.capacity or {}).items()
+            if _field(raw, "value")
+        }
+        devices.append(SliceDevice(d.name, attributes, capacity))
+    return ResourceSlice(
+        name=meta.name or "",
+        driver=spec.driver,
+        node_name=spec.nodeName or "",
+        pool=spec.pool.name,
+        generation=int(spec.pool.generation),
+        slice_count=int(spec.pool.resourceSliceCount),
+        devices=tuple(devices),
+        resource_version=meta.resourceVersion or "",
+        node_uid=node_uid,
+    )
+
+
+def _quantity(text: str) -> Quantity:
+    try:
+        return Quantity.parse(text)
+    except ValueError:
+        return Quantity(0)  # written by someone else in a form we do not publish
+
+
+def claim_from_kube(obj: Any) -> ResourceClaim:
+    """The SDK dataclass of a lightkube ResourceClaim."""
+    meta = obj.metadata
+    status = obj.status
+    allocation = status.allocation if status is not None else None
+    results: list[AllocatedDevice] = []
+    if allocation is not None and allocation.devices is not None:
+        results = [
+            AllocatedDevice(r.request, r.driver, r.pool, r.device)
+            for r in allocation.devices.results or []
+        ]
+    reserved = tuple(r.uid for r in (status.reservedFor or [])) if status is not None else ()
+    return ResourceClaim(
+        namespace=meta.namespace or "",
+        name=meta.name or "",
+        uid=meta.uid or "",
+        allocated=allocation is not None,
+        results=tuple(results),
+        reserved_for=reserved,
+    )

@@ -1,0 +1,300 @@
+"""An in-memory Kubernetes API holding ResourceClaims and ResourceSlices, for tests and FakeKubelet.
+
+It implements ``resources.ResourceApi`` with the API server's behaviour that a driver relies on:
+generated names, resource versions and conflicts on stale updates, a watch that reports every
+change (including deletions by someone else), field-selector lists, and the validation a real
+server applies to slices (names, device count, attribute limits). Tests add claims and allocate
+devices with ``allocate``, playing the scheduler; ``devplugin_sdk.testing`` exports it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import replace
+
+import anyio
+
+from devplugin_sdk import _names
+from devplugin_sdk.dra.resources import (
+    MAX_DEVICES_PER_SLICE,
+    AllocatedDevice,
+    ResourceClaim,
+    ResourceSlice,
+)
+from devplugin_sdk.errors import KubeApiError
+from devplugin_sdk.types import MAX_ATTRIBUTES_AND_CAPACITIES
+
+__all__ = ["MemoryApi"]
+
+
+class MemoryApi:
+    """ResourceClaims, ResourceSlices and Nodes held in memory, behind ``ResourceApi``.
+
+    Args:
+        nodes: Node names that exist (their UIDs are generated).
+
+    Fault hooks: ``fail_next(status, reason, times)`` makes the next calls fail as an
+    unreachable or refusing API server would; ``calls`` counts calls by method name.
+    """
+
+    def __init__(self, nodes: Iterable[str] = ()) -> None:
+        self.claims: dict[tuple[str, str], ResourceClaim] = {}
+        self.slices: dict[str, ResourceSlice] = {}
+        self.nodes: dict[str, str] = {}
+        self.calls: dict[str, int] = {}
+        self._versions = itertools.count(1)
+        self._changed = anyio.Event()
+        self._generation = 0
+        self._failures: list[tuple[int, str]] = []
+        for node in nodes:
+            self.add_node(node)
+
+    # ------------------------------------------------------------------ the test's side
+
+    def add_node(self, name: str) -> str:
+        """Create the Node ``name``; return its UID."""
+        return self.nodes.setdefault(name, str(uuid.uuid4()))
+
+    def add_claim(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str | None = None,
+    ) -> ResourceClaim:
+        """Create an unallocated ResourceClaim (as a pod's ResourceClaimTemplate would)."""
+        claim = ResourceClaim(namespace, name, uid or str(uuid.uuid4()))
+        self.claims[(namespace, name)] = claim
+        return claim
+
+    def allocate(
+        self,
+        namespace: str,
+        name: str,
+        devices: Mapping[str, Sequence[str]],
+        *,
+        driver: str,
+        pool: str,
+        pods: Sequence[str] = (),
+    ) -> ResourceClaim:
+        """Allocate devices to a claim and reserve it for pods, as the scheduler does.
+
+        The claim is created first if it does not exist.
+
+        Args:
+            namespace: The claim's namespace.
+            name: The claim's name.
+            devices: Device names by request name.
+            driver: The driver of every device.
+            pool: Their pool (the node name for a node-local driver).
+            pods: UIDs of the pods the claim is reserved for.
+
+        Raises:
+            KubeApiError: a device is not in a published slice of that driver and pool (the
+                scheduler only allocates what slices list), or is taken by another claim.
+        """
+        published = {
+            d.name
+            for s in self.slices.values()
+            if s.driver == driver and s.pool == pool and s.generation == self._pool_generation(s)
+            for d in s.devices
+        }
+        taken = {
+            (r.driver, r.pool, r.device): claim
+            for claim in self.claims.values()
+            for r in claim.results
+            if (claim.namespace, claim.name) != (namespace, name)
+        }
+        results = []
+        for request, names in devices.items():
+            for device in names:
+                if device not in published:
+                    raise KubeApiError(422, f"device {device} is not published in pool {pool}")
+                other = taken.get((driver, pool, device))
+                if other is not None:
+                    raise KubeApiError(
+                        409, f"device {device} is allocated to {other.namespace}/{other.name}"
+                    )
+                results.append(AllocatedDevice(request, driver, pool, device))
+        claim = self.claims.get((namespace, name)) or self.add_claim(namespace, name)
+        claim = replace(claim, allocated=True, results=tuple(results), reserved_for=tuple(pods))
+        self.claims[(namespace, name)] = claim
+        return claim
+
+    def deallocate(self, namespace: str, name: str) -> None:
+        """Clear a claim's allocation and reservations (its pods are gone)."""
+        claim = self.claims[(namespace, name)]
+        self.claims[(namespace, name)] = replace(
+            claim, allocated=False, results=(), reserved_for=()
+        )
+
+    def delete_claim(self, namespace: str, name: str) -> None:
+        """Delete a claim."""
+        del self.claims[(namespace, name)]
+
+    def pool(self, driver: str, pool: str) -> list[ResourceSlice]:
+        """The slices of the pool's highest generation, by name."""
+        slices = [s for s in self.slices.values() if s.driver == driver and s.pool == pool]
+        top = max((s.generation for s in slices), default=0)
+        return sorted((s for s in slices if s.generation == top), key=lambda s: s.name)
+
+    def pool_complete(self, driver: str, pool: str) -> bool:
+        """Whether the pool's highest generation has all its slices (what the scheduler
+        waits for before it allocates from the pool)."""
+        slices = self.pool(driver, pool)
+        return bool(slices) and all(s.slice_count == len(slices) for s in slices)
+
+    def wipe_slices(self, node_name: str, driver: str | None = None) -> int:
+        """Delete the node's slices (of one driver), as the kubelet does when it starts and
+        when a driver has been gone for 30 s. Returns how many were deleted."""
+        doomed = [
+            name
+            for name, s in self.slices.items()
+            if s.node_name == node_name and (driver is None or s.driver == driver)
+        ]
+        for name in doomed:
+            del self.slices[name]
+        if doomed:
+            self._notify()
+        return len(doomed)
+
+    def fail_next(self, status: int, reason: str, times: int = 1) -> None:
+        """Fail the next ``times`` calls with ``KubeApiError(status, reason)`` (0: unreachable)."""
+        self._failures.extend([(status, reason)] * times)
+
+    @property
+    def generation(self) -> int:
+        """Counts every change to the slices (tests wait on it with ``wait_changed``)."""
+        return self._generation
+
+    async def wait_changed(self, generation: int) -> int:
+        """Wait until the slices change past ``generation``; return the new generation."""
+        while self._generation == generation:
+            await self._changed.wait()
+        return self._generation
+
+    # ------------------------------------------------------------------ ResourceApi
+
+    async def read_claim(self, namespace: str, name: str) -> ResourceClaim:
+        self._call("read_claim")
+        try:
+            return self.claims[(namespace, name)]
+        except KeyError:
+            raise KubeApiError(404, f'resourceclaims.resource.k8s.io "{name}" not found') from None
+
+    async def list_slices(self, driver: str, node_name: str) -> list[ResourceSlice]:
+        self._call("list_slices")
+        return sorted(
+            (s for s in self.slices.values() if s.driver == driver and s.node_name == node_name),
+            key=lambda s: s.name,
+        )
+
+    async def create_slice(self, resource_slice: ResourceSlice) -> ResourceSlice:
+        self._call("create_slice")
+        self._validate(resource_slice)
+        name = resource_slice.name
+        if not name:
+            # generateName: <node>-<driver>- plus five random characters.
+            name = f"{resource_slice.node_name}-{resource_slice.driver}-{secrets.token_hex(3)[:5]}"
+        if name in self.slices:
+            raise KubeApiError(409, f'resourceslices.resource.k8s.io "{name}" already exists')
+        stored = replace(resource_slice, name=name, resource_version=str(next(self._versions)))
+        self.slices[name] = stored
+        self._notify()
+        return stored
+
+    async def update_slice(self, resource_slice: ResourceSlice) -> ResourceSlice:
+        self._call("update_slice")
+        current = self.slices.get(resource_slice.name)
+        if current is None:
+            raise KubeApiError(
+                404, f'resourceslices.resource.k8s.io "{resource_slice.name}" not found'
+            )
+        if resource_slice.resource_version != current.resource_version:
+            raise KubeApiError(
+                409,
+                f'Operation cannot be fulfilled on resourceslices.resource.k8s.io "'
+                f'{resource_slice.name}": the object has been modified',
+            )
+        self._validate(resource_slice)
+        stored = replace(resource_slice, resource_version=str(next(self._versions)))
+        self.slices[resource_slice.name] = stored
+        self._notify()
+        return stored
+
+    async def delete_slice(self, name: str) -> None:
+        self._call("delete_slice")
+        if self.slices.pop(name, None) is None:
+            raise KubeApiError(404, f'resourceslices.resource.k8s.io "{name}" not found')
+        self._notify()
+
+    async def watch_slices(self, driver: str, node_name: str) -> AsyncIterator[None]:
+        self._call("watch_slices")
+        seen = self._generation
+        while True:
+            seen = await self.wait_changed(seen)
+            yield None
+
+    async def node_uid(self, node_name: str) -> str:
+        self._call("node_uid")
+        try:
+            return self.nodes[node_name]
+        except KeyError:
+            raise KubeApiError(404, f'nodes "{node_name}" not found') from None
+
+    async def aclose(self) -> None:
+        return None
+
+    # ------------------------------------------------------------------ internals
+
+    def _call(self, method: str) -> None:
+        self.calls[method] = self.calls.get(method, 0) + 1
+        if self._failures:
+            status, reason = self._failures.pop(0)
+            raise KubeApiError(status, reason)
+
+    def _notify(self) -> None:
+        self._generation += 1
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def _pool_generation(self, resource_slice: ResourceSlice) -> int:
+        return max(
+            s.generation
+            for s in self.slices.values()
+            if s.driver == resource_slice.driver and s.pool == resource_slice.pool
+        )
+
+    def _validate(self, s: ResourceSlice) -> None:
+        """What the API server's validation of a ResourceSlice refuses (422 Invalid)."""
+        problems = []
+        for what, problem in (
+            ("spec.driver", _names.driver_name_problem(s.driver)),
+            ("spec.pool.name", _names.pool_name_problem(s.pool)),
+        ):
+            if problem is not None:
+                problems.append(f"{what}: {problem}")
+        if s.generation < 0:
+            problems.append("spec.pool.generation: must be >= 0")
+        if s.slice_count <= 0:
+            problems.append("spec.pool.resourceSliceCount: must be > 0")
+        if len(s.devices) > MAX_DEVICES_PER_SLICE:
+            problems.append(f"spec.devices: at most {MAX_DEVICES_PER_SLICE} devices")
+        names = [d.name for d in s.devices]
+        if len(set(names)) != len(names):
+            problems.append("spec.devices: duplicate device names")
+        for i, device in enumerate(s.devices):
+            problem = _names.device_name_problem(device.name)
+            if problem is not None:
+                problems.append(f"spec.devices[{i}].name: {problem}")
+            if len(device.attributes) + len(device.capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+                problems.append(f"spec.devices[{i}]: too many attributes and capacities")
+            for key in (*device.attributes, *device.capacity):
+                problem = _names.attribute_name_problem(key)
+                if problem is not None:
+                    problems.append(f"spec.devices[{i}]: {key}: {problem}")
+        if problems:
+            raise KubeApiError(422, f"ResourceSlice is invalid: {'; '.join(problems)}")

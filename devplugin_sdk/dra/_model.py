@@ -1,0 +1,41 @@
+"""The kubelet's DRA calls in SDK terms: which claims, and what preparing one gave.
+
+The gRPC service, the preparer, the checkpoint and the kubelet's side (FakeKubelet, conformance)
+speak these; only ``_convert`` turns them into and out of protobuf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ClaimRef", "PreparedClaim", "PreparedDevice"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A claim as the kubelet names it in NodePrepareResources/NodeUnprepareResources."""
+
+    namespace: str
+    uid: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} ({self.uid})"
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One prepared device of a claim: what the kubelet hands to the runtime for it."""
+
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    """The outcome for one claim: its devices, or an error (then the devices are ignored)."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""

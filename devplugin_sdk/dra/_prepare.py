@@ -1,0 +1,367 @@
+"""NodePrepareResources and NodeUnprepareResources of a DRA driver: claims to CDI devices.
+
+For each claim the kubelet names, the preparer reads the ResourceClaim, takes the results
+allocated to this driver, finds each device among the served plugins, asks the device's plugin
+for its container edits (its ``allocate()``, the same mapping the device-plugin API uses), writes
+one CDI spec per claim and returns the CDI device IDs per request. Every claim succeeds or fails
+on its own. What a claim got is checkpointed before the answer, so a repeated call (after a
+kubelet or plugin restart) returns it again without redoing the work. Calls are serialised, as
+Kubernetes' kubeletplugin helper does by default; the API reads happen before the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.to_thread
+
+from devplugin_sdk import cdi
+from devplugin_sdk._logging import printable
+from devplugin_sdk.dra._checkpoint import Checkpoint, Entry
+from devplugin_sdk.dra._model import ClaimRef, PreparedClaim, PreparedDevice
+from devplugin_sdk.dra.resources import AllocatedDevice, ResourceApi, ResourceClaim
+from devplugin_sdk.errors import KubeApiError
+from devplugin_sdk.types import Allocation, Device, Health
+
+if TYPE_CHECKING:
+    from devplugin_sdk.plugin import DevicePlugin
+
+__all__ = ["Found", "Preparer", "spec_file_name"]
+
+log = logging.getLogger("devplugin_sdk")
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A published device: the plugin that serves it, the device and its health now."""
+
+    resource: str
+    plugin: DevicePlugin
+    device: Device
+    health: Health
+
+
+#: Finds a device of this driver's pool by its name in the slices.
+Lookup = Callable[[str], Found | None]
+
+
+class _ClaimError(Exception):
+    """This claim cannot be prepared; the message goes into its response entry."""
+
+
+def spec_file_name(driver: str, uid: str) -> str:
+    """The CDI spec file of one claim: ``k8s.<driver>-claim_<uid>.json``."""
+    return f"{_vendor(driver)}-claim_{uid}.json"
+
+
+def _vendor(driver: str) -> str:
+    # CDI vendors prefixed k8s. are what DRA drivers use for per-claim specs; the driver name is
+    # a DNS subdomain, which a CDI vendor name may hold as is.
+    return f"k8s.{driver}"
+
+
+class Preparer:
+    """Prepares and unprepares the claims of one DRA driver on one node.
+
+    Args:
+        driver: The driver name.
+        pool: The driver's pool on this node (the node name).
+        api: Where ResourceClaims are read.
+        lookup: Finds a published device by name.
+        checkpoint: The prepared-claims file.
+        cdi_dir: Where per-claim CDI specs go.
+        hook_timeout: Bound on each plugin's ``allocate()``.
+    """
+
+    def __init__(
+        self,
+        driver: str,
+        pool: str,
+        api: ResourceApi,
+        *,
+        lookup: Lookup,
+        checkpoint: Checkpoint,
+        cdi_dir: Path,
+        hook_timeout: float,
+    ) -> None:
+        self.driver = driver
+        self.pool = pool
+        self.api = api
+        self.lookup = lookup
+        self.checkpoint = checkpoint
+        self.cdi_dir = cdi_dir
+        self.hook_timeout = hook_timeout
+        self.kind = f"{_vendor(driver)}/claim"
+        self.prepared: dict[str, Entry] = {}
+        self._lock = anyio.Lock()
+        self._warned_annotations: set[str] = set()
+        self._spec_name = re.compile(
+            rf"{re.escape(_vendor(driver))}-claim_(?P<uid>[0-9A-Za-z-]+)\.json"
+        )
+        self._temp_name = re.compile(
+            rf"\.{re.escape(_vendor(driver))}-claim_[0-9A-Za-z-]+\.[a-z0-9_]{{8}}\.tmp"
+        )
+
+    # ------------------------------------------------------------------ start
+
+    async def load(self) -> None:
+        """Read the checkpoint; remove temporary files and CDI specs of unprepared claims.
+
+        A spec without a checkpoint entry was written by a prepare that never answered (the
+        plugin died in between): no container uses it, and the kubelet asks again.
+        """
+        self.prepared = await anyio.to_thread.run_sync(self.checkpoint.load)
+        removed = await anyio.to_thread.run_sync(self._clean_cdi_dir)
+        await anyio.to_thread.run_sync(self.checkpoint.remove_temporaries)
+        log.info(
+            "DRA %s: %d prepared claims in %s%s",
+            self.driver,
+            len(self.prepared),
+            self.checkpoint.path,
+            f"; removed {removed} CDI files of unfinished prepares" if removed else "",
+        )
+
+    def _clean_cdi_dir(self) -> int:
+        known = {entry.spec_file for entry in self.prepared.values()}
+        removed = 0
+        try:
+            names = sorted(p.name for p in self.cdi_dir.iterdir())
+        except OSError:
+            return 0
+        for name in names:
+            stale = self._temp_name.fullmatch(name) or (
+                self._spec_name.fullmatch(name) and name not in known
+            )
+            if stale:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.cdi_dir / name).unlink()
+                    removed += 1
+        return removed
+
+    # ------------------------------------------------------------------ NodePrepareResources
+
+    async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PreparedClaim]:
+        """Prepare each claim; one result per claim UID, errors included."""
+        # The API reads come first, outside the lock, as kubeletplugin does them.
+        claims: dict[str, ResourceClaim | Exception] = {}
+        for ref in refs:
+            if ref.uid in self.prepared or ref.uid in claims:
+                continue
+            try:
+                claims[ref.uid] = await self._read(ref)
+            except _ClaimError as exc:
+                claims[ref.uid] = exc
+        results: dict[str, PreparedClaim] = {}
+        async with self._lock:
+            for ref in refs:
+                results[ref.uid] = await self._prepare_one(ref, claims.get(ref.uid))
+        return results
+
+    async def _read(self, ref: ClaimRef) -> ResourceClaim:
+        if not (ref.uid and ref.namespace and ref.name):
+            raise _ClaimError(f"the request names claim {ref} without namespace, name or UID")
+        try:
+            claim = await self.api.read_claim(ref.namespace, ref.name)
+        except KubeApiError as exc:
+            raise _ClaimError(
+                f"cannot read ResourceClaim {ref.namespace}/{ref.name}: {exc}"
+            ) from exc
+        if claim.uid != ref.uid:
+            raise _ClaimError(
+                f"ResourceClaim {ref.namespace}/{ref.name} was replaced: its UID is {claim.uid}, "
+                f"the kubelet asked for {ref.uid}"
+            )
+        if not claim.allocated:
+            raise _ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
+        return claim
+
+    async def _prepare_one(
+        self, ref: ClaimRef, claim: ResourceClaim | Exception | None
+    ) -> PreparedClaim:
+        entry = self.prepared.get(ref.uid)
+        if entry is not None:  # prepared before: the same answer, no work repeated
+            return PreparedClaim(entry.devices)
+        try:
+            entry = await self._do_prepare(ref, _claim_or_raise(claim))
+        except _ClaimError as exc:
+            log.warning(
+                "DRA %s: cannot prepare claim %s: %s", self.driver, ref, printable(str(exc))
+            )
+            return PreparedClaim(error=str(exc))
+        except Exception as exc:
+            log.exception("DRA %s: preparing claim %s failed", self.driver, ref)
+            return PreparedClaim(error=f"preparing failed: {type(exc).__name__}: {exc}")
+        log.info(
+            "DRA %s: prepared claim %s: %s",
+            self.driver,
+            ref,
+            ", ".join(d.device for d in entry.devices) or "no devices of this driver",
+        )
+        return PreparedClaim(entry.devices)
+
+    async def _do_prepare(self, ref: ClaimRef, claim: ResourceClaim) -> Entry:
+        ours = [r for r in claim.results if r.driver == self.driver]
+        by_request: dict[str, list[tuple[AllocatedDevice, Found]]] = {}
+        for result in ours:
+            found = self._check(result, ref)
+            # kubeletplugin reports the request without its subrequest ("gpus/large" -> gpus).
+            by_request.setdefault(result.request.split("/")[0], []).append((result, found))
+        spec_devices: dict[str, Allocation] = {}
+        prepared: list[PreparedDevice] = []
+        for request, members in by_request.items():
+            edits, extra_ids = await self._edits(request, [f for _, f in members], ref)
+            ids = list(extra_ids)
+            if edits is not None:
+                name = f"{ref.uid}-{request}"
+                spec_devices[name] = edits
+                ids.insert(0, f"{self.kind}={name}")
+            prepared += [
+                PreparedDevice((request,), result.pool, result.device, tuple(ids))
+                for result, _ in members
+            ]
+        spec_file = spec_file_name(self.driver, ref.uid) if spec_devices else None
+        if spec_file is not None:
+            spec = cdi.CdiSpec(self.kind, spec_devices)
+            try:
+                await anyio.to_thread.run_sync(cdi.write_spec, spec, self.cdi_dir, spec_file)
+            except OSError as exc:
+                raise _ClaimError(f"cannot write CDI spec {spec_file}: {exc}") from exc
+        entry = Entry(ref, tuple(prepared), spec_file)
+        self.prepared[ref.uid] = entry
+        try:
+            await anyio.to_thread.run_sync(self.checkpoint.save, self.prepared)
+        except OSError as exc:
+            del self.prepared[ref.uid]
+            raise _ClaimError(f"cannot write the checkpoint {self.checkpoint.path}: {exc}") from exc
+        return entry
+
+    def _check(self, result: AllocatedDevice, ref: ClaimRef) -> Found:
+        if result.pool != self.pool:
+            raise _ClaimError(
+                f"device {result.device} is in pool {result.pool}, not this node's {self.pool}"
+            )
+        found = self.lookup(result.device)
+        if found is None:
+            raise _ClaimError(f"device {result.device} is not one this driver publishes now")
+        if found.health is not Health.HEALTHY:
+            raise _ClaimError(f"device {result.device} ({found.device.id}) is unhealthy")
+        for entry in self.prepared.values():
+            if any(d.device == result.device for d in entry.devices):
+                # The last line of defence: the scheduler should never allocate a device twice.
+                raise _ClaimError(
+                    f"device {result.device} is already prepared for claim {entry.claim}"
+                )
+        return found
+
+    async def _edits(
+        self, request: str, found: Sequence[Found], ref: ClaimRef
+    ) -> tuple[Allocation | None, tuple[str, ...]]:
+        """One request's container edits (its devices' plugins' allocations, merged) and the
+        CDI names the plugins return themselves."""
+        allocations: list[Allocation] = []
+        by_resource: dict[str, list[Found]] = {}
+        for item in found:
+            by_resource.setdefault(item.resource, []).append(item)
+        for resource, items in by_resource.items():
+            plugin = items[0].plugin
+            try:
+                with anyio.fail_after(self.hook_timeout):
+                    allocations.append(await plugin.allocate([i.device for i in items]))
+            except TimeoutError:
+                raise _ClaimError(
+                    f"{resource}: allocate() did not finish within {self.hook_timeout:g}s"
+                ) from None
+            except Exception as exc:
+                raise _ClaimError(f"{resource}: allocate() failed: {exc}") from exc
+        merged = _merge(allocations)
+        if merged.annotations and request not in self._warned_annotations:
+            self._warned_annotations.add(request)
+            log.warning(
+                "DRA %s: claim %s: allocate() returned annotations (%s); DRA has no way to pass "
+                "them to the container, they are dropped",
+                self.driver,
+                ref,
+                ", ".join(sorted(merged.annotations)),
+            )
+        edits = Allocation(device_nodes=merged.device_nodes, mounts=merged.mounts, env=merged.env)
+        empty = not (edits.device_nodes or edits.mounts or edits.env)
+        return (None if empty else edits), merged.cdi_devices
+
+    # ------------------------------------------------------------------ NodeUnprepareResources
+
+    async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
+        """Undo each claim's preparation; an unknown claim is already undone (no error)."""
+        errors: dict[str, str] = {}
+        async with self._lock:
+            for ref in refs:
+                try:
+                    await self._unprepare_one(ref)
+                except OSError as exc:
+                    # A file system refusing (permissions, I/O): the message, not a traceback.
+                    log.error(  # noqa: TRY400
+                        "DRA %s: cannot unprepare claim %s: %s", self.driver, ref, exc
+                    )
+                    errors[ref.uid] = f"cannot unprepare: {exc}"
+                else:
+                    errors[ref.uid] = ""
+        return errors
+
+    async def _unprepare_one(self, ref: ClaimRef) -> None:
+        entry = self.prepared.get(ref.uid)
+        # The spec may exist without an entry (a prepare that never answered): remove it too.
+        spec_file = spec_file_name(self.driver, ref.uid) if ref.uid else None
+        if spec_file is not None and self._spec_name.fullmatch(spec_file):
+            await anyio.to_thread.run_sync(cdi.remove_spec, self.cdi_dir / spec_file)
+        if entry is None:
+            return
+        del self.prepared[ref.uid]
+        try:
+            await anyio.to_thread.run_sync(self.checkpoint.save, self.prepared)
+        except OSError:
+            self.prepared[ref.uid] = entry
+            raise
+        log.info("DRA %s: unprepared claim %s", self.driver, ref)
+
+    def in_use(self) -> set[str]:
+        """Names of the devices prepared for some claim."""
+        return {d.device for entry in self.prepared.values() for d in entry.devices}
+
+
+def _claim_or_raise(claim: ResourceClaim | Exception | None) -> ResourceClaim:
+    if isinstance(claim, _ClaimError):
+        raise claim
+    if not isinstance(claim, ResourceClaim):
+        raise _ClaimError(f"the claim could not be read: {claim}")
+    return claim
+
+
+def _merge(allocations: Sequence[Allocation]) -> Allocation:
+    if len(allocations) == 1:
+        return allocations[0]
+    nodes: dict[str, object] = {}
+    out_nodes = []
+    mounts = []
+    seen_mounts: set[str] = set()
+    env: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    cdi_names: dict[str, None] = {}
+    for a in allocations:
+        for node in a.device_nodes:
+            if node.container_path not in nodes:
+                nodes[node.container_path] = node
+                out_nodes.append(node)
+        for mount in a.mounts:
+            if mount.container_path not in seen_mounts:
+                seen_mounts.add(mount.container_path)
+                mounts.append(mount)
+        env.update(a.env)
+        annotations.update(a.annotations)
+        cdi_names.update(dict.fromkeys(a.cdi_devices))
+    return Allocation(tuple(out_nodes), tuple(mounts), env, annotations, tuple(cdi_names))

@@ -1,0 +1,108 @@
+"""The kubelet's DRA gRPC service (``DRAPlugin``, v1 and v1beta1), served on ``dra.sock``.
+
+Both versions call the same two coroutines, so a kubelet of 1.32 and one of 1.34 get the same
+behaviour. A claim's failure is its own response entry; only a request that cannot be read at
+all fails the whole call (the kubelet then retries the pod). The kubelet's side, ``DraClient``,
+is here too, for FakeKubelet and ``devplugin conformance --dra``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+
+from devplugin_sdk.dra import _convert
+from devplugin_sdk.dra._model import ClaimRef, PreparedClaim
+
+__all__ = ["DraClient", "handlers", "method_path"]
+
+log = logging.getLogger("devplugin_sdk")
+
+Prepare = Callable[[Sequence[ClaimRef]], Awaitable[dict[str, PreparedClaim]]]
+Unprepare = Callable[[Sequence[ClaimRef]], Awaitable[dict[str, str]]]
+
+
+def method_path(service: str, method: str) -> str:
+    """``/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources`` for ``v1.DRAPlugin``."""
+    pb = _convert.VERSIONS[service]
+    return f"/{pb.DESCRIPTOR.package}.DRAPlugin/{method}"
+
+
+def handlers(
+    prepare: Prepare, unprepare: Unprepare, services: Sequence[str]
+) -> list[grpc.GenericRpcHandler]:
+    """Generic handlers of the ``DRAPlugin`` service of each version in ``services``."""
+    out = []
+    for service in services:
+        pb = _convert.VERSIONS[service]
+
+        def make(pb: Any = pb) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+            async def node_prepare(
+                request: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> Any:
+                return _convert.prepare_response(pb, await prepare(_convert.claims(request)))
+
+            async def node_unprepare(
+                request: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> Any:
+                return _convert.unprepare_response(pb, await unprepare(_convert.claims(request)))
+
+            return {
+                "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
+                    node_prepare,
+                    request_deserializer=pb.NodePrepareResourcesRequest.FromString,
+                    response_serializer=pb.NodePrepareResourcesResponse.SerializeToString,
+                ),
+                "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
+                    node_unprepare,
+                    request_deserializer=pb.NodeUnprepareResourcesRequest.FromString,
+                    response_serializer=pb.NodeUnprepareResourcesResponse.SerializeToString,
+                ),
+            }
+
+        out.append(
+            grpc.method_handlers_generic_handler(f"{pb.DESCRIPTOR.package}.DRAPlugin", make())
+        )
+    return out
+
+
+class DraClient:
+    """The kubelet's end of a ``DRAPlugin`` connection, in SDK types.
+
+    Args:
+        channel: A channel to the plugin's ``dra.sock``.
+        service: The service to call, ``v1.DRAPlugin`` or ``v1beta1.DRAPlugin`` (what the
+            kubelet chose from the plugin's list).
+
+    Errors are grpc.aio's own (``grpc.aio.AioRpcError``).
+    """
+
+    def __init__(self, channel: grpc.aio.Channel, service: str) -> None:
+        self.service = service
+        pb = _convert.VERSIONS[service]
+        self._pb = pb
+        self._prepare = channel.unary_unary(
+            method_path(service, "NodePrepareResources"),
+            request_serializer=pb.NodePrepareResourcesRequest.SerializeToString,
+            response_deserializer=pb.NodePrepareResourcesResponse.FromString,
+        )
+        self._unprepare = channel.unary_unary(
+            method_path(service, "NodeUnprepareResources"),
+            request_serializer=pb.NodeUnprepareResourcesRequest.SerializeToString,
+            response_deserializer=pb.NodeUnprepareResourcesResponse.FromString,
+        )
+
+    async def prepare(self, claims: Sequence[ClaimRef], timeout: float) -> dict[str, PreparedClaim]:
+        """NodePrepareResources: the per-claim results by UID."""
+        response = await self._prepare(_convert.prepare_request(self._pb, claims), timeout=timeout)
+        return _convert.prepared(response)
+
+    async def unprepare(self, claims: Sequence[ClaimRef], timeout: float) -> dict[str, str]:
+        """NodeUnprepareResources: the per-claim errors by UID (empty: done)."""
+        response = await self._unprepare(
+            _convert.unprepare_request(self._pb, claims), timeout=timeout
+        )
+        return _convert.unprepared(response)

@@ -1,0 +1,156 @@
+"""The resource.k8s.io/v1 objects a DRA driver reads and writes, and the API it uses for them.
+
+A DRA kubelet plugin needs few Kubernetes operations: read a ResourceClaim, and list, create,
+update, delete and watch the ResourceSlices of its driver on its node. ``ResourceApi`` is that
+interface, in the SDK's own frozen dataclasses; ``devplugin_sdk.dra.kube_api`` implements it
+with a Kubernetes client (the ``dra`` extra) and ``devplugin_sdk.testing.MemoryApi`` in memory,
+for tests. Field meanings follow k8s.io/api resource/v1 types.go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from devplugin_sdk.types import AttributeValue, Quantity
+
+__all__ = [
+    "MAX_DEVICES_PER_SLICE",
+    "AllocatedDevice",
+    "ResourceApi",
+    "ResourceClaim",
+    "ResourceSlice",
+    "SliceDevice",
+]
+
+#: ResourceSliceMaxDevices: a slice lists at most this many devices; a bigger pool takes
+#: several slices of one generation.
+MAX_DEVICES_PER_SLICE = 128
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDevice:
+    """One device as a ResourceSlice lists it.
+
+    Args:
+        name: Unique in the pool, a DNS label (``devplugin_sdk.dra.device_name``).
+        attributes: Typed attributes by qualified name.
+        capacity: Capacities by qualified name.
+    """
+
+    name: str
+    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
+    capacity: Mapping[str, Quantity] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSlice:
+    """A ResourceSlice of one driver's pool on one node.
+
+    Args:
+        name: The object's name; empty when creating (the API generates one from
+            ``<node>-<driver>-``).
+        driver: The DRA driver name (``spec.driver``).
+        node_name: The node (``spec.nodeName``).
+        pool: The pool name (``spec.pool.name``).
+        generation: The pool's generation (``spec.pool.generation``): consumers use only the
+            slices of the highest one.
+        slice_count: How many slices the pool has at that generation
+            (``spec.pool.resourceSliceCount``).
+        devices: The devices (at most ``MAX_DEVICES_PER_SLICE``).
+        resource_version: ``metadata.resourceVersion`` as read; an update with a stale one
+            fails with a conflict.
+        node_uid: UID of the Node that owns the slice (``metadata.ownerReferences``): the
+            garbage collector deletes the slices with the node.
+    """
+
+    name: str
+    driver: str
+    node_name: str
+    pool: str
+    generation: int
+    slice_count: int
+    devices: tuple[SliceDevice, ...] = ()
+    resource_version: str = ""
+    node_uid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    """One entry of a claim's ``status.allocation.devices.results``.
+
+    Args:
+        request: The request (``name`` or ``name/subrequest``) the device was allocated for.
+        driver: The driver of the device.
+        pool: Its pool.
+        device: Its name in the pool.
+    """
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceClaim:
+    """A ResourceClaim as a kubelet plugin reads it.
+
+    Args:
+        namespace: ``metadata.namespace``.
+        name: ``metadata.name``.
+        uid: ``metadata.uid``.
+        allocated: Whether ``status.allocation`` is set.
+        results: The allocated devices, of every driver.
+        reserved_for: UIDs of the pods in ``status.reservedFor``.
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    allocated: bool = False
+    results: tuple[AllocatedDevice, ...] = ()
+    reserved_for: tuple[str, ...] = ()
+
+
+class ResourceApi(Protocol):
+    """The Kubernetes operations a DRA kubelet plugin performs.
+
+    Every method raises ``errors.KubeApiError`` when the API server refuses or cannot be reached
+    (``not_found`` and ``conflict`` tell the two cases callers act on).
+    """
+
+    async def read_claim(self, namespace: str, name: str) -> ResourceClaim:
+        """The ResourceClaim ``namespace/name``."""
+        ...
+
+    async def list_slices(self, driver: str, node_name: str) -> list[ResourceSlice]:
+        """Every ResourceSlice of ``driver`` on ``node_name``."""
+        ...
+
+    async def create_slice(self, resource_slice: ResourceSlice) -> ResourceSlice:
+        """Create a slice (its name generated when empty); return it as stored."""
+        ...
+
+    async def update_slice(self, resource_slice: ResourceSlice) -> ResourceSlice:
+        """Replace the slice of that name; a stale ``resource_version`` is a conflict."""
+        ...
+
+    async def delete_slice(self, name: str) -> None:
+        """Delete the slice ``name``."""
+        ...
+
+    def watch_slices(self, driver: str, node_name: str) -> AsyncIterator[None]:
+        """Yield once whenever a slice of ``driver`` on ``node_name`` is added, changed or
+        deleted (by anyone: the kubelet deletes a node's slices when it starts). Ends or raises
+        when the watch breaks; the caller lists again and watches anew."""
+        ...
+
+    async def node_uid(self, node_name: str) -> str:
+        """The UID of the Node ``node_name`` (the owner of its slices)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,105 @@
+"""The NVIDIA example as a DRA driver: config-dra.yaml (api: dra), its DaemonSet and RBAC, and
+the example's plugin class serving claims on a fake NVML machine against FakeKubelet's DRA side."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+from devplugin_sdk.config import load_yaml, parse_run_config
+from devplugin_sdk.dra import device_name
+from devplugin_sdk.testing import FakeKubelet, MemoryApi, fake_nvml, serving
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+
+
+def _example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("nvidia_example_plugin_dra", HERE / "plugin.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+example = _example()
+
+
+def test_the_dra_config_selects_dra_and_the_manifests_wire_it() -> None:
+    config = parse_run_config(load_yaml(HERE / "config-dra.yaml"))
+    assert config.api == "dra"
+    assert config.dra is not None
+    assert config.dra.driver == "gpu.nvidia.com"
+    config_map, daemonset = yaml.safe_load_all((HERE / "daemonset-dra.yaml").read_text())
+    shipped = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert shipped == yaml.safe_load((HERE / "config-dra.yaml").read_text())
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (node_name,) = [e for e in container["env"] if e["name"] == "NODE_NAME"]
+    assert node_name["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {
+        "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins",
+        "/var/run/cdi",
+    } <= mounts
+    rbac = list(yaml.safe_load_all((ROOT / "deploy" / "dra" / "rbac.yaml").read_text()))
+    (account,) = [d for d in rbac if d["kind"] == "ServiceAccount"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    (role,) = [d for d in rbac if d["kind"] == "ClusterRole"]
+    verbs = {(r["resources"][0], v) for r in role["rules"] for v in r["verbs"]}
+    assert ("resourceclaims", "get") in verbs
+    assert {("resourceslices", v) for v in ("list", "watch", "create", "update", "delete")} <= verbs
+    assert not {v for r, v in verbs if r == "resourceclaims"} - {"get"}  # read-only claims
+    (policy,) = [d for d in rbac if d["kind"] == "ValidatingAdmissionPolicy"]
+    assert "authentication.kubernetes.io/node-name" in json.dumps(policy)
+
+
+async def test_the_example_serves_claims_through_dra(tmp_path: Path) -> None:
+    config = parse_run_config(load_yaml(HERE / "config-dra.yaml"))
+    assert config.dra is not None
+    nvml = fake_nvml.dgx_a100()
+    roots = nvml.write_host(tmp_path / "host")
+    options: dict[str, Any] = {**config.backend_options, **roots.config()}
+    with nvml.installed():
+        plugins = example.SiteGpuPlugin.from_config(options)
+    api = MemoryApi(nodes=["gpu-node"])
+    async with FakeKubelet(dra_api=api, node_name="gpu-node") as kubelet:
+        root = kubelet.directory.parent
+        dra = dataclasses.replace(
+            config.dra,
+            api=api,
+            node_name="gpu-node",
+            plugin_dir=root / "plugins" / config.dra.driver,
+            cdi_dir=root / "cdi",
+        )
+        async with serving(*plugins, settings=kubelet.settings(), api=config.api, dra=dra):
+            driver = config.dra.driver
+            await kubelet.wait_for(lambda: kubelet.dra.is_registered(driver))
+            await kubelet.wait_for(lambda: api.pool_complete(driver, "gpu-node"))
+            devices = [d for s in api.pool(driver, "gpu-node") for d in s.devices]
+            assert len(devices) == 8
+            assert {d.attributes["architecture"] for d in devices} == {"Ampere"}
+            pod = kubelet.dra.pod("ml", "job", ["gpu"])
+            gpu = device_name(nvml.gpus[3].uuid)
+            api.allocate(
+                "ml", "gpu", {"one": [gpu]}, driver=driver, pool="gpu-node", pods=[pod.uid]
+            )
+            prepared = await kubelet.dra.prepare(pod)
+            claim = api.claims[("ml", "gpu")]
+            assert prepared.cdi_ids("gpu") == [f"k8s.{driver}/claim={claim.uid}-one"]
+            spec = json.loads((dra.cdi_dir / f"k8s.{driver}-claim_{claim.uid}.json").read_text())
+            env = spec["devices"][0]["containerEdits"]["env"]
+            # The example's own allocate() runs: the site variable and the GPU list.
+            assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env
+            assert f"NVIDIA_VISIBLE_DEVICES={nvml.gpus[3].uuid}" in env
+            await kubelet.dra.unprepare(pod)

@@ -1,0 +1,450 @@
+"""A DRA driver from the runner's plugins against FakeKubelet's DRA side and the in-memory API."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dra_helpers import DRIVER, dra_options
+from sdk_helpers import RESOURCE, widgets
+
+from devplugin_sdk import Device, DeviceNode, Health
+from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
+from devplugin_sdk.types import Quantity
+
+
+def typed_widgets(count: int = 3) -> list[Device]:
+    return [
+        Device(
+            f"w{i}",
+            device_nodes=(DeviceNode(f"/dev/widget{i}"),),
+            env={"WIDGET": f"w{i}"},
+            attributes={"index": i, "model": "Widget 9000"},
+            capacity={"memory": Quantity(2**30)},
+        )
+        for i in range(count)
+    ]
+
+
+async def test_publishes_registers_prepares_and_unprepares() -> None:
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        plugin = StaticPlugin(RESOURCE, typed_widgets(3))
+        options = dra_options(kubelet, api)
+        async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options) as running:
+            await kubelet.wait_for(
+                lambda: kubelet.dra.is_registered(DRIVER), what="DRA registration"
+            )
+            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
+            (pool,) = api.pool(DRIVER, "node-1")
+            assert [d.name for d in pool.devices] == ["w0", "w1", "w2"]
+            assert pool.devices[1].attributes == {"index": 1, "model": "Widget 9000"}
+            assert str(pool.devices[1].capacity["memory"]) == "1Gi"
+            (registration,) = kubelet.dra.successful_registrations(DRIVER)
+            assert registration.service == "v1.DRAPlugin"
+            await kubelet.wait_for(
+                lambda: running.dra is not None and running.dra.registered, what="status"
+            )
+
+            pod = kubelet.dra.pod("default", "pod-a", ["gpus"])
+            api.allocate(
+                "default",
+                "gpus",
+                {"widgets": ["w0", "w2"]},
+                driver=DRIVER,
+                pool="node-1",
+                pods=[pod.uid],
+            )
+            prepared = await kubelet.dra.prepare(pod)
+            ids = prepared.cdi_ids("gpus")
+            claim = api.claims[("default", "gpus")]
+            assert ids == [f"k8s.{DRIVER}/claim={claim.uid}-widgets"]
+            spec_path = options.cdi_dir / f"k8s.{DRIVER}-claim_{claim.uid}.json"
+            spec = json.loads(spec_path.read_text())
+            (edits,) = spec["devices"]
+            assert [n["path"] for n in edits["containerEdits"]["deviceNodes"]] == [
+                "/dev/widget0",
+                "/dev/widget2",
+            ]
+            await kubelet.dra.unprepare(pod)
+            assert not spec_path.exists()
+            assert kubelet.dra.prepared_claims() == []
+
+
+async def test_unhealthy_devices_are_withdrawn_and_come_back() -> None:
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        plugin = StaticPlugin(RESOURCE, widgets(3))
+        async with serving(
+            plugin, settings=kubelet.settings(), api="dra", dra=dra_options(kubelet, api)
+        ):
+            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
+            first = api.pool(DRIVER, "node-1")[0].generation
+            plugin.set_health("w1", Health.UNHEALTHY)
+
+            def names() -> list[str]:
+                return [d.name for s in api.pool(DRIVER, "node-1") for d in s.devices]
+
+            await kubelet.wait_for(lambda: names() == ["w0", "w2"], what="w1 withdrawn")
+            assert api.pool(DRIVER, "node-1")[0].generation > first
+            plugin.set_health("w1", Health.HEALTHY)
+            await kubelet.wait_for(lambda: names() == ["w0", "w1", "w2"], what="w1 back")
+
+
+async def _registered(kubelet: FakeKubelet, api: MemoryApi, count: int = 1) -> None:
+    await kubelet.wait_for(
+        lambda: len(kubelet.dra.successful_registrations(DRIVER)) >= count,
+        what=f"{count} DRA registrations",
+    )
+    await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="a complete pool")
+
+
+class CountingPlugin(StaticPlugin):
+    """Counts allocate() calls: a repeated prepare must not call it again."""
+
+    allocations = 0
+
+    async def allocate(self, devices):  # type: ignore[no-untyped-def]
+        type(self).allocations += 1
+        return await super().allocate(devices)
+
+
+async def test_a_plugin_restart_keeps_prepared_claims_and_the_pool() -> None:
+    """Prepared claims come back from the checkpoint: the same answer, no work repeated; the
+    restarted driver takes over its slices without withdrawing a device."""
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api)
+        settings = kubelet.settings()
+        CountingPlugin.allocations = 0
+        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
+        async with serving(
+            CountingPlugin(RESOURCE, typed_widgets(3)), settings=settings, api="dra", dra=options
+        ):
+            await _registered(kubelet, api)
+            api.allocate("ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
+            first = await kubelet.dra.prepare(pod)
+        assert CountingPlugin.allocations == 1
+        generation = api.pool(DRIVER, "node-1")[0].generation
+        writes = api.calls.get("update_slice", 0) + api.calls.get("create_slice", 0)
+        async with serving(
+            CountingPlugin(RESOURCE, typed_widgets(3)), settings=settings, api="dra", dra=options
+        ):
+            await _registered(kubelet, api, 2)
+            # The kubelet asks again (say it restarted before recording the answer).
+            kubelet.dra._claims.clear()
+            again = await kubelet.dra.prepare(pod)
+            assert again.claims == first.claims
+            assert CountingPlugin.allocations == 1
+            assert api.pool(DRIVER, "node-1")[0].generation == generation
+            assert api.calls.get("update_slice", 0) + api.calls.get("create_slice", 0) == writes
+            await kubelet.dra.unprepare(pod)
+            claim = api.claims[("ns", "c1")]
+            assert not (options.cdi_dir / f"k8s.{DRIVER}-claim_{claim.uid}.json").exists()
+
+
+async def test_a_kubelet_restart_re_registers_and_republishes_wiped_slices() -> None:
+    """The kubelet deletes its node's slices when it starts and finds the registration socket
+    again; the driver answers and writes its slices back."""
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        async with serving(
+            StaticPlugin(RESOURCE, widgets(2)),
+            settings=kubelet.settings(),
+            api="dra",
+            dra=dra_options(kubelet, api),
+        ):
+            await _registered(kubelet, api)
+            pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
+            api.allocate("ns", "c1", {"r": ["w0"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
+            await kubelet.dra.prepare(pod)
+            await kubelet.restart()
+            await _registered(kubelet, api, 2)
+            assert [d.name for d in api.pool(DRIVER, "node-1")[0].devices] == ["w0", "w1"]
+            await kubelet.dra.unprepare(pod)  # the claim survived in the kubelet's checkpoint
+
+
+async def test_each_claim_fails_alone() -> None:
+    """A claim that cannot be prepared gets its error; the call and the other claims succeed."""
+    import grpc
+
+    from devplugin_sdk.dra._model import ClaimRef
+    from devplugin_sdk.dra._service import DraClient
+
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api)
+        async with serving(
+            StaticPlugin(RESOURCE, widgets(3)), settings=kubelet.settings(), api="dra", dra=options
+        ):
+            await _registered(kubelet, api)
+            good = api.allocate("ns", "good", {"r": ["w0"]}, driver=DRIVER, pool="node-1")
+            other_pool = api.allocate("ns", "far", {"r": ["w1"]}, driver=DRIVER, pool="node-1")
+            api.claims[("ns", "far")] = type(other_pool)(
+                "ns",
+                "far",
+                other_pool.uid,
+                True,
+                (type(other_pool.results[0])("r", DRIVER, "node-2", "w1"),),
+            )
+            unallocated = api.add_claim("ns", "later")
+            refs = [
+                ClaimRef("ns", good.uid, "good"),
+                ClaimRef("ns", "0000-gone", "gone"),
+                ClaimRef("ns", "not-the-uid", "good"),
+                ClaimRef("ns", other_pool.uid, "far"),
+                ClaimRef("ns", unallocated.uid, "later"),
+            ]
+            async with grpc.aio.insecure_channel(f"unix:{options.plugin_dir}/dra.sock") as ch:
+                for service in ("v1.DRAPlugin", "v1beta1.DRAPlugin"):
+                    results = await DraClient(ch, service).prepare(refs, timeout=5)
+                    assert set(results) == {r.uid for r in refs}
+                    assert not results[good.uid].error
+                    assert results[good.uid].devices[0].device == "w0"
+                    assert "not found" in results["0000-gone"].error
+                    assert "was replaced" in results["not-the-uid"].error
+                    assert "pool node-2" in results[other_pool.uid].error
+                    assert "not allocated" in results[unallocated.uid].error
+                unknown = await DraClient(ch, "v1.DRAPlugin").unprepare(
+                    [ClaimRef("ns", "never-prepared", "x")], timeout=5
+                )
+                assert unknown == {"never-prepared": ""}
+
+
+async def test_a_device_is_never_prepared_for_two_claims() -> None:
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        async with serving(
+            StaticPlugin(RESOURCE, widgets(2)),
+            settings=kubelet.settings(),
+            api="dra",
+            dra=dra_options(kubelet, api),
+        ):
+            await _registered(kubelet, api)
+            a = kubelet.dra.pod("ns", "a", ["ca"])
+            b = kubelet.dra.pod("ns", "b", ["cb"])
+            api.allocate("ns", "ca", {"r": ["w0"]}, driver=DRIVER, pool="node-1", pods=[a.uid])
+            await kubelet.dra.prepare(a)
+            # A broken scheduler hands w0 out again: the driver is the last line of defence.
+            api.deallocate("ns", "ca")
+            api.allocate("ns", "cb", {"r": ["w0"]}, driver=DRIVER, pool="node-1", pods=[b.uid])
+            from devplugin_sdk.testing import PodPreparationError
+
+            with pytest.raises(PodPreparationError, match="already prepared for claim ns/ca"):
+                await kubelet.dra.prepare(b)
+
+
+async def test_a_kubelet_of_1_32_gets_v1beta1() -> None:
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api, dra_services=("v1beta1.DRAPlugin",)) as kubelet:
+        async with serving(
+            StaticPlugin(RESOURCE, widgets(1)),
+            settings=kubelet.settings(),
+            api="dra",
+            dra=dra_options(kubelet, api),
+        ):
+            await _registered(kubelet, api)
+            (registration,) = kubelet.dra.successful_registrations(DRIVER)
+            assert registration.service == "v1beta1.DRAPlugin"
+            pod = kubelet.dra.pod("ns", "p", ["c"])
+            api.allocate("ns", "c", {"r": ["w0"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
+            prepared = await kubelet.dra.prepare(pod)
+            assert prepared.cdi_ids("c", "r")
+
+
+async def test_a_removed_registration_socket_is_served_again() -> None:
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        settings = kubelet.settings()
+        async with serving(
+            StaticPlugin(RESOURCE, widgets(1)),
+            settings=settings,
+            api="dra",
+            dra=dra_options(kubelet, api),
+        ):
+            await _registered(kubelet, api)
+            (settings.plugins_registry_dir / f"{DRIVER}-reg.sock").unlink()
+            await _registered(kubelet, api, 2)
+            assert kubelet.dra.is_registered(DRIVER)
+
+
+async def test_stale_slices_are_replaced_and_big_pools_take_several_slices() -> None:
+    """A previous run's extra slices go; 130 devices take two slices of one generation."""
+    from devplugin_sdk.dra import ResourceSlice, SliceDevice
+
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        # A previous run of the driver left three slices (the kubelet did not restart since).
+        for i in range(3):
+            await api.create_slice(
+                ResourceSlice("", DRIVER, "node-1", "node-1", 7, 3, (SliceDevice(f"old{i}"),))
+            )
+        async with serving(
+            StaticPlugin(RESOURCE, widgets(130)),
+            settings=kubelet.settings(),
+            api="dra",
+            dra=dra_options(kubelet, api),
+        ):
+            await _registered(kubelet, api)
+            pool = api.pool(DRIVER, "node-1")
+            assert len(api.slices) == 2
+            assert [len(s.devices) for s in pool] == [128, 2]
+            assert {s.generation for s in pool} == {8}
+            assert {s.slice_count for s in pool} == {2}
+
+
+async def test_the_api_refusing_is_retried_and_reported() -> None:
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        api.fail_next(0, "connection refused", times=2)
+        async with serving(
+            StaticPlugin(RESOURCE, widgets(2)),
+            settings=kubelet.settings(),
+            api="dra",
+            dra=dra_options(kubelet, api),
+        ) as running:
+            await _registered(kubelet, api)
+            assert running.dra is not None
+            assert running.dra.last_error is None
+            assert running.dra.published == 2
+
+
+async def test_both_apis_never_hand_out_one_device_twice() -> None:
+    """api both: each device goes one way (Dra.devices); the device plugin neither lists nor
+    allocates a DRA device, and a DRA device's health reaches DRA only."""
+    import grpc
+
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        plugin = StaticPlugin(RESOURCE, widgets(4))
+        options = dra_options(kubelet, api, devices=lambda resource, d: d.id in ("w2", "w3"))
+        async with serving(plugin, settings=kubelet.settings(), api="both", dra=options) as running:
+            await _registered(kubelet, api)
+            await kubelet.wait_for_allocatable(RESOURCE, 2)
+            assert sorted(kubelet.devices(RESOURCE)) == ["w0", "w1"]
+            assert [d.name for d in api.pool(DRIVER, "node-1")[0].devices] == ["w2", "w3"]
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await kubelet.call_allocate(RESOURCE, ["w2"])
+            assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "w2" in (refused.value.details() or "")
+            got = await kubelet.allocate(RESOURCE, 2)
+            assert sorted(got.device_ids) == ["w0", "w1"]
+            plugin.set_health("w3", Health.UNHEALTHY)
+            await kubelet.wait_for(
+                lambda: [d.name for d in api.pool(DRIVER, "node-1")[0].devices] == ["w2"],
+                what="w3 withdrawn from DRA",
+            )
+            assert kubelet.allocatable(RESOURCE) == 2
+            (status,) = running.statuses()
+            assert status.registered  # the device-plugin registration, with its stream
+
+
+async def test_healthz_follows_the_dra_registration() -> None:
+    """/healthz judges a DRA-only plugin by the driver's registration (it has no stream)."""
+    import http.client
+
+    import anyio
+    from prometheus_client import CollectorRegistry
+
+    from devplugin_sdk.runner import Http
+
+    def get(port: int) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", "/healthz")
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        endpoints = Http(port=0, host="127.0.0.1", registry=CollectorRegistry())
+        async with serving(
+            StaticPlugin(RESOURCE, widgets(1)),
+            settings=kubelet.settings(),
+            http=endpoints,
+            api="dra",
+            dra=dra_options(kubelet, api),
+        ) as running:
+            assert running.http_port is not None
+            await _registered(kubelet, api)
+            await kubelet.wait_for(lambda: running.statuses()[0].registered, what="registered")
+            assert await anyio.to_thread.run_sync(get, running.http_port) == 200
+
+
+async def test_api_and_dra_must_agree() -> None:
+    from devplugin_sdk.dra import Dra
+    from devplugin_sdk.runner import serve
+
+    plugin = StaticPlugin(RESOURCE, widgets(1))
+    with pytest.raises(ValueError, match="needs dra="):
+        await serve(plugin, api="dra")
+    with pytest.raises(ValueError, match="api is devicePlugin"):
+        await serve(plugin, dra=Dra(driver=DRIVER, node_name="n"))
+    with pytest.raises(ValueError, match="node's name"):
+        await serve(plugin, api="dra", dra=Dra(driver=DRIVER, api=MemoryApi()))
+    with pytest.raises(ValueError, match="invalid DRA driver name"):
+        Dra(driver="Not_A_Domain")
+
+
+def test_device_names_are_dns_labels_stable_across_runs() -> None:
+    from devplugin_sdk import _names
+    from devplugin_sdk.dra import device_name
+
+    ids = ["GPU-8ca8c6b5-7df1", "ttyUSB0", "GPU-1::2", "MIG-GPU-1/1/0", "x" * 80, "::", "w0"]
+    names = [device_name(i) for i in ids]
+    assert names[0] == "gpu-8ca8c6b5-7df1"
+    assert names[1] == "ttyusb0"
+    assert names[6] == "w0"
+    assert names[2].startswith("gpu-1-2-")
+    assert len(names[2]) == len("gpu-1-2-") + 8
+    assert all(_names.device_name_problem(n) is None for n in names)
+    assert len(set(names)) == len(names)
+    assert [device_name(i) for i in ids] == names
+
+
+async def test_a_reload_withdraws_no_device_the_new_plugin_still_has(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A changed plugin is stopped before its replacement discovers: the pool keeps its devices
+    meanwhile (DETACH_GRACE) instead of dropping and publishing them again."""
+    import anyio
+
+    from devplugin_sdk.runner import Reload
+
+    api = MemoryApi(nodes=["node-1"])
+    first = StaticPlugin(RESOURCE, widgets(2))
+    second = StaticPlugin(RESOURCE, widgets(3))
+    second.revision = 2  # type: ignore[attr-defined]  # a different fingerprint
+    current = [first]
+    config = tmp_path / "config.yaml"
+    config.write_text("1")
+    sizes: list[int] = []
+
+    async def record() -> None:
+        seen = api.generation
+        while True:
+            seen = await api.wait_changed(seen)
+            sizes.append(sum(len(s.devices) for s in api.pool(DRIVER, "node-1")))
+
+    async with FakeKubelet(dra_api=api) as kubelet:
+        async with serving(
+            first,
+            settings=kubelet.settings(),
+            api="dra",
+            dra=dra_options(kubelet, api),
+            reload=Reload(lambda: list(current), config, sighup=False),
+        ):
+            await _registered(kubelet, api)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(record)
+                current[0] = second
+                # Write then rename, as a ConfigMap update does (the directory is watched).
+                (tmp_path / "next.yaml").write_text("2")
+                (tmp_path / "next.yaml").replace(config)
+                await kubelet.wait_for(
+                    lambda: sum(len(s.devices) for s in api.pool(DRIVER, "node-1")) == 3,
+                    timeout=10,
+                    what="the new plugin's devices",
+                )
+                tg.cancel_scope.cancel()
+    assert sizes
+    assert min(sizes) >= 2, sizes

@@ -1,0 +1,217 @@
+"""A loopback Kubernetes API server for the DRA tests: the few REST paths a DRA kubelet plugin
+uses, over a ``MemoryApi``, so that the real client (lightkube) is tested on the wire.
+
+It speaks HTTP/1.1 on 127.0.0.1 (keep-alive, chunked watch streams) and serves GET of a
+ResourceClaim and a Node, and list, watch, create, replace and delete of ResourceSlices with
+field selectors, answering errors as the API server does (a ``Status`` with code and message).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import anyio
+import anyio.abc
+from lightkube.resources.resource_v1 import ResourceSlice as KubeSlice
+
+from devplugin_sdk.dra._kube import slice_from_kube, slice_to_kube
+from devplugin_sdk.dra.resources import ResourceSlice
+from devplugin_sdk.errors import KubeApiError
+from devplugin_sdk.testing import MemoryApi
+
+_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+def _slice_json(s: ResourceSlice) -> dict[str, Any]:
+    data: dict[str, Any] = slice_to_kube(s).to_dict()
+    data["apiVersion"] = "resource.k8s.io/v1"
+    data["kind"] = "ResourceSlice"
+    return data
+
+
+def _status(code: int, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "code": code,
+    }
+
+
+class FakeApiServer:
+    """Serves ``api`` over HTTP until the ``serving`` context ends.
+
+    Attributes:
+        requests: ``(method, path)`` of every request, in order.
+    """
+
+    def __init__(self, api: MemoryApi) -> None:
+        self.api = api
+        self.port = 0
+        self.requests: list[tuple[str, str]] = []
+
+    def kubeconfig(self, path: Path) -> Path:
+        """Write a kubeconfig pointing at this server; return its path."""
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {"name": "fake", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}
+                    ],
+                    "users": [{"name": "driver", "user": {"token": "fake"}}],
+                    "contexts": [
+                        {"name": "fake", "context": {"cluster": "fake", "user": "driver"}}
+                    ],
+                    "current-context": "fake",
+                }
+            )
+        )
+        return path
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[FakeApiServer]:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, self._connection)
+            try:
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _connection(self, stream: anyio.abc.ByteStream) -> None:
+        buffer = b""
+        async with stream:
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    try:
+                        chunk = await stream.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        return
+                    buffer += chunk
+                head, buffer = buffer.split(b"\r\n\r\n", 1)
+                lines = head.decode().split("\r\n")
+                method, target, _ = lines[0].split(" ", 2)
+                headers = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+                length = int(headers.get("content-length", "0"))
+                while len(buffer) < length:
+                    buffer += await stream.receive()
+                body, buffer = buffer[:length], buffer[length:]
+                url = urlsplit(target)
+                query = {k: v[0] for k, v in parse_qs(url.query).items()}
+                self.requests.append((method, url.path))
+                if method == "GET" and url.path == _SLICES and query.get("watch") == "true":
+                    await self._watch(stream, query)
+                    return
+                code, payload = await self._handle(method, url.path, query, body)
+                data = json.dumps(payload).encode()
+                await stream.send(
+                    f"HTTP/1.1 {code} X\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(data)}\r\n\r\n".encode()
+                    + data
+                )
+
+    async def _handle(
+        self, method: str, path: str, query: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, Any]]:
+        api = self.api
+        try:
+            if method == "GET" and path.startswith("/api/v1/nodes/"):
+                name = path.rsplit("/", 1)[1]
+                uid = await api.node_uid(name)
+                return 200, {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": name, "uid": uid},
+                }
+            if method == "GET" and "/resourceclaims/" in path:
+                parts = path.split("/")
+                claim = await api.read_claim(parts[-3], parts[-1])
+                return 200, _claim_json(claim)
+            if path == _SLICES and method == "GET":
+                node, driver = _selector(query)
+                items = [_slice_json(s) for s in await api.list_slices(driver, node)]
+                return 200, {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceSliceList",
+                    "metadata": {"resourceVersion": str(api.generation)},
+                    "items": items,
+                }
+            if path == _SLICES and method == "POST":
+                made = await api.create_slice(_parse_slice(body))
+                return 201, _slice_json(made)
+            if path.startswith(_SLICES + "/") and method == "PUT":
+                replaced = await api.update_slice(_parse_slice(body))
+                return 200, _slice_json(replaced)
+            if path.startswith(_SLICES + "/") and method == "DELETE":
+                await api.delete_slice(path.rsplit("/", 1)[1])
+                return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+        except KubeApiError as exc:
+            return exc.status or 500, _status(exc.status or 500, exc.reason)
+        return 404, _status(404, f"the server could not find {method} {path}")
+
+    async def _watch(self, stream: anyio.abc.ByteStream, query: dict[str, str]) -> None:
+        node, driver = _selector(query)
+        await stream.send(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        seen: dict[str, dict[str, Any]] = {}
+        try:
+            while True:
+                generation = self.api.generation
+                now = {s.name: _slice_json(s) for s in await self.api.list_slices(driver, node)}
+                events = [
+                    ("ADDED" if n not in seen else "MODIFIED", o)
+                    for n, o in now.items()
+                    if seen.get(n) != o
+                ]
+                events += [("DELETED", o) for n, o in seen.items() if n not in now]
+                seen = now
+                for kind, obj in events:
+                    line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+                    await stream.send(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                await self.api.wait_changed(generation)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return
+
+
+def _selector(query: dict[str, str]) -> tuple[str, str]:
+    fields = dict(part.split("=", 1) for part in query.get("fieldSelector", "").split(",") if part)
+    return fields.get("spec.nodeName", ""), fields.get("spec.driver", "")
+
+
+def _parse_slice(body: bytes) -> ResourceSlice:
+    return slice_from_kube(KubeSlice.from_dict(json.loads(body)))
+
+
+def _claim_json(claim: Any) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "reservedFor": [
+            {"resource": "pods", "name": "pod", "uid": uid} for uid in claim.reserved_for
+        ]
+    }
+    if claim.allocated:
+        status["allocation"] = {
+            "devices": {
+                "results": [
+                    {"request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device}
+                    for r in claim.results
+                ]
+            }
+        }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid},
+        "spec": {"devices": {}},
+        "status": status,
+    }
