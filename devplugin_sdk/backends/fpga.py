@@ -372,9 +372,9 @@ def _xrt_board(
         if not (dev_root / node).exists():
             problems.append(f"/dev/{node} is missing")
 
-    attributes = {"family": "xrt", "user_function": user}
+    attributes = {"family": "xrt", "userFunction": user}
     if mgmt:
-        attributes["management_function"] = mgmt
+        attributes["managementFunction"] = mgmt
     if vbnv:
         attributes["vbnv"] = vbnv
     if timestamp:
@@ -482,9 +482,9 @@ def scan_dfl(
         base_id = pci or region
         common = {"family": "dfl", "region": region}
         if pci:
-            common["pci_address"] = pci
+            common["pciAddress"] = pci
         if interface_id:
-            common["interface_id"] = interface_id
+            common["interfaceID"] = interface_id
         if mode == "af":
             for port in sorted(ports, key=lambda p: p.port_id):
                 boards.append(
@@ -537,7 +537,7 @@ def _dfl_af_board(
         problems.append(f"/dev/{port.name} is missing")
     attributes = {**common, "port": port.name}
     if port.afu_id:
-        attributes["afu_id"] = port.afu_id
+        attributes["afuID"] = port.afu_id
     return Board(
         id=f"{base_id}-port{port.port_id}",
         key=port.afu_id,

@@ -1221,7 +1221,7 @@ class NvmlPlugin(DevicePlugin):
         # Tens of thousands of memory units take a moment to build: not on the event loop.
         devices = await anyio.to_thread.run_sync(self._advertise, units)
         index = {g.uuid: g.index for g in gpus}
-        self._gpu_order = tuple(sorted({d.text("gpu_uuid") for d in units}, key=lambda u: index[u]))
+        self._gpu_order = tuple(sorted({d.text("gpuUUID") for d in units}, key=lambda u: index[u]))
         self._gpu_set = frozenset(self._gpu_order)
         self._gpu_index = {u: str(index[u]) for u in self._gpu_order}
         self._devices = devices
@@ -1238,7 +1238,7 @@ class NvmlPlugin(DevicePlugin):
                 # Children of their GPU: its faults (reported by GPU UUID) take them all out.
                 replace(gpu, id=f"{keys[gpu.id]}-{n}", parent=gpu.id)
                 for gpu in units
-                for n in range(gpu.number("memory_mib") // memory.unit_mib)
+                for n in range(gpu.number("memoryMiB") // memory.unit_mib)
             ]
         if self.serves == "count":
             return units
@@ -1285,11 +1285,11 @@ class NvmlPlugin(DevicePlugin):
             attributes={
                 "type": "gpu",
                 "uuid": gpu.uuid,
-                "gpu_uuid": gpu.uuid,
+                "gpuUUID": gpu.uuid,
                 "index": gpu.index,
                 "name": gpu.name,
-                "memory_mib": gpu.memory_bytes >> 20,
-                "pci_bus_id": gpu.pci_bus_id,
+                "memoryMiB": gpu.memory_bytes >> 20,
+                "pciBusID": gpu.pci_bus_id,
                 "minor": gpu.minor,
                 **_facts(gpu),
             },
@@ -1307,13 +1307,13 @@ class NvmlPlugin(DevicePlugin):
             attributes={
                 "type": "mig",
                 "uuid": mig.uuid,
-                "gpu_uuid": gpu.uuid,
+                "gpuUUID": gpu.uuid,
                 "index": gpu.index,
                 "name": f"{gpu.name} MIG {mig.profile}",
-                "memory_mib": mig.memory_bytes >> 20,
-                "pci_bus_id": gpu.pci_bus_id,
+                "memoryMiB": mig.memory_bytes >> 20,
+                "pciBusID": gpu.pci_bus_id,
                 "minor": gpu.minor,
-                "mig_profile": mig.profile,
+                "migProfile": mig.profile,
                 "gi": mig.gi,
                 "ci": mig.ci,
                 **_facts(gpu),
@@ -1381,7 +1381,7 @@ class NvmlPlugin(DevicePlugin):
         # One unit per GPU carries the GPU's nodes: merging 40,000 identical ones would not.
         allocation = self._setup(list(by_gpu), [units[0] for units in by_gpu.values()])
         env = dict(allocation.env)
-        gpu_units = (u[0].number("memory_mib") // memory.unit_mib for u in by_gpu.values())
+        gpu_units = (u[0].number("memoryMiB") // memory.unit_mib for u in by_gpu.values())
         env[GPUSHARE_INDEX_ENV] = ",".join(self._gpu_index[g] for g in by_gpu)
         env[GPUSHARE_DEVICE_ENV] = ",".join(str(n) for n in gpu_units)
         env[GPUSHARE_CONTAINER_ENV] = str(len(devices))
@@ -1397,7 +1397,7 @@ class NvmlPlugin(DevicePlugin):
         env = dict(allocation.env)
         if vgpu.memory_limit:
             for i, slices in enumerate(by_gpu.values()):
-                share = slices[0].number("memory_mib") // vgpu.slices
+                share = slices[0].number("memoryMiB") // vgpu.slices
                 env[MEMORY_LIMIT_ENV.format(i)] = f"{share}m"
         if vgpu.core_limit:
             env[SM_LIMIT_ENV] = str(100 // vgpu.slices)
@@ -1407,7 +1407,7 @@ class NvmlPlugin(DevicePlugin):
         """``devices`` grouped by GPU, GPUs in NVML index order (the order of the limits)."""
         groups: dict[str, list[Device]] = {}
         for device in devices:
-            groups.setdefault(device.text("gpu_uuid"), []).append(device)
+            groups.setdefault(device.text("gpuUUID"), []).append(device)
         return {g: groups[g] for g in sorted(groups, key=lambda g: int(self._gpu_index[g]))}
 
     def _free_when_asked(self, devices: Sequence[Device]) -> Mapping[str, int] | None:
@@ -1495,7 +1495,7 @@ class NvmlPlugin(DevicePlugin):
             return self._remember(ids, size, placed)
         topology = await self._topology_for(available)
         if self._sliced is not None:
-            numa = {d.text("gpu_uuid"): d.numa_nodes for d in available}
+            numa = {d.text("gpuUUID"): d.numa_nodes for d in available}
             links = matrix_score(topology.scores)
 
             def link(a: str, b: str) -> float:
@@ -1505,7 +1505,7 @@ class NvmlPlugin(DevicePlugin):
             placed = spread_apart(
                 ids,
                 size,
-                {d.id: d.text("gpu_uuid") for d in available},
+                {d.id: d.text("gpuUUID") for d in available},
                 must_include=must,
                 link_score=link,
                 unit_order=self._gpu_order,
@@ -1514,7 +1514,7 @@ class NvmlPlugin(DevicePlugin):
         scorer = TopologyScorer(
             topology.scores,
             numa_nodes={d.id: d.numa_nodes[0] for d in available if d.numa_nodes},
-            units={d.id: d.text("gpu_uuid") for d in available},
+            units={d.id: d.text("gpuUUID") for d in available},
         )
         return scorer.choose(ids, size, must)
 
@@ -1528,7 +1528,7 @@ class NvmlPlugin(DevicePlugin):
         return placed.device_ids
 
     async def _topology_for(self, available: Sequence[Device]) -> _Topology:
-        gpus = tuple(sorted({d.text("gpu_uuid") for d in available}))
+        gpus = tuple(sorted({d.text("gpuUUID") for d in available}))
         topology = self._topology
         if topology is None or not set(gpus) <= set(topology.gpus):
             every = tuple(sorted(self._gpu_set | set(gpus)))
@@ -1627,7 +1627,7 @@ class NvmlPlugin(DevicePlugin):
             return await self._check_gpus(devices)
         ours = {d.id: d for d in self._devices}
         wanted = [ours[d.id] for d in devices if d.id in ours]
-        gpus = sorted({d.text("gpu_uuid") for d in wanted})
+        gpus = sorted({d.text("gpuUUID") for d in wanted})
         migs = sorted({d.text("uuid") for d in wanted} - set(gpus))
         recovered = await self._probe(gpus, migs)
         health: dict[str, Health] = {}
@@ -1785,7 +1785,7 @@ class NvmlPlugin(DevicePlugin):
             return None
         if self.serves == "memory":
             return gpu  # full GPUs only: any fault on it is the whole GPU's
-        ours = [d for d in self._devices if d.text("gpu_uuid") == gpu]
+        ours = [d for d in self._devices if d.text("gpuUUID") == gpu]
         if not ours:
             return None
         if gi == _NOT_ATTRIBUTED:
@@ -1978,7 +1978,7 @@ def _unit_keys(gpus: Sequence[str]) -> dict[str, str]:
 
 def _units(device: Device) -> tuple[str, ...]:
     """The units whose faults a device suffers: its MIG instance (if any) and its GPU."""
-    return tuple(dict.fromkeys((device.text("uuid"), device.text("gpu_uuid"))))
+    return tuple(dict.fromkeys((device.text("uuid"), device.text("gpuUUID"))))
 
 
 # ----------------------------------------------------------------------------- from_config

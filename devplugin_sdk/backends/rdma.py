@@ -575,13 +575,13 @@ class RdmaPlugin(DevicePlugin):
         nodes = tuple(DeviceNode(str(_HOST_DEV / name), permissions="rw") for name in names)
         prefix = self.resource.env_prefix
         attributes: dict[str, str | int] = {
-            "rdma_device": info.name,
-            "pci_address": info.pci_address or "",
+            "rdmaDevice": info.name,
+            "pciAddress": info.pci_address or "",
             "vendor": info.vendor or "",
-            "device_id": info.device_id or "",
+            "deviceID": info.device_id or "",
             "driver": info.driver or "",
-            "node_guid": info.node_guid or "",
-            "link_layer": ",".join(info.link_layers),
+            "nodeGUID": info.node_guid or "",
+            "linkLayer": ",".join(info.link_layers),
             "ports": ",".join(str(port.number) for port in info.ports),
             "netdevs": ",".join(info.netdevs),
             "physfn": info.physfn or "",
@@ -650,7 +650,7 @@ class RdmaPlugin(DevicePlugin):
         """
         merged = Allocation.merge(devices)
         prefix = self.resource.env_prefix
-        names = dict.fromkeys(str(d.attributes.get("rdma_device", d.id)) for d in devices)
+        names = dict.fromkeys(str(d.attributes.get("rdmaDevice", d.id)) for d in devices)
         netdevs = dict.fromkeys(
             n for d in devices for n in str(d.attributes.get("netdevs", "")).split(",") if n
         )

@@ -30,7 +30,7 @@ class RdmaExamplePlugin(RdmaPlugin):
         allocation = await super().allocate(devices)
         ports: dict[str, None] = {}
         for device in devices:
-            name = device.text("rdma_device")
+            name = device.text("rdmaDevice")
             for port in device.text("ports").split(","):
                 ports.setdefault(f"{name}:{port}")
         env = {

@@ -93,7 +93,7 @@ async def test_two_u250_boards_make_one_resource_named_after_the_shell(tmp_path:
     node = devices[0].device_nodes[0]
     assert (node.host_path, node.container_path) == ("/dev/dri/renderD128", "/dev/dri/renderD128")
     assert len(devices[0].device_nodes) == 1
-    assert devices[0].attributes["management_function"] == boards[0].mgmt_address
+    assert devices[0].attributes["managementFunction"] == boards[0].mgmt_address
 
 
 async def test_management_node_is_given_only_when_configured(tmp_path: Path) -> None:
@@ -210,11 +210,11 @@ async def test_af_mode_gives_one_resource_per_afu_id(tmp_path: Path) -> None:
     assert (port0.id, port0.numa_nodes) == ("0000:5e:00.0-port0", (0,))
     assert (port1.id, port1.numa_nodes) == ("0000:af:00.0-port0", (1,))
     assert [n.host_path for n in port0.device_nodes] == ["/dev/dfl-port.0"]
-    assert port0.attributes["interface_id"] == DFL_INTERFACE_ID
+    assert port0.attributes["interfaceID"] == DFL_INTERFACE_ID
     assert port0.health is Health.HEALTHY
     # Typed for DRA: the family, the AFU and the NUMA node as a number.
     assert port0.attributes["family"] == "dfl"
-    assert port0.attributes["afu_id"] == NLB0_AFU_ID
+    assert port0.attributes["afuID"] == NLB0_AFU_ID
     assert (port0.attributes["numaNode"], port1.attributes["numaNode"]) == (0, 1)
 
 
@@ -258,7 +258,7 @@ async def test_port_on_an_sriov_vf_takes_the_interface_id_of_its_pf(tmp_path: Pa
         (1,),
         Health.HEALTHY,
     )
-    assert vf_port.attributes["interface_id"] == DFL_INTERFACE_ID
+    assert vf_port.attributes["interfaceID"] == DFL_INTERFACE_ID
     devices = {d.id: [n.host_path for n in d.device_nodes] for d in await region.discover()}
     assert devices == {"0000:5e:00.0": ["/dev/dfl-port.0"], "0000:5e:00.1": ["/dev/dfl-port.1"]}
 

@@ -156,8 +156,8 @@ async def test_discovers_every_dgx_a100_gpu_with_uuid_numa_node_and_device_nodes
     assert [d.numa_nodes for d in devices] == [(3,), (3,), (1,), (1,), (7,), (7,), (5,), (5,)]
     assert [n.host_path for n in devices[5].device_nodes] == ["/dev/nvidia5", *CONTROL]
     assert devices[5].attributes["name"] == "NVIDIA A100-SXM4-80GB"
-    assert devices[5].attributes["memory_mib"] == 81920
-    assert devices[5].attributes["pci_bus_id"] == "00000000:90:00.0"
+    assert devices[5].attributes["memoryMiB"] == 81920
+    assert devices[5].attributes["pciBusID"] == "00000000:90:00.0"
     assert all(d.health is Health.HEALTHY and d.parent is None for d in devices)
 
 
@@ -316,7 +316,7 @@ async def test_single_strategy_serves_mig_devices_as_gpus(tmp_path: Path) -> Non
 
     assert plugin.resource_name == "nvidia.com/gpu"
     assert len(devices) == 14
-    assert {d.attributes["mig_profile"] for d in devices} == {"1g.10gb"}
+    assert {d.attributes["migProfile"] for d in devices} == {"1g.10gb"}
 
 
 @pytest.mark.parametrize(

@@ -305,11 +305,11 @@ async def test_exclusive_mode_gives_each_rdma_device_its_nodes_env_and_numa_node
         n.container_path == n.host_path and n.permissions == "rw" for n in devices[1].device_nodes
     )
     assert devices[1].env == {"RDMA_DEVICES": "mlx5_1", "RDMA_NETDEVS": "ib1"}
-    assert devices[1].attributes["pci_address"] == "0000:ca:00.0"
+    assert devices[1].attributes["pciAddress"] == "0000:ca:00.0"
     # Typed facts for DRA: the NUMA node, the link layer, the PCIe root (a NIC and a GPU can be
     # required under one root with a matchAttribute constraint).
     assert devices[1].attributes["numaNode"] == 1
-    assert devices[1].attributes["link_layer"] == "InfiniBand"
+    assert devices[1].attributes["linkLayer"] == "InfiniBand"
     assert devices[1].attributes["virtualFunction"] is False
     assert devices[1].attributes["resource.kubernetes.io/pciBusID"] == "0000:ca:00.0"
     assert str(devices[1].attributes["resource.kubernetes.io/pcieRoot"]).startswith("pci0000:")
