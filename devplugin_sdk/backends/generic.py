@@ -1207,26 +1207,23 @@ def _under(root: Path | None, name: str) -> Path:
 
 
 def _pattern_problem(pattern: Any) -> str | None:
-    if not isinstance(pattern, str) or not pattern:
-        return "must be a non-empty string"
-    if not pattern.startswith("/"):
-        return "must be an absolute path"
-    if "\0" in pattern:
-        return "must not contain NUL"
-    if _normalise(pattern) == "/":
-        return "must name files, not /"
-    return None
+    return _absolute_path_problem(pattern, "must name files, not /")
 
 
 def _mount_path_problem(path: Any) -> str | None:
-    if not isinstance(path, str) or not path:
+    return _absolute_path_problem(path, "must not be /")
+
+
+def _absolute_path_problem(value: Any, when_root: str) -> str | None:
+    """Why ``value`` is not an absolute path naming something below ``/``, or None."""
+    if not isinstance(value, str) or not value:
         return "must be a non-empty string"
-    if not path.startswith("/"):
+    if not value.startswith("/"):
         return "must be an absolute path"
-    if "\0" in path:
+    if "\0" in value:
         return "must not contain NUL"
-    if _normalise(path) == "/":
-        return "must not be /"
+    if _normalise(value) == "/":
+        return when_root
     return None
 
 
