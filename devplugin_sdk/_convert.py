@@ -2,7 +2,8 @@
 
 ListAndWatch messages are built from per-device encoded entries: a ``ListAndWatchResponse`` is
 one repeated field, so its encoding is the concatenation of each device's one-entry encoding.
-Caching entries makes a health flip at 50k devices cost one re-encode plus a join.
+Caching entries makes a health flip at 50k devices cost one re-encode plus a join. Allocate
+answers are built the same way, from one encoded entry per container.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from devplugin_sdk.types import Allocation, Device, DeviceNode, Health, Mount
 __all__ = [
     "ListedDevice",
     "PluginOptions",
+    "allocate_entry",
     "allocate_request",
     "allocation_from_response",
     "allocation_to_response",
@@ -98,6 +100,17 @@ def allocation_to_response(allocation: Allocation) -> pb.ContainerAllocateRespon
         annotations=dict(allocation.annotations),
         cdi_devices=[pb.CDIDevice(name=name) for name in allocation.cdi_devices],
     )
+
+
+def allocate_entry(allocation: Allocation) -> bytes:
+    """Encoding of an AllocateResponse holding only ``allocation``'s container response.
+
+    An AllocateResponse is one repeated field, so the answer to several containers is the
+    concatenation of their entries, in request order.
+    """
+    return pb.AllocateResponse(
+        container_responses=[allocation_to_response(allocation)]
+    ).SerializeToString()
 
 
 def allocation_from_response(response: pb.ContainerAllocateResponse) -> Allocation:

@@ -22,7 +22,7 @@ from devplugin_sdk._kubelet_watch import DirectoryWatcher, FileId, file_id
 from devplugin_sdk._link import Link
 from devplugin_sdk._logging import printable
 from devplugin_sdk._server import SocketVanishedError, start_server
-from devplugin_sdk._servicer import DevicePluginServicer
+from devplugin_sdk._servicer import DevicePluginServicer, Serving
 from devplugin_sdk.api import constants
 from devplugin_sdk.settings import Settings
 
@@ -60,6 +60,7 @@ class _KubeletSockRegistration:
         self.resource = servicer.resource
         self.socket_path = settings.device_plugin_dir / servicer.plugin.effective_socket_name
         self.server: grpc.aio.Server | None = None
+        self.serving: Serving | None = None
         self.own_id: FileId | None = None
         self.registered_with: FileId | None = None  # the kubelet.sock we last registered with
         self.stopped_at: float | None = None
@@ -133,10 +134,10 @@ class _KubeletSockRegistration:
         generation = self.watcher.generation
         if self.server is not None:
             await self._stop_server()
+        serving = self.servicer.serving()
         try:
-            self.server, self.own_id = await start_server(
-                self.socket_path, [self.servicer.handler()]
-            )
+            self.server, self.own_id = await start_server(self.socket_path, [serving.handler])
+            self.serving = serving
         except SocketVanishedError:
             # A starting kubelet deletes every file in its directory, ours included.
             log.info(
@@ -235,7 +236,8 @@ class _KubeletSockRegistration:
     async def _stop_server(self) -> None:
         # Dropped before stopping, so that a cancellation can never stop it twice.
         server, self.server = self.server, None
+        serving, self.serving = self.serving, None
         self.servicer.streams.expect_nothing()
-        if server is not None:
-            await self.servicer.stop(server, self.settings.stop_grace)
+        if server is not None and serving is not None:
+            await self.servicer.stop(server, serving, self.settings.stop_grace)
             self.stopped_at = time.monotonic()

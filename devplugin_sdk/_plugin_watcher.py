@@ -59,19 +59,22 @@ class _WatcherRegistration:
         self.resource = servicer.resource
         self.socket_path = settings.plugins_registry_dir / servicer.plugin.effective_socket_name
         self.failed = False  # the kubelet reported a failed registration
-        self.handlers = [
-            servicer.handler(),
-            _watcher_registration.handler(self.resource, self._on_status, self._on_info),
-        ]
+        self.registration = _watcher_registration.handler(
+            self.resource, self._on_status, self._on_info
+        )
 
     async def run(self) -> None:
         server: grpc.aio.Server | None = None
+        serving = self.servicer.serving()
         try:
             while True:
                 self.failed = False
                 self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+                serving = self.servicer.serving()
                 try:
-                    server, own_id = await start_server(self.socket_path, self.handlers)
+                    server, own_id = await start_server(
+                        self.socket_path, [serving.handler, self.registration]
+                    )
                 except SocketVanishedError:
                     await anyio.sleep(self.settings.register_backoff_initial)
                     continue
@@ -84,12 +87,12 @@ class _WatcherRegistration:
                 self.link.lost(await self._wait_for_loss(own_id))
                 stopping, server = server, None
                 self.streams.expect_nothing()
-                await self.servicer.stop(stopping, self.settings.stop_grace)
+                await self.servicer.stop(stopping, serving, self.settings.stop_grace)
         finally:
             self.link.down()
             if server is not None:
                 with anyio.CancelScope(shield=True):
-                    await self.servicer.stop(server, self.settings.stop_grace)
+                    await self.servicer.stop(server, serving, self.settings.stop_grace)
 
     def _on_info(self) -> None:
         # The plugin watcher's GetInfo starts a registration: the kubelet then dials the

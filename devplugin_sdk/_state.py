@@ -79,7 +79,9 @@ class DeviceState:
         self._version = 0
         self._snapshot: Snapshot | None = None
         self._changed = anyio.Event()
-        self.closed = False
+        # Bumped whenever a Device object changes (not on health changes): what the Allocate
+        # answers of the default ``allocate`` are cached against.
+        self._devices_version = 0
         # When each version still of interest appeared (liveness: how long a list waits).
         self._born: dict[int, float] = {0: clock()}
         # Which devices the device-plugin API lists (None: all); DRA serves the others.
@@ -122,14 +124,14 @@ class DeviceState:
             if self._effective[d.id] is Health.HEALTHY and (listed is None or listed(d))
         )
         entries: dict[str, bytes] = {}
+        devices_changed = len(old_devices) != len(by_id)
         for device in by_id.values():
             if listed is not None and not listed(device):
                 continue
             cached = self._entries.get(device.id)
-            unchanged = (
-                old_devices.get(device.id) == device
-                and old_effective.get(device.id) is self._effective[device.id]
-            )
+            same = old_devices.get(device.id) == device
+            devices_changed = devices_changed or not same
+            unchanged = same and old_effective.get(device.id) is self._effective[device.id]
             if cached is not None and unchanged:
                 entries[device.id] = cached
             else:
@@ -148,6 +150,8 @@ class DeviceState:
             self._events.health_changed(self.resource_name, device_id, None, "removed")
         changed = list(old_devices) != list(by_id) or entries != self._entries
         self._entries = entries
+        if devices_changed:
+            self._devices_version += 1
         if changed:
             self._bump()
         return changed
@@ -213,6 +217,7 @@ class DeviceState:
         API; the others stay in the state, with their health, for DRA. None lists every one."""
         self._listed = listed
         self._entries = {}
+        self._devices_version += 1  # what Allocate may hand out changed
         self.set_devices(list(self._devices.values()))
         self._bump()
 
@@ -222,14 +227,9 @@ class DeviceState:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
-    def close(self) -> None:
-        """Wake every stream for the last time; they end cleanly."""
-        self.closed = True
+    def wake(self) -> None:
+        """Wake every stream waiting in ``wait_changed`` (one of them may have to end)."""
         self._changed.set()
-
-    def reopen(self) -> None:
-        """Allow streams again (a new server after a kubelet restart)."""
-        self.closed = False
         self._changed = anyio.Event()
 
     # ------------------------------------------------------------------ readers
@@ -249,9 +249,14 @@ class DeviceState:
     def version(self) -> int:
         return self._version
 
+    @property
+    def devices_version(self) -> int:
+        """Changes whenever a discovered ``Device`` changes (health changes do not count)."""
+        return self._devices_version
+
     async def wait_changed(self, seen_version: int) -> None:
-        """Return once the version differs from ``seen_version`` or the state is closed."""
-        while self._version == seen_version and not self.closed:
+        """Return once the version differs from ``seen_version``, or on a ``wake``."""
+        if self._version == seen_version:
             await self._changed.wait()
 
     def lookup(self, device_ids: Iterable[str]) -> list[Device]:
@@ -272,6 +277,11 @@ class DeviceState:
     @property
     def devices(self) -> list[Device]:
         return list(self._devices.values())
+
+    @property
+    def by_id(self) -> Mapping[str, Device]:
+        """The devices by ID (a live view: do not keep it across a rescan)."""
+        return self._devices
 
     # ------------------------------------------------------------------ internals
 
@@ -331,7 +341,6 @@ class DeviceState:
         self._born[self._version] = self.clock()
         if len(self._born) > _BORN_KEPT:  # nobody is reading (no stream): keep it bounded
             del self._born[next(iter(self._born))]
-        self._changed.set()
-        self._changed = anyio.Event()
+        self.wake()
         for listener in list(self._listeners):
             listener()

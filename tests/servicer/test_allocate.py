@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import anyio
+import anyio.lowlevel
 import grpc
 import pytest
 from sdk_helpers import RESOURCE, widgets
@@ -314,3 +316,145 @@ async def test_bytes_that_are_not_protobuf_get_invalid_argument(kubelet: FakeKub
         assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert "not a valid protobuf message" in (info.value.details() or "")
         assert kubelet.is_registered(RESOURCE)
+
+
+class _Suspending(StaticPlugin):
+    """An ``allocate`` that suspends in the ways real backends do, recording what it saw."""
+
+    how = "sleep"
+    outcome: list[str]
+
+    def __init__(self, resource_name: str, devices: Sequence[Device]) -> None:
+        super().__init__(resource_name, devices)
+        self.outcome = []
+        self.release = threading.Event()
+
+    async def allocate(self, devices: Sequence[Device]) -> Allocation:
+        try:
+            if self.how == "thread":
+                # Enters a cancel scope of anyio's before it suspends.
+                await anyio.to_thread.run_sync(lambda: None)
+            elif self.how == "task group":
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(anyio.sleep, 0.01)
+            elif self.how == "refuse after suspending":
+                await anyio.lowlevel.checkpoint()
+                self._refuse()
+            elif self.how == "stuck thread":
+                await anyio.to_thread.run_sync(self.release.wait)
+            elif self.how == "hang":
+                await anyio.sleep_forever()
+            else:
+                await anyio.sleep(0.01)
+        except BaseException as exc:
+            self.outcome.append(type(exc).__name__)
+            raise
+        self.outcome.append("done")
+        return Allocation.merge(devices)
+
+    def _refuse(self) -> None:
+        raise AllocationError("widget busy")
+
+
+@pytest.mark.parametrize("how", ["sleep", "thread", "task group"])
+async def test_an_allocate_hook_that_suspends_is_awaited_to_its_answer(
+    kubelet: FakeKubelet, how: str
+) -> None:
+    """Hooks that suspend (in a thread, a task group) finish as if awaited directly."""
+    plugin = _Suspending(RESOURCE, widgets(2))
+    plugin.how = how
+    async with serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        for _ in range(3):
+            allocation = await kubelet.call_allocate(RESOURCE, ["w1"])
+            assert [n.host_path for n in allocation.device_nodes] == ["/dev/widget1"]
+    assert plugin.outcome == ["done"] * 3
+
+
+async def test_an_allocate_hook_failing_after_it_suspended_gets_its_status(
+    kubelet: FakeKubelet,
+) -> None:
+    plugin = _Suspending(RESOURCE, widgets(2))
+    plugin.how = "refuse after suspending"
+    async with serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await kubelet.call_allocate(RESOURCE, ["w0"])
+        assert info.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert info.value.details() == "widget busy"
+        assert plugin.outcome == ["AllocationError"]
+
+
+@pytest.mark.parametrize("how", ["hang", "stuck thread"])
+async def test_a_suspended_allocate_hook_is_cut_off_at_its_bound(
+    kubelet: FakeKubelet, how: str
+) -> None:
+    """The bound cancels the hook where it waits (a thread it waits on included), and the
+    plugin answers the next call."""
+    plugin = _Suspending(RESOURCE, widgets(2))
+    plugin.how = how
+    try:
+        async with serving(plugin, settings=kubelet.settings(hook_timeout=0.2)):
+            await kubelet.wait_for_allocatable(RESOURCE, 2)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await kubelet.call_allocate(RESOURCE, ["w0"])
+            assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            assert info.value.details() == "acme.com/widget: allocate did not finish within 0.2s"
+            assert plugin.outcome == ["CancelledError"]
+            plugin.how = "sleep"
+            allocation = await kubelet.call_allocate(RESOURCE, ["w1"])
+            assert [n.host_path for n in allocation.device_nodes] == ["/dev/widget1"]
+    finally:
+        plugin.release.set()
+
+
+async def test_a_call_cancelled_by_the_kubelet_cancels_its_hook(kubelet: FakeKubelet) -> None:
+    """The kubelet giving up (its deadline, its connection closing) reaches the hook as a
+    cancellation, not as the hook's own timeout; serving goes on."""
+    plugin = _Suspending(RESOURCE, widgets(2))
+    plugin.how = "hang"
+    async with serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        channel, stub = await _stub(kubelet)
+        async with channel:
+            request = pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=["w0"])]
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.Allocate(request, timeout=0.2)
+            assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+            await kubelet.wait_for(lambda: plugin.outcome == ["CancelledError"], 5, "the hook")
+            plugin.how = "sleep"
+            allocation = await kubelet.call_allocate(RESOURCE, ["w1"])
+            assert [n.host_path for n in allocation.device_nodes] == ["/dev/widget1"]
+
+
+async def test_default_allocation_follows_a_rescan(kubelet: FakeKubelet) -> None:
+    """The default allocate's answers are kept per set of IDs until a device changes."""
+    plugin = StaticPlugin(RESOURCE, widgets(2))
+    async with serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        before = await kubelet.call_allocate(RESOURCE, ["w0", "w1"])
+        assert [n.host_path for n in before.device_nodes] == ["/dev/widget0", "/dev/widget1"]
+        plugin.set_devices([Device("w0", device_nodes=(DeviceNode("/dev/widget-new"),))])
+        await kubelet.wait_for(lambda: kubelet.capacity(RESOURCE) == 1, 5, "the rescan")
+        after = await kubelet.call_allocate(RESOURCE, ["w0"])
+        assert [n.host_path for n in after.device_nodes] == ["/dev/widget-new"]
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await kubelet.call_allocate(RESOURCE, ["w0", "w1"])
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details() == "acme.com/widget: unknown device IDs: w1"
+
+
+async def test_allocating_an_unhealthy_device_is_answered_and_logged(
+    kubelet: FakeKubelet, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin = StaticPlugin(RESOURCE, widgets(2))
+    async with serving(plugin, settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        await kubelet.call_allocate(RESOURCE, ["w1"])  # cached while w1 is healthy
+        plugin.set_health("w1", "Unhealthy")
+        await kubelet.wait_for_allocatable(RESOURCE, 1)
+        allocation = await kubelet.call_allocate(RESOURCE, ["w1"])
+        assert [n.host_path for n in allocation.device_nodes] == ["/dev/widget1"]
+    assert "allocating unhealthy device w1" in caplog.text
