@@ -21,7 +21,7 @@ import types
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 import grpc
@@ -35,10 +35,8 @@ from devplugin_sdk._streams import Streams
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.errors import AllocationError, BackendError, UnknownDeviceError, summarize_ids
+from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.types import Allocation, Device, Health
-
-if TYPE_CHECKING:
-    from devplugin_sdk.plugin import DevicePlugin
 
 log = logging.getLogger("devplugin_sdk")
 
@@ -152,7 +150,9 @@ class DevicePluginServicer:
         self.pre_start_required = plugin.overrides("pre_start_container")
         self.preferred_allocation = plugin.overrides("preferred_allocation")
         # The default allocate is Allocation.merge of the devices: a pure function of them.
-        self._default_allocate = not plugin.overrides("allocate")
+        # Asked of the class itself, not ``overrides`` (a wrapper such as CDI's reports its
+        # wrapped plugin's hooks there, but its own allocate adds to theirs).
+        self._default_allocate = type(plugin).allocate is DevicePlugin.allocate
         self._allocations: dict[tuple[str, ...], bytes] = {}
         self._allocations_version = -1
         self._options = _convert.options(

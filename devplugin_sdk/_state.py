@@ -86,6 +86,7 @@ class DeviceState:
         self._born: dict[int, float] = {0: clock()}
         # Which devices the device-plugin API lists (None: all); DRA serves the others.
         self._listed: Callable[[Device], bool] | None = None
+        self._allocatable: Mapping[str, Device] = {}
         self._listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ writers
@@ -123,6 +124,35 @@ class DeviceState:
             for d in by_id.values()
             if self._effective[d.id] is Health.HEALTHY and (listed is None or listed(d))
         )
+        entries, devices_changed = self._encode(by_id, old_devices, old_effective)
+        flips = [
+            (device_id, health)
+            for device_id, health in self._effective.items()
+            if old_effective.get(device_id, Health.HEALTHY) is not health
+        ]
+        self._log_flips(flips, "discovered")
+        for device_id, health in flips:
+            self._events.health_changed(self.resource_name, device_id, health, "discovered")
+        for device_id in [i for i in old_devices if i not in by_id]:
+            self._events.health_changed(self.resource_name, device_id, None, "removed")
+        changed = list(old_devices) != list(by_id) or entries != self._entries
+        self._entries = entries
+        self._allocatable = by_id if listed is None else {i: by_id[i] for i in entries}
+        if devices_changed:
+            self._devices_version += 1
+        if changed:
+            self._bump()
+        return changed
+
+    def _encode(
+        self,
+        by_id: dict[str, Device],
+        old_devices: dict[str, Device],
+        old_effective: dict[str, Health],
+    ) -> tuple[dict[str, bytes], bool]:
+        """The ListAndWatch entry of each listed device (reused where nothing changed), and
+        whether any listed ``Device`` changed."""
+        listed = self._listed
         entries: dict[str, bytes] = {}
         devices_changed = len(old_devices) != len(by_id)
         for device in by_id.values():
@@ -138,23 +168,7 @@ class DeviceState:
                 entries[device.id] = _convert.list_and_watch_entry(
                     device, self._effective[device.id]
                 )
-        flips = [
-            (device_id, health)
-            for device_id, health in self._effective.items()
-            if old_effective.get(device_id, Health.HEALTHY) is not health
-        ]
-        self._log_flips(flips, "discovered")
-        for device_id, health in flips:
-            self._events.health_changed(self.resource_name, device_id, health, "discovered")
-        for device_id in [i for i in old_devices if i not in by_id]:
-            self._events.health_changed(self.resource_name, device_id, None, "removed")
-        changed = list(old_devices) != list(by_id) or entries != self._entries
-        self._entries = entries
-        if devices_changed:
-            self._devices_version += 1
-        if changed:
-            self._bump()
-        return changed
+        return entries, devices_changed
 
     def _index(self, devices: Sequence[Device]) -> dict[str, Device]:
         by_id: dict[str, Device] = {}
@@ -280,8 +294,9 @@ class DeviceState:
 
     @property
     def by_id(self) -> Mapping[str, Device]:
-        """The devices by ID (a live view: do not keep it across a rescan)."""
-        return self._devices
+        """The devices the device-plugin API lists, by ID (a live view: do not keep it across
+        a rescan)."""
+        return self._allocatable
 
     # ------------------------------------------------------------------ internals
 

@@ -13,6 +13,7 @@ import pytest
 from devplugin_sdk import Device, Health
 from devplugin_sdk._events import Events
 from devplugin_sdk._state import DeviceState
+from devplugin_sdk.errors import UnknownDeviceError
 from devplugin_sdk.types import HealthReport
 
 H, U = Health.HEALTHY, Health.UNHEALTHY
@@ -215,3 +216,17 @@ def test_a_health_report_is_a_mapping_of_health() -> None:
     assert report.reasons == {"a": "Xid 48"}
     with pytest.raises(ValueError, match="'sick' is not a valid Health"):
         HealthReport({"a": "sick"})  # type: ignore[dict-item]
+
+
+def test_devices_left_to_dra_are_neither_listed_nor_allocatable() -> None:
+    state = DeviceState("example.com/w")
+    state.set_devices([Device("a"), Device("b")])
+    before = state.devices_version
+    state.list_only(lambda device: device.id == "a")
+    assert list(state.by_id) == ["a"]
+    assert [d.id for d in state.snapshot().devices] == ["a"]
+    assert state.devices_version != before  # cached Allocate answers are dropped
+    with pytest.raises(UnknownDeviceError):
+        state.lookup(["b"])
+    state.list_only(None)
+    assert list(state.by_id) == ["a", "b"]
