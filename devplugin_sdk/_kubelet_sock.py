@@ -1,10 +1,17 @@
-"""Registration through ``kubelet.sock``: serve, register, wait for the loss, stop, again.
+"""Registration through ``kubelet.sock``: serve, register, wait for the loss, again.
 
 The strategy for every kubelet (the plugin watcher is the other one, ``_plugin_watcher``). The
 kubelet deletes every socket in its directory when it starts and then creates a new
 ``kubelet.sock``, so a loss is seen both ways, plus the kubelet closing our stream while it stays
-up. grpcio deletes a socket path when its server stops, so the old server always stops before a
-new one binds the same name.
+up. Pods admitted before the plugin is back fail for good (protocol reference 7.3), so the path
+from a new ``kubelet.sock`` to the kubelet holding our devices is kept short: the next server is
+started (staged, ``_server.start_staged``) as soon as the loss is seen, usually while the
+kubelet is still starting; once ``kubelet.sock`` is there its socket is renamed into place and
+Register is called at once; the old server stops after the new registration (the kubelet accepts
+any socket name, but the name stays the same: a staged server leaves grpcio nothing to delete on
+the final path). With the same kubelet as before, the old server stops first (kubelet issue
+#121994). Where a staged path would be too long, a server starts on the final path once the old
+one has stopped.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -21,7 +29,15 @@ from devplugin_sdk import _registration
 from devplugin_sdk._kubelet_watch import DirectoryWatcher, FileId, file_id
 from devplugin_sdk._link import Link
 from devplugin_sdk._logging import printable
-from devplugin_sdk._server import SocketVanishedError, start_server
+from devplugin_sdk._server import (
+    SocketVanishedError,
+    publish,
+    remove_socket,
+    remove_staging,
+    staged_path,
+    start_server,
+    start_staged,
+)
 from devplugin_sdk._servicer import DevicePluginServicer, Serving
 from devplugin_sdk.api import constants
 from devplugin_sdk.settings import Settings
@@ -45,6 +61,16 @@ async def keep_registered(
     await _KubeletSockRegistration(servicer, link, settings, watcher).run()
 
 
+@dataclass(eq=False)
+class _Server:
+    """One gRPC server of the plugin, and where its socket is."""
+
+    server: grpc.aio.Server
+    serving: Serving
+    staged: Path | None  # the private path grpcio bound (None: bound on the socket path)
+    own_id: FileId | None = None  # its socket's identity on the socket path, once there
+
+
 class _KubeletSockRegistration:
     def __init__(
         self,
@@ -59,29 +85,41 @@ class _KubeletSockRegistration:
         self.watcher = watcher
         self.resource = servicer.resource
         self.socket_path = settings.device_plugin_dir / servicer.plugin.effective_socket_name
-        self.server: grpc.aio.Server | None = None
-        self.serving: Serving | None = None
-        self.own_id: FileId | None = None
+        self.current: _Server | None = None  # on the socket path
+        self.next: _Server | None = None  # staged, not on the socket path yet
+        self.old: _Server | None = None  # lost; stops once the next one is registered
+        self.staging = True  # False once staging failed: serve on the socket path
         self.registered_with: FileId | None = None  # the kubelet.sock we last registered with
         self.stopped_at: float | None = None
         self.backoff = settings.register_backoff_initial
 
     async def run(self) -> None:
+        remove_staging(self.settings.device_plugin_dir)  # what a killed process left there
         try:
             while True:
                 kubelet = await self._kubelet_socket()
                 if not await self._serving():
                     continue
-                await self._let_the_old_stream_end(kubelet)
+                if self.registered_with == kubelet:
+                    await self._stop_old()
+                    await self._let_the_old_stream_end()
                 if not await self._register(kubelet):
                     continue
+                # The old server stops once the kubelet's stream has sent our devices, off the
+                # path of a kubelet restart (a new kubelet never had a connection to it).
                 self.link.lost(await self._wait_for_loss(kubelet))
-                await self._stop_server()
+                await self._retire_current()
+                await self._prepare_next()
         finally:
             self.link.down()
-            if self.server is not None:
-                with anyio.CancelScope(shield=True):
-                    await self._stop_server()
+            self.servicer.streams.expect_nothing()
+            servers = [self.old, self.current, self.next]
+            self.old = self.current = self.next = None
+            with anyio.CancelScope(shield=True):
+                for server in servers:
+                    if server is not None:
+                        await self._stop(server)
+                remove_staging(self.settings.device_plugin_dir)
 
     async def _kubelet_socket(self) -> FileId:
         """The identity of ``kubelet.sock``, once it exists.
@@ -128,32 +166,80 @@ class _KubeletSockRegistration:
         return why, False
 
     async def _serving(self) -> bool:
-        """Make sure our server is up on our socket; False when it must be tried again."""
-        if self.server is not None and file_id(self.socket_path) == self.own_id:
-            return True
+        """Make sure a server of ours is on our socket path; False when it must be tried again."""
+        current = self.current
+        if current is not None:
+            if file_id(self.socket_path) == current.own_id:
+                return True
+            await self._retire_current()  # its socket was removed or replaced
+        if self.next is None:
+            await self._prepare_next()
+        if self.next is None:
+            return await self._serve_in_place()
+        if self.old is not None and self.old.staged is None:
+            await self._stop_old()  # grpcio would delete the socket path when it stops
+        staged = self.next
+        assert staged.staged is not None
+        ours = [self.old.own_id] if self.old is not None and self.old.own_id else []
         generation = self.watcher.generation
-        if self.server is not None:
-            await self._stop_server()
-        serving = self.servicer.serving()
         try:
-            self.server, self.own_id = await start_server(self.socket_path, [serving.handler])
-            self.serving = serving
-        except SocketVanishedError:
-            # A starting kubelet deletes every file in its directory, ours included.
-            log.info(
-                "%s: socket removed as it was created (kubelet starting); again",
-                self.resource,
-                extra={"resource": self.resource},
-            )
-            with anyio.move_on_after(self.settings.register_backoff_initial):
-                await self.watcher.wait(generation)
+            staged.own_id = publish(staged.staged, self.socket_path, replaceable=ours)
+        except (SocketVanishedError, FileNotFoundError):
+            self.next = None
+            await self._stop(staged)
+            await self._socket_removed(generation)
             return False
+        self.next, self.current = None, staged
         return True
 
-    async def _let_the_old_stream_end(self, kubelet: FileId) -> None:
+    async def _prepare_next(self) -> None:
+        """Start the next server on a staged path (nothing when staging is not possible)."""
+        path = staged_path(self.settings.device_plugin_dir) if self.staging else None
+        if path is None or self.next is not None:
+            return
+        serving = self.servicer.serving()
+        try:
+            server = await start_staged(path, [serving.handler])
+        except OSError as exc:
+            self.staging = False
+            log.info(
+                "%s: cannot stage servers in %s (%s); serving on %s directly",
+                self.resource,
+                path.parent,
+                exc,
+                self.socket_path,
+                extra={"resource": self.resource},
+            )
+            return
+        self.next = _Server(server, serving, path)
+
+    async def _serve_in_place(self) -> bool:
+        """Start a server on the socket path itself, once the old one has stopped."""
+        await self._stop_old()
+        generation = self.watcher.generation
+        serving = self.servicer.serving()
+        try:
+            server, own_id = await start_server(self.socket_path, [serving.handler])
+        except SocketVanishedError:
+            await self._socket_removed(generation)
+            return False
+        self.current = _Server(server, serving, None, own_id)
+        return True
+
+    async def _socket_removed(self, generation: int) -> None:
+        # A starting kubelet deletes every file in its directory, ours included.
+        log.info(
+            "%s: socket removed as it was created (kubelet starting); again",
+            self.resource,
+            extra={"resource": self.resource},
+        )
+        with anyio.move_on_after(self.settings.register_backoff_initial):
+            await self.watcher.wait(generation)
+
+    async def _let_the_old_stream_end(self) -> None:
         """With the same kubelet as before, let it process the old stream's end first, or it may
         tear down the new registration (kubelet issue #121994)."""
-        if self.registered_with != kubelet or self.stopped_at is None:
+        if self.stopped_at is None:
             return
         remaining = self.settings.reregister_delay - (time.monotonic() - self.stopped_at)
         if remaining > 0:
@@ -213,12 +299,18 @@ class _KubeletSockRegistration:
         grace = self.settings.stream_lost_grace
         while True:
             generation = self.watcher.generation
-            if file_id(self.socket_path) != self.own_id:
+            own_id = self.current.own_id if self.current is not None else None
+            if file_id(self.socket_path) != own_id:
                 # The kubelet deletes every socket in its directory when it starts.
                 return "our socket was removed (kubelet restart)"
             current = file_id(self.settings.kubelet_socket)
             if current is not None and current != kubelet:
                 return "kubelet.sock was recreated (kubelet restart)"
+            sent = streams.kubelet_sent()
+            if self.old is not None and sent is not None and sent >= 0:
+                # The kubelet holds our devices again: now the old server may take the loop.
+                await self._stop_old()
+                continue
             timeout = math.inf
             if streams.kubelet is None and streams.lost_since is not None and current is not None:
                 # The kubelet never retries a closed ListAndWatch: only a new registration helps,
@@ -233,11 +325,22 @@ class _KubeletSockRegistration:
             with anyio.move_on_after(timeout):
                 await self.watcher.wait(generation)
 
-    async def _stop_server(self) -> None:
-        # Dropped before stopping, so that a cancellation can never stop it twice.
-        server, self.server = self.server, None
-        serving, self.serving = self.serving, None
+    async def _retire_current(self) -> None:
+        """The current server lost its registration: it becomes the old one."""
         self.servicer.streams.expect_nothing()
-        if server is not None and serving is not None:
-            await self.servicer.stop(server, serving, self.settings.stop_grace)
+        await self._stop_old()
+        self.old, self.current = self.current, None
+
+    async def _stop_old(self) -> None:
+        # Dropped before stopping, so that a cancellation can never stop it twice.
+        old, self.old = self.old, None
+        if old is not None:
+            await self._stop(old)
+
+    async def _stop(self, server: _Server) -> None:
+        if server.staged is not None:
+            # grpcio removes only the staged path; like grpcio, no new connection once stopping.
+            remove_socket(self.socket_path, server.own_id)
+        await self.servicer.stop(server.server, server.serving, self.settings.stop_grace)
+        if server.own_id is not None:
             self.stopped_at = time.monotonic()

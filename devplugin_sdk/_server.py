@@ -1,21 +1,27 @@
 """A grpc.aio server on a unix socket, with the stale-socket rules of the device-plugin dir.
 
 A stale socket file (nobody listening) is removed; a socket that a live server answers is never
-stolen. grpcio deletes the socket path when a server stops, even if a newer server bound the same
-path since, so callers stop the old server before starting a new one on the same name. The socket
-is made 0600 before the server accepts anything, whatever the umask. Connections that carry no
-call are closed after ``IDLE_CONNECTION_TIMEOUT`` and at most ``MAX_CONNECTIONS`` are held, so
-half-open clients can neither use up the process's file descriptors (which Register, inotify and
-CDI need too) nor keep a new kubelet connection out for long.
+stolen. grpcio deletes the path it bound when a server stops, even if a newer server bound the
+same path since. So a server is either started on its final path (``start_server``; the old
+server must stop first), or staged: bound on a private path in ``STAGING_DIR`` and then renamed
+onto its final path (``start_staged``, ``publish``), which leaves grpcio nothing to delete there
+and lets the next server start, and register, before the old one stops. The socket is made 0600
+before the server accepts anything, whatever the umask. Connections that carry no call are
+closed after ``IDLE_CONNECTION_TIMEOUT`` and at most ``MAX_CONNECTIONS`` are held, so half-open
+clients can neither use up the process's file descriptors (which Register, inotify and CDI need
+too) nor keep a new kubelet connection out for long.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
+import secrets
 import socket
 import stat
+from collections.abc import Container
 from pathlib import Path
 
 import anyio
@@ -25,7 +31,18 @@ from devplugin_sdk._kubelet_watch import FileId, file_id
 from devplugin_sdk.api import constants
 from devplugin_sdk.errors import SocketInUseError
 
-__all__ = ["SocketVanishedError", "is_live_socket", "prepare_socket_path", "start_server"]
+__all__ = [
+    "STAGING_DIR",
+    "SocketVanishedError",
+    "is_live_socket",
+    "prepare_socket_path",
+    "publish",
+    "remove_socket",
+    "remove_staging",
+    "staged_path",
+    "start_server",
+    "start_staged",
+]
 
 
 class SocketVanishedError(OSError):
@@ -48,6 +65,16 @@ MAX_CONNECTIONS = 64
 
 #: The mode of the plugin's socket. The kubelet connects as root, so no one else needs it.
 SOCKET_MODE = 0o600
+
+#: Subdirectory of the device-plugin directory where servers are bound before their socket is
+#: renamed into place: on the same filesystem (a rename cannot cross one), and out of reach of
+#: the kubelet, which at start removes every entry of its directory but subdirectories.
+STAGING_DIR = ".devplugin-sdk"
+
+# Staged names: unique per process (several plugin processes may share the directory) and per
+# server, short (unix socket paths are limited to 107 bytes).
+_STAGED_PREFIX = secrets.token_hex(4)
+_staged_numbers = itertools.count()
 
 _SERVER_OPTIONS = [
     # The kubelet accepts at most 4 MiB per message; fail locally rather than break its stream.
@@ -113,6 +140,89 @@ async def start_server(
         OSError: the socket could not be bound.
     """
     prepare_socket_path(path)
+    server = await _bound(path, handlers, close_idle=close_idle)
+    # Shielded: see _bound.
+    with anyio.CancelScope(shield=True):
+        identity = file_id(path)
+        if identity is None:
+            # A starting kubelet deletes every file in its directory, ours included.
+            await server.stop(0)
+            raise SocketVanishedError(errno.ENOENT, f"{path} vanished right after binding")
+    assert identity is not None  # a shielded scope swallows nothing, but mypy cannot tell
+    return server, identity
+
+
+def staged_path(directory: Path) -> Path | None:
+    """A fresh private path to stage a server in ``directory``; None when it would be too long
+    for a unix socket (serve on the final path then)."""
+    path = directory / STAGING_DIR / f"{_STAGED_PREFIX}-{next(_staged_numbers)}"
+    return None if len(os.fsencode(path)) > constants.MAX_SOCKET_PATH_BYTES else path
+
+
+async def start_staged(path: Path, handlers: list[grpc.GenericRpcHandler]) -> grpc.aio.Server:
+    """Serve ``handlers`` on the private path ``path`` (from ``staged_path``); ``publish`` it.
+
+    Raises:
+        OSError: the staging directory or the socket could not be made.
+    """
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    return await _bound(path, handlers)
+
+
+def publish(staged: Path, path: Path, *, replaceable: Container[FileId] = ()) -> FileId:
+    """Move a staged server's socket onto ``path``, under the stale-socket rules.
+
+    A socket at ``path`` whose identity is in ``replaceable`` (an older server of ours) is
+    replaced; any other goes through ``prepare_socket_path``. The rename is atomic: a client
+    dialing ``path`` reaches one server or the other, never nothing.
+
+    Returns:
+        The identity of the socket at ``path``.
+
+    Raises:
+        SocketInUseError: another process serves on ``path``.
+        SocketVanishedError: the socket was deleted as soon as it was moved (a starting
+            kubelet cleaning its directory).
+        OSError: the rename failed.
+    """
+    current = file_id(path)
+    if current is not None and current not in replaceable:
+        prepare_socket_path(path)
+    os.rename(staged, path)
+    identity = file_id(path)
+    if identity is None:
+        raise SocketVanishedError(errno.ENOENT, f"{path} vanished right after it was moved there")
+    return identity
+
+
+def remove_socket(path: Path, identity: FileId | None) -> None:
+    """Remove the socket at ``path`` if it is still the one with ``identity`` (a stopped staged
+    server leaves its published socket behind: grpcio only removes the path it bound)."""
+    if identity is not None and file_id(path) == identity:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def remove_staging(directory: Path) -> None:
+    """Clean ``directory``'s staging subdirectory: remove what no live server answers (left
+    by a process that was killed), then the subdirectory itself once it is empty."""
+    staging = directory / STAGING_DIR
+    try:
+        entries = list(staging.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            if not stat.S_ISDIR(entry.lstat().st_mode) and not is_live_socket(entry):
+                entry.unlink()
+    with contextlib.suppress(OSError):
+        staging.rmdir()
+
+
+async def _bound(
+    path: Path, handlers: list[grpc.GenericRpcHandler], *, close_idle: bool = True
+) -> grpc.aio.Server:
+    """A started server on ``path`` (0600)."""
     options = _SERVER_OPTIONS
     if not close_idle:
         options = [o for o in options if o[0] != "grpc.max_connection_idle_ms"]
@@ -132,10 +242,4 @@ async def start_server(
     # then fails to shut down (InvalidStateError); the caller stops what it gets back.
     with anyio.CancelScope(shield=True):
         await server.start()
-        identity = file_id(path)
-        if identity is None:
-            # A starting kubelet deletes every file in its directory, ours included.
-            await server.stop(0)
-            raise SocketVanishedError(errno.ENOENT, f"{path} vanished right after binding")
-    assert identity is not None  # a shielded scope swallows nothing, but mypy cannot tell
-    return server, identity
+    return server

@@ -106,16 +106,26 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
 
 
 class Serving:
-    """What one gRPC server of a plugin serves: its handler, and the streams opened on it.
+    """What one gRPC server of a plugin serves: its handler, its calls and its streams.
 
-    ``DevicePluginServicer.stop`` ends this server's ListAndWatch streams, not another
-    server's, so the next server can already serve (and the kubelet's new stream stay open)
-    while this one stops.
+    ``DevicePluginServicer.stop`` waits for this server's calls and ends this server's
+    ListAndWatch streams, not another server's, so the next server can already serve (and the
+    kubelet's new stream stay open) while this one stops.
     """
 
     def __init__(self, handler: Callable[[Serving], grpc.GenericRpcHandler]) -> None:
         self.ended = False
+        self.in_flight = 0  # hooks suspended in a call on this server
+        self.idle: anyio.Event | None = None  # set when in_flight drops to 0, if awaited
         self.handler = handler(self)
+
+    def call_started(self) -> None:
+        self.in_flight += 1
+
+    def call_ended(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight and self.idle is not None:
+            self.idle.set()
 
 
 class DevicePluginServicer:
@@ -160,8 +170,6 @@ class DevicePluginServicer:
             preferred_allocation=self.preferred_allocation,
         )
         self._too_big_version = -1
-        self._in_flight = 0  # hooks suspended in a call (what a stop lets finish)
-        self._idle: anyio.Event | None = None
 
     def serving(self) -> Serving:
         """A new server's share: the handler to add to it, and its streams (see ``stop``)."""
@@ -177,9 +185,9 @@ class DevicePluginServicer:
         with anyio.CancelScope(shield=True):
             deadline = anyio.current_time() + grace
             with anyio.move_on_after(grace):
-                while self._in_flight:
-                    self._idle = anyio.Event()
-                    await self._idle.wait()
+                while serving.in_flight:
+                    serving.idle = anyio.Event()
+                    await serving.idle.wait()
             serving.ended = True
             self.state.wake()
             await server.stop(max(deadline - anyio.current_time(), 0.0))
@@ -199,17 +207,17 @@ class DevicePluginServicer:
                     response_serializer=_identity,
                 ),
                 "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
-                    self.get_preferred_allocation,
+                    partial(self.get_preferred_allocation, serving=serving),
                     request_deserializer=_lenient(pb.PreferredAllocationRequest),
                     response_serializer=pb.PreferredAllocationResponse.SerializeToString,
                 ),
                 "Allocate": grpc.unary_unary_rpc_method_handler(
-                    self.allocate,
+                    partial(self.allocate, serving=serving),
                     request_deserializer=_lenient(pb.AllocateRequest),
                     response_serializer=_identity,
                 ),
                 "PreStartContainer": grpc.unary_unary_rpc_method_handler(
-                    self.pre_start_container,
+                    partial(self.pre_start_container, serving=serving),
                     request_deserializer=_lenient(pb.PreStartContainerRequest),
                     response_serializer=pb.PreStartContainerResponse.SerializeToString,
                 ),
@@ -270,13 +278,15 @@ class DevicePluginServicer:
         self,
         request: pb.AllocateRequest | _Malformed,
         context: grpc.aio.ServicerContext[Any, Any],
+        *,
+        serving: Serving,
     ) -> bytes:
         started = time.perf_counter()
         code: grpc.StatusCode | None = None
         try:
             if self._default_allocate:
                 return self._allocate_merged(request)
-            return await self._allocate_hooked(request)
+            return await self._allocate_hooked(request, serving)
         except Exception as exc:
             code = status_for(exc)
             await self._refuse("Allocate", context, exc, code)
@@ -290,13 +300,15 @@ class DevicePluginServicer:
         containers = _containers(request)
         return b"".join([self._merged(c.devices_ids, index) for index, c in enumerate(containers)])
 
-    async def _allocate_hooked(self, request: pb.AllocateRequest | _Malformed) -> bytes:
+    async def _allocate_hooked(
+        self, request: pb.AllocateRequest | _Malformed, serving: Serving
+    ) -> bytes:
         entries = []
         for index, container in enumerate(_containers(request)):
             devices = self._devices(container.devices_ids, "container request", index)
             self._warn_unhealthy([d.id for d in devices])
             allocation = await self._hook(
-                self.plugin.allocate(devices), self.hook_timeout, "allocate"
+                self.plugin.allocate(devices), self.hook_timeout, "allocate", serving
             )
             entries.append(_convert.allocate_entry(allocation))
         return b"".join(entries)
@@ -334,11 +346,13 @@ class DevicePluginServicer:
         self,
         request: pb.PreferredAllocationRequest | _Malformed,
         context: grpc.aio.ServicerContext[Any, Any],
+        *,
+        serving: Serving,
     ) -> pb.PreferredAllocationResponse:
         try:
             return _convert.preferred_response(
                 [
-                    await self._prefer(c)
+                    await self._prefer(c, serving)
                     for c in _parsed(request, "GetPreferredAllocation").container_requests
                 ]
             )
@@ -350,6 +364,8 @@ class DevicePluginServicer:
         self,
         request: pb.PreStartContainerRequest | _Malformed,
         context: grpc.aio.ServicerContext[Any, Any],
+        *,
+        serving: Serving,
     ) -> pb.PreStartContainerResponse:
         try:
             ids = _parsed(request, "PreStartContainer").devices_ids
@@ -359,6 +375,7 @@ class DevicePluginServicer:
                     self.plugin.pre_start_container(devices),
                     self.prestart_timeout,
                     "pre_start_container",
+                    serving,
                 )
             return pb.PreStartContainerResponse()
         except Exception as exc:
@@ -376,7 +393,9 @@ class DevicePluginServicer:
             raise _RequestError(f"{where} repeats device IDs: {', '.join(duplicates)}")
         return self.state.lookup(ids)
 
-    async def _prefer(self, request: pb.ContainerPreferredAllocationRequest) -> list[str]:
+    async def _prefer(
+        self, request: pb.ContainerPreferredAllocationRequest, serving: Serving
+    ) -> list[str]:
         """A valid preference whatever the hook does: must-include, hook's choice, the rest.
 
         A request can name every unit of a large resource (81,920 GPU memory units): each ID
@@ -415,6 +434,7 @@ class DevicePluginServicer:
                     ),
                     self.hook_timeout,
                     "preferred_allocation",
+                    serving,
                 )
                 choice = [str(i) for i in answer]
             except Exception as exc:
@@ -436,7 +456,9 @@ class DevicePluginServicer:
                     chosen.add(candidate)
         return result
 
-    async def _hook(self, awaitable: Awaitable[T], timeout: float, hook: str) -> T:
+    async def _hook(
+        self, awaitable: Awaitable[T], timeout: float, hook: str, serving: Serving
+    ) -> T:
         """Await a plugin hook, bounded by ``timeout`` once it suspends.
 
         Most hooks finish without ever suspending (a merge, a lookup): the first step of the
@@ -448,15 +470,20 @@ class DevicePluginServicer:
         """
         if type(awaitable) is not types.CoroutineType:
             # Not a native coroutine (an ``async def`` hook always is): await it in one.
-            return await self._hook(_awaited(awaitable), timeout, hook)
+            return await self._hook(_awaited(awaitable), timeout, hook, serving)
         try:
             pending = awaitable.send(None)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
-        return await self._bounded(awaitable, pending, timeout, hook)
+        return await self._bounded(awaitable, pending, timeout, hook, serving)
 
     async def _bounded(
-        self, coro: Coroutine[Any, Any, T], pending: Any, timeout: float, hook: str
+        self,
+        coro: Coroutine[Any, Any, T],
+        pending: Any,
+        timeout: float,
+        hook: str,
+        serving: Serving,
     ) -> T:
         """Drive a suspended hook coroutine on until it ends or ``timeout`` passes.
 
@@ -479,7 +506,7 @@ class DevicePluginServicer:
             task.cancel()
 
         timer = asyncio.get_running_loop().call_later(timeout, expire)
-        self._in_flight += 1
+        serving.call_started()
         try:
             return await _resumed(coro, pending)
         except asyncio.CancelledError:
@@ -494,9 +521,7 @@ class DevicePluginServicer:
             timer.cancel()
             if expired:
                 _uncancel(task)  # the hook swallowed the bound's cancellation: take it back
-            self._in_flight -= 1
-            if not self._in_flight and self._idle is not None:
-                self._idle.set()
+            serving.call_ended()
 
     async def _refuse(
         self,

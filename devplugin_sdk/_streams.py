@@ -110,9 +110,16 @@ class Streams:
         self._on_change()
 
     def sent(self, stream_id: int, version: int) -> None:
-        """Record that ``stream_id`` sent the device list of ``version``."""
+        """Record that ``stream_id`` sent the device list of ``version``.
+
+        The kubelet's stream sending its first list wakes ``on_change`` too (the registration
+        loop stops a replaced server then).
+        """
+        first = self._sent.get(stream_id) == -1
         if stream_id in self._sent:
             self._sent[stream_id] = version
+        if first and stream_id == self.kubelet:
+            self._on_change()
 
     def kubelet_sent(self) -> int | None:
         """The version the kubelet's stream has sent (-1: nothing yet); None if it is not open."""

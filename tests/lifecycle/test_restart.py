@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Iterable
@@ -193,3 +194,56 @@ async def test_restart_is_detected_by_polling_without_inotify(
         await kubelet.wait_for_allocatable(RESOURCE, 2)
         await kubelet.restart()
         await kubelet.wait_for_allocatable(RESOURCE, 2)
+
+
+async def test_restarts_keep_the_socket_name_and_leave_nothing_behind(
+    kubelet: FakeKubelet,
+) -> None:
+    """The next server is bound aside (in the staging subdirectory) while the kubelet restarts
+    and renamed onto the same name; once the plugin stops, only the kubelet's files remain."""
+    async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        for _ in range(3):
+            await kubelet.restart()
+            await kubelet.wait_for_allocatable(RESOURCE, 2)
+        endpoints = {r.endpoint for r in kubelet.successful_registrations(RESOURCE)}
+        assert endpoints == {"acme.com_widget.sock"}
+        assert kubelet.connections(RESOURCE) == 1
+    left = sorted(p.name for p in kubelet.directory.iterdir())
+    assert left == ["kubelet.sock", "kubelet_internal_checkpoint"]
+
+
+async def test_without_a_staging_directory_it_serves_in_place(
+    kubelet: FakeKubelet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file where the staging subdirectory would go: the plugin says so once and serves on
+    its socket path directly, across restarts too."""
+    caplog.set_level(logging.INFO, logger="devplugin_sdk")
+    (kubelet.directory / ".devplugin-sdk").write_text("not a directory")
+    async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        await kubelet.restart()
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        assert len(kubelet.successful_registrations(RESOURCE)) == 2
+    said = [r.getMessage() for r in caplog.records if "cannot stage servers" in r.getMessage()]
+    assert len(said) == 1, said
+
+
+async def test_staged_sockets_of_a_killed_process_are_removed_at_start(
+    kubelet: FakeKubelet,
+) -> None:
+    staging = kubelet.directory / ".devplugin-sdk"
+    staging.mkdir()
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(staging / "0badc0de-3"))  # bound, never listening: its process is gone
+    dead.close()
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(str(staging / "1badc0de-0"))  # another plugin process's next server
+    live.listen()
+    try:
+        async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings()):
+            await kubelet.wait_for_allocatable(RESOURCE, 2)
+            assert sorted(p.name for p in staging.iterdir()) == ["1badc0de-0"]
+        assert staging.is_dir()  # still in use by the other process
+    finally:
+        live.close()
