@@ -21,13 +21,15 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import anyio
 
-from devplugin_sdk import _fake_kubelet
 from devplugin_sdk.api import constants
 from devplugin_sdk.errors import ConfigError
+
+if TYPE_CHECKING:
+    from devplugin_sdk import _fake_kubelet
 
 __all__ = ["register", "run_fake_kubelet"]
 
@@ -121,6 +123,9 @@ def _answers(path: Path) -> bool:
 
 
 async def _serve(directory: Path, stale: list[str], view: _View) -> None:
+    # Loaded for this command only: every other command starts faster without it.
+    from devplugin_sdk import _fake_kubelet  # noqa: PLC0415
+
     kubelet = _fake_kubelet.FakeKubelet(directory, on_list=view.listed)
     async with kubelet:
         view.say(

@@ -17,7 +17,8 @@ from typing import Any, TextIO
 
 import anyio
 
-from devplugin_sdk import conformance, probe
+from devplugin_sdk import probe
+from devplugin_sdk._limits import Limits
 from devplugin_sdk.api import constants
 
 __all__ = ["parse_allocate", "register", "run_conformance", "run_probe"]
@@ -91,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     c.add_argument(
         "--strict", action="store_true", help="warnings fail too (exit code 1 on any WARN)"
     )
-    defaults = conformance.Limits()
+    defaults = Limits()
     c.add_argument(
         "--timeout",
         type=_positive,
@@ -324,7 +325,10 @@ def run_conformance(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 async def _conformance(args: argparse.Namespace, out: TextIO) -> int:
-    limits = conformance.Limits(
+    # The checks bring the fake kubelet and the DRA client: loaded for this command only.
+    from devplugin_sdk import conformance  # noqa: PLC0415
+
+    limits = Limits(
         fast_within=args.fast_within,
         timeout=args.timeout,
         max_devices=max(args.max_devices, 1),

@@ -31,7 +31,7 @@ import anyio.to_thread
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup, ExceptionGroup
 
-from devplugin_sdk import __version__, _cli_fake_kubelet, _cli_probe, backends, cdi, runner
+from devplugin_sdk import __version__, _cli_fake_kubelet, _cli_probe, backends, runner
 from devplugin_sdk._logging import configure_logging
 from devplugin_sdk.api import constants
 from devplugin_sdk.config import RunConfig, load_yaml, parse_run_config
@@ -191,6 +191,8 @@ def _with_cdi(plugins: list[DevicePlugin], config: RunConfig) -> list[DevicePlug
     """Wrap every plugin with ``cdi.use_cdi`` when the configuration asks for CDI."""
     if config.cdi_dir is None:
         return plugins
+    from devplugin_sdk import cdi  # noqa: PLC0415 - only with CDI configured (cold start)
+
     return [cdi.use_cdi(plugin, directory=config.cdi_dir) for plugin in plugins]
 
 

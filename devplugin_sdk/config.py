@@ -22,14 +22,16 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
 from devplugin_sdk import _logging, _names
 from devplugin_sdk.api import constants
-from devplugin_sdk.dra import Api, DeviceRule, DeviceRules, Dra
 from devplugin_sdk.errors import ConfigError
+
+if TYPE_CHECKING:
+    from devplugin_sdk.dra import Api, DeviceRule, Dra
 
 __all__ = [
     "MAX_DEPTH",
@@ -756,13 +758,16 @@ def parse_run_config(data: Mapping[str, Any]) -> RunConfig:
 def _parse_dra(data: Mapping[str, Any]) -> tuple[Api, Dra | None]:
     """``api`` and the ``dra`` section."""
     top = ConfigReader(data)
-    api = cast(Api, top.choice("api", ("devicePlugin", "dra", "both"), "devicePlugin"))
+    api = cast("Api", top.choice("api", ("devicePlugin", "dra", "both"), "devicePlugin"))
     if not top.has("dra"):
         if api != "devicePlugin":
             raise ConfigError("dra", f"is required with api: {api} (at least dra.driver)")
         return api, None
     if api == "devicePlugin":
         raise ConfigError("dra", "is set but api is devicePlugin; say api: dra or api: both")
+    # Imported only for a DRA configuration: a device plugin starts faster without it.
+    from devplugin_sdk.dra import DeviceRules, Dra  # noqa: PLC0415
+
     section = top.section("dra")
     section.known("driver", "nodeName", "kubeconfig", "pluginDir", "cdiDir", "devices")
     driver = section.string("driver")
@@ -804,6 +809,8 @@ def _device_rule(rule: ConfigReader) -> DeviceRule:
                     f"values must be strings, integers or booleans, got {shown(item)}",
                 )
         attributes[name] = tuple(values)
+    from devplugin_sdk.dra import DeviceRule  # noqa: PLC0415 - see _parse_dra
+
     return DeviceRule(
         resource=rule.optional_string("resource"),
         ids=rule.strings("ids"),

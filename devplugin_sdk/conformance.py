@@ -28,6 +28,7 @@ import grpc
 
 from devplugin_sdk import _client, _names, _watcher_registration
 from devplugin_sdk._fake_kubelet import FakeKubelet, Registration
+from devplugin_sdk._limits import Limits
 from devplugin_sdk._server import is_live_socket
 from devplugin_sdk._watcher_registration import PluginInfo
 from devplugin_sdk.api import constants
@@ -169,29 +170,6 @@ class ConformanceReport:
             "strict": strict,
             "ok": self.succeeded(strict=strict),
         }
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Thresholds and timeouts of a run.
-
-    Args:
-        fast_within: "Quickly" for options-fast and list-prompt, seconds.
-        timeout: Dial timeout and deadline of each RPC or stream wait, seconds.
-        max_devices: At most this many single-device Allocate calls.
-        register_wait: ``--register-dir``: how long to wait for a plugin to register.
-        expect: ``--register-dir``: wait until this many resources registered.
-        settle: ``--register-dir``: then wait this long for more resources to register.
-        restart_timeout: ``--register-dir``: how long a plugin may take to re-register.
-    """
-
-    fast_within: float = 1.0
-    timeout: float = 10.0
-    max_devices: int = 64
-    register_wait: float = 60.0
-    expect: int = 1
-    settle: float = 0.5
-    restart_timeout: float = 10.0
 
 
 # ------------------------------------------------------------------------------------------ subject

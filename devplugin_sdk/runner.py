@@ -11,7 +11,6 @@ driver) is decided once, when ``serve`` starts.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
 import logging
 import signal
@@ -25,11 +24,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 from anyio.abc import TaskStatus
 
-from devplugin_sdk import _kubelet_sock, _plugin_watcher, config, fswatch, healthz
+from devplugin_sdk import _kubelet_sock, config, fswatch, healthz
 from devplugin_sdk._events import Events
 from devplugin_sdk._kubelet_watch import DirectoryWatcher
 from devplugin_sdk._supervisor import Supervisor
-from devplugin_sdk.dra import Api, Dra
 from devplugin_sdk.errors import ConfigError, MissingDependencyError
 from devplugin_sdk.observe import Observer, PluginStatus
 from devplugin_sdk.settings import Settings
@@ -39,6 +37,7 @@ if sys.version_info < (3, 11):  # pragma: no cover
 
 if TYPE_CHECKING:
     from devplugin_sdk._served import Strategy
+    from devplugin_sdk.dra import Api, Dra
     from devplugin_sdk.dra._driver import DraDriver
     from devplugin_sdk.plugin import DevicePlugin
 
@@ -236,6 +235,9 @@ async def serve(
     # Decided once: the registration path does not change while the process runs.
     strategy: Strategy
     if settings.uses_plugin_watcher():
+        # Its protocol is imported only for the kubelets that need it (cold start).
+        from devplugin_sdk import _plugin_watcher  # noqa: PLC0415
+
         strategy, watched = _plugin_watcher.keep_registered, settings.plugins_registry_dir
     else:
         strategy, watched = _kubelet_sock.keep_registered, settings.device_plugin_dir
@@ -499,6 +501,8 @@ def _digest(path: Path) -> bytes:
     unreadable state still triggers the reload that reports it.
     """
     try:
+        import hashlib  # noqa: PLC0415 - only with a watched config file (cold start)
+
         return hashlib.sha256(config.read_file(path)).digest()
     except ConfigError as exc:
         return exc.reason.encode()

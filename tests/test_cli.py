@@ -631,3 +631,25 @@ def test_a_plugins_registry_dir_that_is_a_file_is_one_line(tmp_path: Path) -> No
         line
         == f"devplugin: error: --plugins-registry-dir: {tmp_path / 'a-file'} is not a directory"
     )
+
+
+def test_run_loads_nothing_it_does_not_need_before_register() -> None:
+    """What `devplugin run` imports before Register: the conformance checks, the fake kubelet,
+    DRA, CDI and the plugin-watcher protocol wait until something asks for them (cold start)."""
+    code = (
+        "import sys, devplugin_sdk.cli, devplugin_sdk.config\n"
+        "devplugin_sdk.cli.build_parser()\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('devplugin_sdk'))))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "devplugin_sdk.runner" in loaded  # the check sees the modules it should
+    deferred = [
+        "devplugin_sdk.conformance",
+        "devplugin_sdk._fake_kubelet",
+        "devplugin_sdk.dra",
+        "devplugin_sdk.cdi",
+        "devplugin_sdk._plugin_watcher",
+    ]
+    assert [m for m in deferred if m in loaded] == []
