@@ -1,15 +1,24 @@
-"""The thresholds of a conformance run (``conformance.Limits``), apart from the checks.
+"""Defaults that commands need before the code they configure is loaded.
 
-The CLI builds its ``conformance`` options from these defaults on every command, ``run``
-included; the checks themselves (with the fake kubelet and the DRA client) load only when a
-conformance run starts.
+The thresholds of a conformance run (``conformance.Limits``): the CLI builds its
+``conformance`` options from these defaults on every command, ``run`` included; the checks
+themselves (with the fake kubelet and the DRA client) load only when a conformance run starts.
+The HTTP endpoints' defaults (``runner.Http``): ``healthz`` loads only when a port is served.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Limits"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_STUCK_AFTER", "Limits"]
+
+#: Seconds a newest device list may stay unsent on an open ListAndWatch stream before /healthz
+#: calls the loop stuck.
+DEFAULT_STUCK_AFTER = 30.0
+
+#: Connections served at once. At the cap a new connection closes the oldest one, so idle
+#: connections can neither exhaust file descriptors nor lock the kubelet's probes out.
+DEFAULT_MAX_CONNECTIONS = 64
 
 
 @dataclass(frozen=True, slots=True)

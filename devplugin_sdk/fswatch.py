@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
+import functools
 import logging
 import os
 import struct
@@ -55,13 +55,23 @@ _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len
 Snapshot = dict[str, tuple[int, int, int]]
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library's symbols, from what the interpreter already has loaded (glibc or musl).
+
+    Not ``ctypes.util.find_library``: on Linux it runs ``ldconfig -p`` in a subprocess each
+    time (about 2 ms, on every watcher's start).
+    """
+    return ctypes.CDLL(None, use_errno=True)
+
+
 class _Inotify:
     """A non-blocking inotify instance (Linux only)."""
 
     def __init__(self) -> None:
         if not sys.platform.startswith("linux"):
             raise OSError(errno.ENOSYS, "inotify is Linux-only")
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = _libc()
         self._add = libc.inotify_add_watch
         self._add.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
         self._rm = libc.inotify_rm_watch

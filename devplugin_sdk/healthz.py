@@ -27,6 +27,7 @@ import anyio
 from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from devplugin_sdk._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_STUCK_AFTER
 from devplugin_sdk.observe import PluginStatus
 
 if TYPE_CHECKING:
@@ -35,14 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("devplugin_sdk.healthz")
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_STUCK_AFTER", "problems", "serve_http"]
-
-#: Seconds a newest device list may stay unsent on an open ListAndWatch stream before /healthz
-#: calls the loop stuck.
-DEFAULT_STUCK_AFTER = 30.0
-
-#: Connections served at once. At the cap a new connection closes the oldest one, so idle
-#: connections can neither exhaust file descriptors nor lock the kubelet's probes out.
-DEFAULT_MAX_CONNECTIONS = 64
 
 _MAX_HEAD = 8192  # bytes of request line + headers; probes and scrapers send a few hundred
 _HEAD_TIMEOUT = 5.0  # seconds a client gets to send its request; the kubelet's probe default is 1 s

@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 from anyio.abc import TaskStatus
 
-from devplugin_sdk import _kubelet_sock, config, fswatch, healthz
+from devplugin_sdk import _kubelet_sock, config, fswatch
 from devplugin_sdk._events import Events
 from devplugin_sdk._kubelet_watch import DirectoryWatcher
+from devplugin_sdk._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_STUCK_AFTER
 from devplugin_sdk._supervisor import Supervisor
 from devplugin_sdk.errors import ConfigError, MissingDependencyError
 from devplugin_sdk.observe import Observer, PluginStatus
@@ -66,9 +67,9 @@ class Http:
 
     port: int
     host: str | None = None
-    stuck_after: float = healthz.DEFAULT_STUCK_AFTER
+    stuck_after: float = DEFAULT_STUCK_AFTER
     registry: Any = None
-    max_connections: int = healthz.DEFAULT_MAX_CONNECTIONS
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not isinstance(self.port, int):
@@ -255,6 +256,9 @@ async def serve(
             running = Running(supervisor, None)
             running._driver = driver
             if http is not None:
+                # Loaded only when a port is served (cold start without HTTP).
+                from devplugin_sdk import healthz  # noqa: PLC0415
+
                 running.http_port = await tg.start(
                     partial(
                         healthz.serve_http,

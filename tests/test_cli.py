@@ -635,11 +635,14 @@ def test_a_plugins_registry_dir_that_is_a_file_is_one_line(tmp_path: Path) -> No
 
 def test_run_loads_nothing_it_does_not_need_before_register() -> None:
     """What `devplugin run` imports before Register: the conformance checks, the fake kubelet,
-    DRA, CDI and the plugin-watcher protocol wait until something asks for them (cold start)."""
+    DRA, CDI, the plugin-watcher protocol, the probe client and the HTTP endpoints wait until
+    something asks for them, and watching a directory does not look for libc with
+    ``ctypes.util`` (which runs ``ldconfig`` in a subprocess) (cold start)."""
     code = (
-        "import sys, devplugin_sdk.cli, devplugin_sdk.config\n"
+        "import sys, devplugin_sdk.cli, devplugin_sdk.config, devplugin_sdk.fswatch\n"
         "devplugin_sdk.cli.build_parser()\n"
-        "print(' '.join(sorted(m for m in sys.modules if m.startswith('devplugin_sdk'))))"
+        "devplugin_sdk.fswatch._Inotify().close()\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('devplugin_sdk', 'ctypes')))))"
     )
     loaded = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
@@ -651,5 +654,9 @@ def test_run_loads_nothing_it_does_not_need_before_register() -> None:
         "devplugin_sdk.dra",
         "devplugin_sdk.cdi",
         "devplugin_sdk._plugin_watcher",
+        "devplugin_sdk.probe",
+        "devplugin_sdk.healthz",
+        "ctypes.util",
     ]
+    assert "ctypes" in loaded
     assert [m for m in deferred if m in loaded] == []
