@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -25,13 +26,42 @@ def test_top_level_all_is_short_sorted_and_complete() -> None:
     assert len(names) <= 20
     assert names == sorted(names, key=_isort_key)
     assert len(set(names)) == len(names)
-    # Complete: every public object the package imports is exported, nothing else is.
+    # Complete: every name the package loads on demand is exported, and once all are loaded
+    # the package holds no other public object.
+    assert set(devplugin_sdk._MODULE_OF) == set(names)
+    for name in names:
+        getattr(devplugin_sdk, name)
     public = {
         name
         for name, value in vars(devplugin_sdk).items()
         if not name.startswith("_") and not isinstance(value, types.ModuleType)
     }
     assert public == set(names)
+
+
+def test_importing_the_package_loads_nothing_else() -> None:
+    """``import devplugin_sdk`` is free: names load from their modules on first use (the
+    ``devplugin`` command pauses the garbage collector before loading the rest)."""
+    code = (
+        "import sys, devplugin_sdk\n"
+        "before = sorted(m for m in sys.modules if m.startswith(('devplugin_sdk', 'grpc')))\n"
+        "from devplugin_sdk import Device, run\n"
+        "print(' '.join(before), '|', Device.__module__, run.__module__, dir(devplugin_sdk)[:1])\n"
+        "devplugin_sdk.Nothing"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True
+    )
+    assert result.stdout.split() == [
+        "devplugin_sdk",
+        "|",
+        "devplugin_sdk.types",
+        "devplugin_sdk.runner",
+        "['Allocation']",
+    ]
+    assert result.stderr.splitlines()[-1] == (
+        "AttributeError: module 'devplugin_sdk' has no attribute 'Nothing'"
+    )
 
 
 def test_top_level_names_report_where_they_are_documented() -> None:
