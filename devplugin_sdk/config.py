@@ -12,7 +12,6 @@ attacker on the node) can get wrong in every way.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import gc
 import math
 import os
@@ -432,6 +431,8 @@ class ConfigReader:
             if name in hints:
                 raise ConfigError(self.key(str(name)), hints[name])
             if name not in names:
+                import difflib  # noqa: PLC0415 - only for a bad key (cold start)
+
                 close = difflib.get_close_matches(str(name), [*names, *sdk], n=1)
                 guess = f"did you mean {close[0]!r}? " if close else ""
                 expected = f"expected one of {', '.join(names)}"
