@@ -490,6 +490,7 @@ class FakeKubelet:
     async def _register(self, request: _registration.RegisterCall) -> str | None:
         """Register: None accepts it; an error message is the kubelet's answer."""
         self.register_calls += 1
+        self._notify()  # tests may wait for a call to arrive (wait_for)
         record = Registration(
             resource_name=request.resource_name,
             endpoint=request.endpoint,

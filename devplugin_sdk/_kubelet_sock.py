@@ -251,14 +251,17 @@ class _KubeletSockRegistration:
         attempt = self.watcher.generation  # a new kubelet.sock during the call retries at once
         streams = self.servicer.streams
         streams.expect_kubelet()
-        outcome, why = await _registration.register_once(
-            self.settings.kubelet_socket,
-            resource_name=self.resource,
-            endpoint=self.socket_path.name,
-            pre_start_required=self.servicer.pre_start_required,
-            preferred_allocation=self.servicer.preferred_allocation,
-            timeout=self.settings.register_timeout,
-        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._serve_again_if_removed)
+            outcome, why = await _registration.register_once(
+                self.settings.kubelet_socket,
+                resource_name=self.resource,
+                endpoint=self.socket_path.name,
+                pre_start_required=self.servicer.pre_start_required,
+                preferred_allocation=self.servicer.preferred_allocation,
+                timeout=self.settings.register_timeout,
+            )
+            tg.cancel_scope.cancel()
         if outcome is _registration.Outcome.TIMED_OUT and await self._stream_arrives():
             # Kubelets up to v1.34 finish a registration the client gave up on; retrying at
             # once would register twice.
@@ -277,13 +280,40 @@ class _KubeletSockRegistration:
             self.backoff = min(self.backoff * 2, self.settings.register_backoff_max)
             return False
         self.backoff = self.settings.register_backoff_initial
-        self.registered_with = kubelet
+        # The kubelet that answered serves kubelet.sock now: a kubelet that started during the
+        # call (and so deleted our socket) is the one we reached, not the one we saw before.
+        self.registered_with = file_id(self.settings.kubelet_socket) or kubelet
         streams.registered()
         seconds = time.perf_counter() - started
         self.link.up(
             seconds, f"with the kubelet as {self.socket_path.name} in {seconds * 1e3:.1f} ms"
         )
         return True
+
+    async def _serve_again_if_removed(self) -> None:
+        """While Register is in flight, serve again at once if our socket is deleted.
+
+        A kubelet that starts deletes every socket in its directory, then serves kubelet.sock.
+        Published just before its cleanup, our socket is gone by the time our Register reaches
+        the new kubelet.sock, and the kubelet's dial-back would find nothing until its dial
+        timeout (10 s). Served again, the dial-back's next attempt reaches us and this one
+        Register succeeds (no second registration to race the first).
+        """
+        while True:
+            generation = self.watcher.generation
+            current = self.current
+            if current is not None and file_id(self.socket_path) != current.own_id:
+                log.info(
+                    "%s: socket removed during Register (a kubelet starting); serving again",
+                    self.resource,
+                    extra={"resource": self.resource},
+                )
+                with anyio.CancelScope(shield=True):  # never half-replaced by the call's end
+                    served = await self._serving()
+                if served:
+                    self.servicer.streams.expect_kubelet()  # its dial-back comes to the new one
+                continue
+            await self.watcher.wait(generation)
 
     async def _stream_arrives(self) -> bool:
         """Whether the kubelet's ListAndWatch stream opens within the Register deadline."""

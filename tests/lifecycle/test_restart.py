@@ -129,6 +129,26 @@ async def test_recovers_from_a_crashed_kubelet_with_a_stale_socket(kubelet: Fake
         await kubelet.wait_for_allocatable(RESOURCE, 2)
 
 
+async def test_socket_deleted_while_register_is_in_flight_is_served_again(
+    kubelet: FakeKubelet,
+) -> None:
+    """A kubelet starting just after the plugin published its socket deletes it, then serves
+    kubelet.sock, and the plugin's Register reaches that new kubelet: its dial-back must find a
+    socket again (not wait out its 10 s dial timeout), and one registration results."""
+    async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        kubelet.register_delay = 0.3  # the kubelet dials back only after this
+        await kubelet.restart()
+        await kubelet.wait_for(lambda: kubelet.register_calls == 2, what="the second Register")
+        socket_path = kubelet.directory / "acme.com_widget.sock"
+        socket_path.unlink()  # what the starting kubelet's cleanup did to the published socket
+        await kubelet.wait_for_allocatable(RESOURCE, 2, timeout=3.0)
+        assert socket_path.exists()
+        assert kubelet.register_calls == 2
+        assert len(kubelet.successful_registrations(RESOURCE)) == 2
+        assert kubelet.connections(RESOURCE) == 1
+
+
 async def test_many_restarts_in_a_row_with_allocations(kubelet: FakeKubelet) -> None:
     """Every one of 30 restarts is recovered; allocations keep working between them."""
     async with serving(StaticPlugin(RESOURCE, widgets(4)), settings=kubelet.settings()):
