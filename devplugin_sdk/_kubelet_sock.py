@@ -192,11 +192,14 @@ class _KubeletSockRegistration:
         self.next, self.current = None, staged
         return True
 
-    async def _prepare_next(self) -> None:
-        """Start the next server on a staged path (nothing when staging is not possible)."""
+    async def _prepare_next(self) -> bool:
+        """Start the next server on a staged path (nothing when staging is not possible);
+        whether a next server is staged."""
+        if self.next is not None:
+            return True
         path = staged_path(self.settings.device_plugin_dir) if self.staging else None
-        if path is None or self.next is not None:
-            return
+        if path is None:
+            return False
         serving = self.servicer.serving()
         try:
             server = await start_staged(path, [serving.handler])
@@ -210,8 +213,9 @@ class _KubeletSockRegistration:
                 self.socket_path,
                 extra={"resource": self.resource},
             )
-            return
+            return False
         self.next = _Server(server, serving, path)
+        return True
 
     async def _serve_in_place(self) -> bool:
         """Start a server on the socket path itself, once the old one has stopped."""
@@ -340,6 +344,11 @@ class _KubeletSockRegistration:
             if self.old is not None and sent is not None and sent >= 0:
                 # The kubelet holds our devices again: now the old server may take the loop.
                 await self._stop_old()
+                continue
+            # The kubelet dropped our stream: it is stopping, restarting or replacing us. A
+            # kubelet that starts deletes our socket, then serves kubelet.sock at once; the next
+            # server is bound aside now, off that path (a real kubelet takes seconds to start).
+            if streams.dropped and self.next is None and await self._prepare_next():
                 continue
             timeout = math.inf
             if streams.kubelet is None and streams.lost_since is not None and current is not None:

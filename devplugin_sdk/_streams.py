@@ -47,6 +47,8 @@ class Streams:
         lost_since: Monotonic time since which the kubelet's stream has been missing after a
             registration (its stream ended, or the registration succeeded without one yet);
             None while it is open and before the first registration.
+        dropped: Whether the kubelet's stream ended (the kubelet stopping, restarting or
+            dropping us), with no registration started since.
     """
 
     def __init__(self, resource: str, on_change: Callable[[], None]) -> None:
@@ -57,6 +59,7 @@ class Streams:
         self._expect = _Expect.NOTHING
         self.kubelet: int | None = None
         self.lost_since: float | None = None
+        self.dropped = False
 
     def __len__(self) -> int:
         return len(self._sent)
@@ -66,6 +69,7 @@ class Streams:
     def expect_kubelet(self) -> None:
         """A registration starts: the next dial-back and stream are the kubelet's."""
         self._expect = _Expect.DIAL_BACK
+        self.dropped = False
 
     def expect_nothing(self) -> None:
         """The registration failed or serving stopped: no stream of the kubelet is coming."""
@@ -92,6 +96,7 @@ class Streams:
             self._expect = _Expect.NOTHING
             self.kubelet = stream_id
             self.lost_since = None
+            self.dropped = False
             who = "the kubelet's"
         self._log(f"{who} ListAndWatch stream opened")
         self._on_change()
@@ -105,6 +110,7 @@ class Streams:
         if stream_id == self.kubelet:
             self.kubelet = None
             self.lost_since = time.monotonic()
+            self.dropped = True
             who = "the kubelet's"
         self._log(f"{who} ListAndWatch stream ended")
         self._on_change()

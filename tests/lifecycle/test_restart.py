@@ -6,12 +6,13 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Iterable
+from contextlib import aclosing
 
 import anyio
 import pytest
 from sdk_helpers import RESOURCE, widgets
 
-from devplugin_sdk import Device, Settings, SocketInUseError
+from devplugin_sdk import Device, Settings, SocketInUseError, fswatch
 from devplugin_sdk.testing import FakeKubelet, StaticPlugin, serving
 from devplugin_sdk.types import HealthEvent, RescanEvent
 
@@ -231,6 +232,31 @@ async def test_restarts_keep_the_socket_name_and_leave_nothing_behind(
         assert kubelet.connections(RESOURCE) == 1
     left = sorted(p.name for p in kubelet.directory.iterdir())
     assert left == ["kubelet.sock", "kubelet_internal_checkpoint"]
+
+
+async def test_the_next_server_is_bound_aside_when_the_kubelet_drops_the_stream(
+    kubelet: FakeKubelet,
+) -> None:
+    """A kubelet stopping ends our stream seconds before a new one cleans the directory and
+    serves kubelet.sock: the next server is bound aside then, and it is that server the new
+    kubelet reaches (the rename keeps the socket's inode)."""
+    staging = kubelet.directory / ".devplugin-sdk"
+    async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings()):
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        assert list(staging.iterdir()) == []
+        await kubelet.stop()
+        with anyio.fail_after(5):
+            # changes() yields once the watch is armed, then on every change in the directory.
+            async with aclosing(fswatch.changes([staging], 1.0)) as changes:
+                async for _ in changes:
+                    if list(staging.iterdir()):
+                        break
+        (staged,) = staging.iterdir()
+        inode = staged.lstat().st_ino
+        await kubelet.start()
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        assert (kubelet.directory / "acme.com_widget.sock").lstat().st_ino == inode
+        assert len(kubelet.successful_registrations(RESOURCE)) == 2
 
 
 async def test_without_a_staging_directory_it_serves_in_place(
