@@ -9,7 +9,8 @@ process with SIGTERM. Two plugin processes are timed:
 * ``benchmarks/_plugin_process.py`` (the benchmarks' own harness; it also imports the test
   tools).
 
-For context it also times a bare ``python -c pass`` and ``python -c "import devplugin_sdk"``.
+For context it also times a bare ``python -c pass``, ``import devplugin_sdk`` (its names load
+on first use) and ``import devplugin_sdk.runner`` (what serving needs: grpc, protobuf, anyio).
 Bytecode is compiled ahead into a private cache (``PYTHONPYCACHEPREFIX``), as ``pip install``
 does for an image; ``--source`` times compiling every module from source instead (what a
 checkout under ``PYTHONDONTWRITEBYTECODE=1`` does).
@@ -97,10 +98,10 @@ async def main() -> None:
             bytecode="compiled from source each run" if args.source else "compiled ahead",
         )
         _common.report("python -c pass", await interpreter("pass", args.runs))
-        _common.report(
-            "python -c 'import devplugin_sdk'",
-            await interpreter("import devplugin_sdk", args.runs),
-        )
+        for module in ("devplugin_sdk", "devplugin_sdk.runner"):
+            _common.report(
+                f"python -c 'import {module}'", await interpreter(f"import {module}", args.runs)
+            )
         dev = root / "dev"
         dev.mkdir()
         for index in range(DEVICES):
