@@ -351,10 +351,10 @@ class _KubeletSockRegistration:
             if streams.dropped and self.next is None and await self._prepare_next():
                 continue
             timeout = math.inf
-            if streams.kubelet is None and streams.lost_since is not None and current is not None:
+            lost_for = streams.missing_for()
+            if lost_for is not None and current is not None:
                 # The kubelet never retries a closed ListAndWatch: only a new registration helps,
                 # whatever other clients' streams are open.
-                lost_for = time.monotonic() - streams.lost_since
                 if lost_for >= grace:
                     return (
                         f"no ListAndWatch stream from the kubelet for {lost_for:.1f}s while it "

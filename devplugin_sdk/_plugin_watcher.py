@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 
 import anyio
 import grpc
@@ -127,8 +126,8 @@ class _WatcherRegistration:
                 return "our socket was removed"
             timeout = math.inf
             streams = self.streams
-            if self.link.registered and streams.kubelet is None and streams.lost_since is not None:
-                lost_for = time.monotonic() - streams.lost_since
+            lost_for = streams.missing_for()
+            if self.link.registered and lost_for is not None:
                 if lost_for >= grace:
                     return (
                         f"no ListAndWatch stream from the kubelet for {lost_for:.1f}s "

@@ -127,6 +127,13 @@ class Streams:
         if first and stream_id == self.kubelet:
             self._on_change()
 
+    def missing_for(self) -> float | None:
+        """Seconds the kubelet's stream has been missing since a registration; None while it is
+        open or before the first registration."""
+        if self.kubelet is not None or self.lost_since is None:
+            return None
+        return time.monotonic() - self.lost_since
+
     def kubelet_sent(self) -> int | None:
         """The version the kubelet's stream has sent (-1: nothing yet); None if it is not open."""
         return None if self.kubelet is None else self._sent[self.kubelet]
