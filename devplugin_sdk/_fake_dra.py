@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -272,30 +272,14 @@ class FakeDra:
             for driver in info.drivers:
                 batches.setdefault(driver, []).append(info.claim)
         for driver, refs in batches.items():
-            client = self._client(driver)
-            self.calls.append(("NodePrepareResources", driver, tuple(r.uid for r in refs)))
+            self._record_call("NodePrepareResources", driver, refs)
             try:
-                results = await client.prepare(refs, self.call_timeout)
+                results = await self._client(driver).prepare(refs, self.call_timeout)
             except grpc.aio.AioRpcError as exc:
-                raise PodPreparationError(
-                    f"NodePrepareResources failed: rpc error: code = {exc.code().name} "
-                    f"desc = {exc.details()}"
-                ) from None
-            for uid, result in results.items():
-                info_for = infos.get(uid)
-                if info_for is None:
-                    raise PodPreparationError(
-                        f"NodePrepareResources returned result for unknown claim UID {uid}"
-                    )
-                if result.error:
-                    raise PodPreparationError(
-                        f"NodePrepareResources failed for claim {info_for.claim.namespace}/"
-                        f"{info_for.claim.name}: {result.error}"
-                    )
-                info_for.devices[driver] = result.devices
-            unfinished = len(refs) - len(results)
-            if unfinished:
-                raise PodPreparationError(f"NodePrepareResources left out {unfinished} claims")
+                raise _call_failed("NodePrepareResources", exc) from None
+            errors = {uid: result.error for uid, result in results.items()}
+            for uid, info_for in _answered("NodePrepareResources", refs, infos, errors):
+                info_for.devices[driver] = results[uid].devices
         for info in infos.values():
             info.prepared = True
         self._notify()
@@ -353,35 +337,50 @@ class FakeDra:
             for driver in info.drivers:
                 batches.setdefault(driver, []).append(info.claim)
         for driver, refs in batches.items():
-            client = self._client(driver)
-            self.calls.append(("NodeUnprepareResources", driver, tuple(r.uid for r in refs)))
+            self._record_call("NodeUnprepareResources", driver, refs)
             try:
-                errors = await client.unprepare(refs, self.call_timeout)
+                errors = await self._client(driver).unprepare(refs, self.call_timeout)
             except grpc.aio.AioRpcError as exc:
-                raise PodPreparationError(
-                    f"NodeUnprepareResources failed: rpc error: code = {exc.code().name} "
-                    f"desc = {exc.details()}"
-                ) from None
-            for uid, error in errors.items():
-                info_for = infos.get(uid)
-                if info_for is None:
-                    raise PodPreparationError(
-                        f"NodeUnprepareResources returned result for unknown claim UID {uid}"
-                    )
-                if error:
-                    raise PodPreparationError(
-                        f"NodeUnprepareResources failed for claim {info_for.claim.namespace}/"
-                        f"{info_for.claim.name}: {error}"
-                    )
+                raise _call_failed("NodeUnprepareResources", exc) from None
+            for _uid, info_for in _answered("NodeUnprepareResources", refs, infos, errors):
                 del self._claims[(info_for.claim.namespace, info_for.claim.name)]
-            unfinished = len(refs) - len(errors)
-            if unfinished:
-                raise PodPreparationError(f"NodeUnprepareResources left out {unfinished} claims")
         self._notify()
+
+    def _record_call(self, method: str, driver: str, refs: Sequence[ClaimRef]) -> None:
+        self.calls.append((method, driver, tuple(r.uid for r in refs)))
 
     def prepared_claims(self) -> list[ClaimRef]:
         """The claims the kubelet holds as prepared."""
         return [info.claim for info in self._claims.values() if info.prepared]
+
+
+def _call_failed(method: str, exc: grpc.aio.AioRpcError) -> PodPreparationError:
+    """The kubelet's message for a prepare or unprepare call that failed as a whole."""
+    return PodPreparationError(
+        f"{method} failed: rpc error: code = {exc.code().name} desc = {exc.details()}"
+    )
+
+
+def _answered(
+    method: str,
+    refs: Sequence[ClaimRef],
+    infos: Mapping[str, _ClaimInfo],
+    errors: Mapping[str, str],
+) -> Iterator[tuple[str, _ClaimInfo]]:
+    """Each claim a driver answered for, checked as the kubelet checks it: a result for a claim
+    it did not ask about, a claim's error, or a claim left out fails the pod's call."""
+    for uid, error in errors.items():
+        info = infos.get(uid)
+        if info is None:
+            raise PodPreparationError(f"{method} returned result for unknown claim UID {uid}")
+        if error:
+            raise PodPreparationError(
+                f"{method} failed for claim {info.claim.namespace}/{info.claim.name}: {error}"
+            )
+        yield uid, info
+    unfinished = len(refs) - len(errors)
+    if unfinished:
+        raise PodPreparationError(f"{method} left out {unfinished} claims")
 
 
 def _with_error(record: DraRegistration, error: str) -> DraRegistration:
