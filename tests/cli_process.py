@@ -17,6 +17,7 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+from process_output import ProcessOutput
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,30 +52,12 @@ def error_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-class Running:
+class Running(ProcessOutput):
     """A running command; ``stdout``/``stderr`` fill up line by line."""
 
     def __init__(self, process: anyio.abc.Process) -> None:
-        self.process = process
-        self.stdout: list[str] = []
-        self.stderr: list[str] = []
+        super().__init__(process)
         self.output_open = True  # until both streams end
-        self._changed = anyio.Event()
-
-    async def collect(self, stream: anyio.abc.ByteReceiveStream, lines: list[str]) -> None:
-        pending = b""
-        async for chunk in stream:
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            lines.extend(line.decode(errors="replace") for line in complete)
-            self._wake()
-        if pending:
-            lines.append(pending.decode(errors="replace"))
-        self._wake()
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
 
     async def wait_for(
         self, text: str, *, stream: str = "stderr", count: int = 1, timeout: float = 15
@@ -104,9 +87,6 @@ class Running:
 
     def text(self, stream: str = "stderr") -> str:
         return "\n".join(self.stdout if stream == "stdout" else self.stderr)
-
-    def signal(self, signum: signal.Signals) -> None:
-        self.process.send_signal(signum)
 
     async def stop(self, timeout: float = 15) -> int:
         """SIGTERM, then wait for the exit (and the last output); return the exit status."""

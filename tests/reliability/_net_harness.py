@@ -20,40 +20,19 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from process_output import ProcessOutput
 
 PLUGIN_MAIN = Path(__file__).with_name("_net_plugin_main.py")
 RESOURCE = "reliability.example.com/dev"
 SOCKET = "reliability.example.com_dev.sock"
 
 
-class PluginProcess:
+class PluginProcess(ProcessOutput):
     """A running ``_net_plugin_main.py``, its output collected line by line."""
 
     def __init__(self, process: anyio.abc.Process) -> None:
-        self.process = process
-        self.stdout: list[str] = []
-        self.stderr: list[str] = []
+        super().__init__(process)
         self.http_port = 0
-        self._changed = anyio.Event()
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    async def collect(self, stream: anyio.abc.ByteReceiveStream, lines: list[str]) -> None:
-        pending = b""
-        async for chunk in stream:
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            lines.extend(line.decode(errors="replace") for line in complete)
-            self._wake()
-        if pending:
-            lines.append(pending.decode(errors="replace"))
-        self._wake()
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
 
     async def wait_for_line(self, lines: list[str], text: str, timeout: float = 10.0) -> str:
         """Wait for a line of ``lines`` (``self.stdout`` or ``self.stderr``) containing ``text``."""
@@ -75,13 +54,6 @@ class PluginProcess:
                 if self.process.returncode is not None:
                     raise AssertionError(f"the plugin exited; stderr:\n{self.error_output}")
                 await self._changed.wait()
-
-    @property
-    def error_output(self) -> str:
-        return "\n".join(self.stderr)
-
-    def signal(self, signum: signal.Signals) -> None:
-        self.process.send_signal(signum)
 
     def fds(self) -> int:
         """Open file descriptors of the plugin process."""

@@ -17,6 +17,7 @@ import anyio
 import anyio.abc
 import grpc
 import pytest
+from process_output import ProcessOutput
 
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
@@ -30,33 +31,8 @@ pytestmark = pytest.mark.timeout(60)
 PLUGIN_MAIN = Path(__file__).with_name("_plugin_main.py")
 
 
-class PluginProcess:
+class PluginProcess(ProcessOutput):
     """A running ``_plugin_main.py``, with its output collected line by line."""
-
-    def __init__(self, process: anyio.abc.Process) -> None:
-        self.process = process
-        self.stdout: list[str] = []
-        self.stderr: list[str] = []
-        self._changed = anyio.Event()
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    async def collect(self, stream: anyio.abc.ByteReceiveStream, lines: list[str]) -> None:
-        pending = b""
-        async for chunk in stream:
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            lines.extend(line.decode(errors="replace") for line in complete)
-            self._wake()
-        if pending:
-            lines.append(pending.decode(errors="replace"))
-        self._wake()
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
 
     async def wait_for_stdout(self, prefix: str, timeout: float = 10.0) -> str:
         """Wait for a stdout line starting with ``prefix``; return it."""
@@ -71,13 +47,6 @@ class PluginProcess:
         """Wait for the process to end (output collected); return its exit status."""
         with anyio.fail_after(timeout):
             return await self.process.wait()
-
-    def signal(self, signum: signal.Signals) -> None:
-        self.process.send_signal(signum)
-
-    @property
-    def error_output(self) -> str:
-        return "\n".join(self.stderr)
 
 
 SpawnPlugin = Callable[..., AbstractAsyncContextManager[PluginProcess]]
