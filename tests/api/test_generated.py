@@ -22,9 +22,10 @@ def _load_generator():  # type: ignore[no-untyped-def]
 
 
 def test_regeneration_reproduces_committed_files(tmp_path: Path) -> None:
-    """Running scripts/gen_proto.py gives byte-identical files to the committed ones."""
-    pytest.importorskip("grpc_tools", reason="grpcio-tools is part of the dev extra")
-    _load_generator().generate(tmp_path)
+    """scripts/gen_proto.py (protoc 25.1 from .venv-gen, the stubs' plugin from this venv) gives
+    byte-identical files to the committed ones, and names none as differing."""
+    generator = _load_generator()
+    generator.generate(tmp_path)
     generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     committed = sorted(
         p.relative_to(ROOT) for p in API.rglob("*_pb2*") if p.suffix in (".py", ".pyi")
@@ -32,6 +33,38 @@ def test_regeneration_reproduces_committed_files(tmp_path: Path) -> None:
     assert generated == committed
     for relative in generated:
         assert (tmp_path / relative).read_bytes() == (ROOT / relative).read_bytes(), relative
+    assert generator.differences(tmp_path) == []
+
+
+def test_check_names_a_committed_file_that_differs(tmp_path: Path) -> None:
+    """The comparison behind --check finds an edited, a missing and an extra file."""
+    generator = _load_generator()
+    committed = sorted(p for p in API.rglob("*_pb2*") if p.suffix in (".py", ".pyi"))
+    for path in committed:
+        target = tmp_path / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+    assert generator.differences(tmp_path) == []
+    edited, missing = committed[0], committed[1]
+    (tmp_path / edited.relative_to(ROOT)).write_bytes(edited.read_bytes() + b"# edited\n")
+    (tmp_path / missing.relative_to(ROOT)).unlink()
+    (tmp_path / "devplugin_sdk" / "api" / "extra_pb2.py").write_text("")
+    assert generator.differences(tmp_path) == sorted(
+        [
+            str(edited.relative_to(ROOT)),
+            str(missing.relative_to(ROOT)),
+            "devplugin_sdk/api/extra_pb2.py",
+        ]
+    )
+
+
+def test_generated_code_checks_no_runtime_version_at_import() -> None:
+    """Code from protoc 25 / grpcio-tools 1.62 loads on every protobuf and grpcio the package
+    declares: no runtime-version check that would refuse an older (or a much newer) runtime."""
+    for path in API.rglob("*_pb2*.py"):
+        text = path.read_text()
+        assert "ValidateProtobufRuntimeVersion" not in text, path
+        assert "GRPC_GENERATED_VERSION" not in text, path
 
 
 def test_method_paths_keep_the_kubelet_package() -> None:
