@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import inspect
+import re
 import subprocess
 import sys
 import textwrap
@@ -33,6 +35,23 @@ def test_every_fake_function_has_the_signature_of_the_real_one(name: str) -> Non
 
     # Bound methods drop self, so the parameters line up with pynvml's functions.
     assert shape(getattr(FakeNVML([]), name)) == shape(getattr(pynvml, name))
+
+
+def test_the_backend_uses_only_names_the_installed_pynvml_has() -> None:
+    """Every pynvml function, constant and error class the NVIDIA backend reaches by attribute
+    exists in the installed nvidia-ml-py: the newest in the main run, the declared minimum
+    (pyproject's `nvidia` extra) in the floor run. Optional ones go through getattr with a default."""
+    import devplugin_sdk.backends.nvml as backend
+
+    tree = ast.parse(Path(backend.__file__).read_text())
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and re.fullmatch(r"nvml[A-Z]\w*|NVML_\w+|NVMLError_\w+", node.attr)
+    }
+    assert len(used) > 20  # the backend's queries, events and errors
+    assert sorted(name for name in used if not hasattr(pynvml, name)) == []
 
 
 @pytest.mark.parametrize("name", CONSTANTS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from dra_helpers import DRIVER, dra_options
 from sdk_helpers import RESOURCE, widgets
 
-from devplugin_sdk import _server, _watcher_registration, cli, conformance
+from devplugin_sdk import _server, _watcher_registration, conformance
 from devplugin_sdk.dra._model import ClaimRef, PreparedClaim
 from devplugin_sdk.dra._service import handlers
 from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
@@ -31,13 +32,11 @@ async def test_the_sdks_driver_passes(short_dir: Path) -> None:
             report = await conformance.check_dra_socket(socket)
             assert [r.status for r in report.results] == ["pass"] * len(conformance.DRA_CHECKS)
             assert report.succeeded(strict=True)
-            # The CLI, as a user runs it, on the DRA socket itself.
-
+            # The CLI, as a user runs it (a process of its own), on the DRA socket itself.
             dra_socket = dra_options(kubelet, api).resolved_plugin_dir / "dra.sock"
-            code = await anyio.to_thread.run_sync(
-                lambda: cli.main(["conformance", "--dra", "--socket", str(dra_socket)])
-            )
-            assert code == 0
+            command = [sys.executable, "-m", "devplugin_sdk", "conformance", "--dra"]
+            result = await anyio.run_process([*command, "--socket", str(dra_socket)], check=False)
+            assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
 
 async def _serve_broken(
