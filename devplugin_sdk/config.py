@@ -235,7 +235,28 @@ def _check_structure(text: str, source: str) -> None:
 
     Reads the parser's events one by one, which costs a tenth of a full load and stops at the
     first excess: composing a 100,000-deep list would crash libyaml's recursive composer.
+    A syntax error the parser finds ahead of its events gives way to one of our limits reached
+    before it, so that a file's first problem is reported, in our words.
     """
+    try:
+        _check_events(text, source)
+    except yaml.MarkedYAMLError as exc:
+        refused = exc
+    else:
+        return
+    # The scanner reads up to 1,024 characters of a line ahead of the events it hands over
+    # and stops at the first error there, so a limit of ours reached in that stretch went
+    # unseen. The libyaml of PyYAML 6.0.4's wheels also refuses 1,000 levels of nesting there,
+    # in its own words: a 100,000-deep line was refused before its 101st level reached us.
+    # Read again up to the error (a second read, of a file already refused), the text reaches
+    # our limit if that came first; else the parser's error stands.
+    if refused.problem_mark is not None:
+        with contextlib.suppress(yaml.YAMLError):
+            _check_events(text[: refused.problem_mark.index], source)
+    raise refused
+
+
+def _check_events(text: str, source: str) -> None:
     shape = _Shape(source)
     for event in yaml.parse(text, Loader=_Loader):
         shape.add(event)

@@ -6,6 +6,7 @@ checking the exit code and the one line on stderr.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -396,8 +397,13 @@ def test_an_unresolvable_metrics_host_names_the_option(tmp_path: Path) -> None:
     ("directory", "cause"),
     [
         ("FILE", "is not a directory"),
-        ("/proc/self", "cannot create the plugin's socket there: No such file or directory"),
-        ("/sys", "cannot create the plugin's socket there: Permission denied"),
+        # The errno's text as the C library words it, and our hint for a kernel filesystem.
+        (
+            "/proc/self",
+            f"cannot create the plugin's socket there: {os.strerror(errno.ENOENT)} "
+            "(a kernel filesystem?)",
+        ),
+        ("/sys", f"cannot create the plugin's socket there: {os.strerror(errno.EACCES)}"),
     ],
 )
 def test_a_device_plugin_dir_that_cannot_hold_a_socket_is_one_line(

@@ -394,7 +394,7 @@ class FullTmpfs:
     """ENOSPC itself: the plugin runs in its own user and mount namespace with a 16 KiB tmpfs
     on the CDI directory, filled and emptied through /proc/PID/root."""
 
-    failure = "No space left on device"
+    failure = os.strerror(errno.ENOSPC)  # the errno's text, as the plugin logs it
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -434,7 +434,7 @@ class FileSizeLimit:
     write fails at the same point as on a full disk (the temporary file exists, write(2)
     fails), on any machine."""
 
-    failure = "File too large"
+    failure = os.strerror(errno.EFBIG)
 
     def __init__(self, node: Node) -> None:
         self.node = node
