@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -105,12 +105,19 @@ class Running(ProcessOutput):
 
 @asynccontextmanager
 async def running(
-    *args: str, cwd: Path | None = None, script: str | None = None
+    *args: str,
+    cwd: Path | None = None,
+    script: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Running]:
-    """Run ``python -m devplugin_sdk ARGS`` (or the console ``script``) for the block."""
+    """Run ``python -m devplugin_sdk ARGS`` (or the console ``script``) for the block, in
+    ``environment()`` unless ``env`` is given."""
     command = [script] if script is not None else [sys.executable, "-m", "devplugin_sdk"]
     process = await anyio.open_process(
-        [*command, *args], stdin=subprocess.DEVNULL, cwd=cwd, env=environment()
+        [*command, *args],
+        stdin=subprocess.DEVNULL,
+        cwd=cwd,
+        env=dict(env) if env is not None else environment(),
     )
     run = Running(process)
     assert process.stdout is not None

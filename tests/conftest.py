@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from packaging_helpers import build_sdist_and_wheel
 
 from devplugin_sdk.testing import FakeKubelet
 
@@ -24,3 +25,9 @@ def short_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="dpt-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def distributions(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(sdist, wheel) of the checkout, built offline once for the packaging and image tests."""
+    return build_sdist_and_wheel(tmp_path_factory.mktemp("dist"))

@@ -1,7 +1,8 @@
 """What `pip install .` produces: an sdist and a wheel that carry the license and the metadata a
 package index shows, and a command that works from the installed wheel alone (issue 18, item 6).
 
-Built offline with the dev extra's hatchling (no build isolation, so no index is needed).
+Built offline with the dev extra's hatchling (no build isolation, so no index is needed), by
+the ``distributions`` fixture (tests/conftest.py, tests/packaging_helpers.py).
 """
 
 from __future__ import annotations
@@ -15,41 +16,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging_helpers import ROOT, fresh_venv, pip
 
 import devplugin_sdk
 
-ROOT = Path(__file__).resolve().parents[1]
-
 pytestmark = pytest.mark.timeout(120)  # two builds and a venv: about 15 s on 2 cores
-
-
-def _run(*command: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [str(c) for c in command],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(sdist, wheel), the wheel built from the sdist as pip does from an index."""
-    out = tmp_path_factory.mktemp("dist")
-    code = "import sys, hatchling.build as b; print(b.build_sdist(sys.argv[1]))"
-    name = _run(sys.executable, "-c", code, out).stdout.strip().splitlines()[-1]
-    sdist = out / name
-    _run(
-        sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-        "--disable-pip-version-check", "-q", "-w", out, sdist,
-    )  # fmt: skip
-    (wheel,) = out.glob("*.whl")
-    return sdist, wheel
 
 
 def _metadata(wheel: Path) -> email.message.Message:
@@ -58,8 +29,8 @@ def _metadata(wheel: Path) -> email.message.Message:
         return email.parser.Parser().parsestr(archive.read(name).decode())
 
 
-def test_the_license_text_is_in_the_sdist_and_the_wheel(built: tuple[Path, Path]) -> None:
-    sdist, wheel = built
+def test_the_license_text_is_in_the_sdist_and_the_wheel(distributions: tuple[Path, Path]) -> None:
+    sdist, wheel = distributions
     license_text = (ROOT / "LICENSE").read_bytes()
     assert b"Apache License" in license_text
     assert b"Version 2.0, January 2004" in license_text
@@ -75,8 +46,8 @@ def test_the_license_text_is_in_the_sdist_and_the_wheel(built: tuple[Path, Path]
         assert archive.read("devplugin_sdk-0.1.0.dist-info/licenses/LICENSE") == license_text
 
 
-def test_the_metadata_has_what_an_index_page_shows(built: tuple[Path, Path]) -> None:
-    metadata = _metadata(built[1])
+def test_the_metadata_has_what_an_index_page_shows(distributions: tuple[Path, Path]) -> None:
+    metadata = _metadata(distributions[1])
     assert metadata["Version"] == devplugin_sdk.__version__
     assert metadata["License-Expression"] == "Apache-2.0"
     assert metadata["License-File"] == "LICENSE"
@@ -88,9 +59,9 @@ def test_the_metadata_has_what_an_index_page_shows(built: tuple[Path, Path]) -> 
     assert metadata.get_all("Project-URL") is None
 
 
-def test_the_readme_has_no_relative_links(built: tuple[Path, Path]) -> None:
+def test_the_readme_has_no_relative_links(distributions: tuple[Path, Path]) -> None:
     """The README is the index page's description: a relative link there leads nowhere."""
-    description = _metadata(built[1]).get_payload()
+    description = _metadata(distributions[1]).get_payload()
     assert isinstance(description, str)
     assert "](docs/" not in description
     assert "devplugin-sdk/devplugin-sdk" not in description
@@ -98,18 +69,14 @@ def test_the_readme_has_no_relative_links(built: tuple[Path, Path]) -> None:
 
 
 def test_the_installed_wheel_runs_without_the_source_tree(
-    built: tuple[Path, Path], tmp_path: Path
+    distributions: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """The wheel alone in a fresh venv (its dependencies borrowed from this one)."""
     venv = tmp_path / "venv"
-    _run(sys.executable, "-m", "venv", "--without-pip", venv)
-    _run(
-        sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install",
-        "--no-deps", "--disable-pip-version-check", "-q", built[1],
-    )  # fmt: skip
-    site = next((venv / "lib").glob("python3*/site-packages"))
-    deps = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
-    (site / "deps.pth").write_text(deps + "\n")  # a plain path: no editable finder comes along
+    # --ignore-installed: the checkout's editable install, seen through the borrowed packages,
+    # is not this venv's to replace.
+    pip(fresh_venv(venv), "install", "--no-deps", "--ignore-installed", "-q", distributions[1])
+    (site,) = (venv / "lib").glob("python3*/site-packages")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     where = subprocess.run(
         [venv / "bin" / "python", "-c", "import devplugin_sdk; print(devplugin_sdk.__file__)"],
