@@ -36,7 +36,7 @@ import grpc
 from devplugin_sdk.allocation import list_message_bytes
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
-from devplugin_sdk.backends.nvml import NvmlPlugin
+from devplugin_sdk.backends.nvidia import NvmlPlugin
 from devplugin_sdk.testing import FakeKubelet, fake_nvml, serving
 from devplugin_sdk.testing.fake_nvml import FakeNVML
 from devplugin_sdk.types import Health

@@ -1,6 +1,6 @@
 """GPU check: the NVIDIA backend against the GPUs of this machine, once, with figures.
 
-Runs ``devplugin_sdk.backends.nvml`` on a GPU node, with no kubelet and no API server: the
+Runs ``devplugin_sdk.backends.nvidia`` on a GPU node, with no kubelet and no API server: the
 kubelet is ``FakeKubelet`` (real gRPC on real unix sockets), the API server the in-memory
 ``MemoryApi``. Four parts, each timed and reported; a part that fails is recorded and the
 others still run:
@@ -61,7 +61,7 @@ import yaml
 
 import devplugin_sdk
 from devplugin_sdk import Device, probe
-from devplugin_sdk.backends.nvml import NvmlPlugin
+from devplugin_sdk.backends.nvidia import NvmlPlugin
 from devplugin_sdk.config import parse_run_config
 from devplugin_sdk.testing import FakeKubelet, KubeletDevice, MemoryApi, fake_nvml, serving
 
@@ -819,7 +819,7 @@ def _write_json(path: Path, figures: Mapping[str, Any]) -> None:
 def setup(args: argparse.Namespace, work: Path, out: Path) -> Check:
     """The NVML module and host roots: the real ones, or a fake machine's with ``--fake-nvml``."""
     if not args.fake_nvml:
-        from devplugin_sdk.backends.nvml import load_nvml  # noqa: PLC0415 - real NVML only
+        from devplugin_sdk.backends.nvidia import load_nvml  # noqa: PLC0415 - real NVML only
 
         return Check(args, load_nvml(), None, {}, work, out)
     fake = fake_nvml.MACHINES[FAKE_MACHINE]()

@@ -383,13 +383,13 @@ def _rdma_example(root: Path) -> list[DevicePlugin]:
 
 
 def _nvml_backend(root: Path) -> list[DevicePlugin]:
-    from devplugin_sdk.backends import nvml
+    from devplugin_sdk.backends import nvidia
     from devplugin_sdk.testing import fake_nvml
 
     fake = fake_nvml.a100_mig([("3g.40gb", "1g.10gb", "1g.10gb"), None])
     roots = fake.write_host(root / "host")
     with fake.installed():
-        return nvml.from_config({"migStrategy": "mixed", **roots.config()})
+        return nvidia.from_config({"migStrategy": "mixed", **roots.config()})
 
 
 def _nvidia_example(root: Path) -> list[DevicePlugin]:

@@ -32,7 +32,7 @@ import devplugin_sdk.cdi
 import devplugin_sdk.dra
 import devplugin_sdk.testing
 from devplugin_sdk import Device, Health, Settings, cli
-from devplugin_sdk.backends import fpga, generic, nvml, rdma
+from devplugin_sdk.backends import fpga, generic, nvidia, rdma
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.testing import FakeKubelet, serving
 
@@ -361,7 +361,7 @@ def expected_keys(
         ("### generic", generic.from_config, [{"x": 1}, {"resources": [{"x": 1}]}]),
         (
             "### nvidia",
-            nvml.NvidiaConfig.from_mapping,
+            nvidia.NvidiaConfig.from_mapping,
             [
                 {"x": 1},
                 {"health": {"x": 1}},

@@ -10,7 +10,7 @@ __all__ = ["BUILTIN"]
 
 BUILTIN: dict[str, str] = {
     "generic": "devplugin_sdk.backends.generic",
-    "nvidia": "devplugin_sdk.backends.nvml",
+    "nvidia": "devplugin_sdk.backends.nvidia",
     "fpga": "devplugin_sdk.backends.fpga",
     "rdma": "devplugin_sdk.backends.rdma",
 }

@@ -16,7 +16,7 @@ nvidia-container-toolkit (``internal/nvcaps``) and Slurm (``gpu_nvml.c``).
 
 Example::
 
-    from devplugin_sdk.backends.nvml import NvmlPlugin
+    from devplugin_sdk.backends.nvidia import NvmlPlugin
     from devplugin_sdk.testing import fake_nvml
 
     nvml = fake_nvml.dgx_a100()

@@ -16,7 +16,7 @@ from typing import Any
 from typing_extensions import Self
 
 from devplugin_sdk import Allocation, AllocationError, Device, Health
-from devplugin_sdk.backends.nvml import NvidiaConfig, NvmlPlugin
+from devplugin_sdk.backends.nvidia import NvidiaConfig, NvmlPlugin
 from devplugin_sdk.config import ConfigReader
 
 

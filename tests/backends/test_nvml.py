@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from devplugin_sdk.backends.nvml import (
+from devplugin_sdk.backends.nvidia import (
     NvidiaConfig,
     NvmlPlugin,
     from_config,
@@ -253,7 +253,7 @@ def test_missing_nvidia_ml_py_names_the_extra(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_importing_the_backend_does_not_import_pynvml() -> None:
-    code = "import sys, devplugin_sdk.backends.nvml as m; m.from_config; print('pynvml' in sys.modules)"
+    code = "import sys, devplugin_sdk.backends.nvidia as m; m.from_config; print('pynvml' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
 
     assert out.stdout.strip() == "False"

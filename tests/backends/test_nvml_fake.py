@@ -41,12 +41,13 @@ def test_the_backend_uses_only_names_the_installed_pynvml_has() -> None:
     """Every pynvml function, constant and error class the NVIDIA backend reaches by attribute
     exists in the installed nvidia-ml-py: the newest in the main run, the declared minimum
     (pyproject's `nvidia` extra) in the floor run. Optional ones go through getattr with a default."""
-    import devplugin_sdk.backends.nvml as backend
+    import devplugin_sdk.backends.nvidia as backend
 
-    tree = ast.parse(Path(backend.__file__).read_text())
+    sources = sorted(Path(backend.__file__).parent.glob("*.py"))  # the package's modules
     used = {
         node.attr
-        for node in ast.walk(tree)
+        for source in sources
+        for node in ast.walk(ast.parse(source.read_text()))
         if isinstance(node, ast.Attribute)
         and re.fullmatch(r"nvml[A-Z]\w*|NVML_\w+|NVMLError_\w+", node.attr)
     }

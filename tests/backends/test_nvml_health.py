@@ -14,7 +14,7 @@ import pytest
 from anyio.abc import ObjectReceiveStream
 from prometheus_client import CollectorRegistry
 
-from devplugin_sdk.backends.nvml import NvidiaConfig, NvmlPlugin
+from devplugin_sdk.backends.nvidia import NvidiaConfig, NvmlPlugin
 from devplugin_sdk.metrics import PrometheusObserver
 from devplugin_sdk.testing import FakeKubelet, fake_nvml, serving
 from devplugin_sdk.testing.fake_nvml import FakeNVML
@@ -286,7 +286,7 @@ def test_real_pynvml_handles_of_one_gpu_are_recognised_by_address() -> None:
 
     import pynvml
 
-    from devplugin_sdk.backends.nvml import _handle_key
+    from devplugin_sdk.backends.nvidia.events import _handle_key
 
     def handle(address: int) -> object:
         return ctypes.cast(ctypes.c_void_p(address), pynvml.c_nvmlDevice_t)

@@ -18,7 +18,7 @@ import pytest
 
 from devplugin_sdk import _convert
 from devplugin_sdk.api import constants
-from devplugin_sdk.backends.nvml import (
+from devplugin_sdk.backends.nvidia import (
     Interceptor,
     MemorySharing,
     NvidiaConfig,

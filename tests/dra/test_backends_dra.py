@@ -11,7 +11,7 @@ from pathlib import Path
 from dra_helpers import dra_options
 
 from devplugin_sdk.backends.generic import GenericPlugin
-from devplugin_sdk.backends.nvml import NvidiaConfig, NvmlPlugin
+from devplugin_sdk.backends.nvidia import NvidiaConfig, NvmlPlugin
 from devplugin_sdk.dra import SliceDevice, device_name
 from devplugin_sdk.testing import FakeKubelet, MemoryApi, fake_nvml, serving
 
