@@ -16,6 +16,7 @@ from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Device, DevicePlugin, serve
 from devplugin_sdk._events import Events
+from devplugin_sdk._hooks import run_hook
 from devplugin_sdk._servicer import DevicePluginServicer
 from devplugin_sdk._state import DeviceState
 from devplugin_sdk._streams import Streams
@@ -173,7 +174,7 @@ async def test_stopping_with_a_call_in_flight_takes_one_grace_not_two() -> None:
     server = _FakeServer()
     serving = servicer.serving()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(servicer._hook, hang(), 8.0, "allocate", serving)  # suspended in a call
+        tg.start_soon(run_hook, hang(), 8.0, RESOURCE, "allocate", serving)  # suspended in a call
         await anyio.wait_all_tasks_blocked()
         started = anyio.current_time()
         await servicer.stop(server, serving, 0.2)  # type: ignore[arg-type]
