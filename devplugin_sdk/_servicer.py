@@ -1,108 +1,51 @@
-"""The v1beta1 DevicePlugin service of one plugin: calls its hooks, maps errors to gRPC status.
+"""The v1beta1 DevicePlugin service of one plugin: what its RPCs do with the plugin's hooks.
 
-This is the one place where SDK errors become status codes. Handlers are registered as generic
-handlers so that ListAndWatch and Allocate can send pre-encoded bytes without re-serialising. The
-servicer is built from what it uses (the plugin, its device state, its stream bookkeeping, the
-event sink and two timeouts) and knows nothing of registration. Each gRPC server gets its own
-``Serving`` (its handler and its streams), so that a server can stop while the next one serves.
+The servicer is built from what it uses (the plugin, its device state, its stream bookkeeping,
+the event sink and two timeouts) and knows nothing of registration; the handler table and the
+mapping of errors to gRPC statuses are ``_rpc``'s. Each gRPC server gets its own ``Serving``
+(its handler and its streams), so that a server can stop while the next one serves.
 
 The RPCs are the plugin's hot path (every pod admission waits on Allocate): what can be worked
-out once is (the default ``allocate``'s answer for a set of IDs, until the devices change), and
-a hook that completes without suspending costs one coroutine step, with no timeout machinery;
-only a hook that really suspends runs under its bound.
+out once is (``_answers``: the default ``allocate``'s answer for a set of IDs, until the devices
+change), and hooks are awaited through ``_hooks``, where one that completes without suspending
+costs one coroutine step. ``allocation.complete_preference`` makes any preference valid.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-import types
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
-from typing import Any, NoReturn, TypeVar
+from typing import Any
 
 import anyio
 import grpc
-from google.protobuf.message import DecodeError
 
-from devplugin_sdk import _convert
+from devplugin_sdk import _convert, _rpc
+from devplugin_sdk._answers import MergedAnswers
 from devplugin_sdk._events import Events
+from devplugin_sdk._hooks import run_hook
 from devplugin_sdk._logging import printable
+from devplugin_sdk._rpc import Malformed, RequestError, parsed, refuse, status_for
 from devplugin_sdk._state import DeviceState, Snapshot
 from devplugin_sdk._streams import Streams
+from devplugin_sdk.allocation import complete_preference
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
-from devplugin_sdk.errors import AllocationError, BackendError, UnknownDeviceError, summarize_ids
+from devplugin_sdk.errors import summarize_ids
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.types import Allocation, Device, Health
 
 log = logging.getLogger("devplugin_sdk")
 
-T = TypeVar("T")
-M = TypeVar("M")
 
-SERVICE = "v1beta1.DevicePlugin"
-
-#: Allocate answers of the default ``allocate`` kept per device version (one per distinct set
-#: of IDs asked for); past it the cache starts again, so any request pattern stays bounded.
-ALLOCATIONS_CACHED = 1024
-
-
-class _RequestError(Exception):
-    """A malformed request: answered with INVALID_ARGUMENT."""
-
-
-def _identity(payload: bytes) -> bytes:
-    return payload
-
-
-class _Malformed:
-    """Stands in for a request whose bytes did not parse (answered INVALID_ARGUMENT)."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-
-def _parsed(request: M | _Malformed, rpc: str) -> M:
-    """The request, or INVALID_ARGUMENT when its bytes did not parse."""
-    if isinstance(request, _Malformed):
-        raise _RequestError(f"{rpc}: the request is not a valid protobuf message: {request.error}")
-    return request
-
-
-def _containers(request: pb.AllocateRequest | _Malformed) -> Sequence[Any]:
-    containers = _parsed(request, "Allocate").container_requests
+def _containers(request: pb.AllocateRequest | Malformed) -> Sequence[Any]:
+    containers = parsed(request, "Allocate").container_requests
     if not containers:
-        raise _RequestError("AllocateRequest has no container requests")
+        raise RequestError("AllocateRequest has no container requests")
     return containers
-
-
-def _lenient(message: Any) -> Callable[[bytes], Any]:
-    """A deserializer that turns undecodable bytes into ``_Malformed`` instead of raising
-    (grpcio would answer UNKNOWN)."""
-
-    def parse(data: bytes) -> Any:
-        try:
-            return message.FromString(data)
-        except DecodeError as exc:
-            return _Malformed(exc)
-
-    return parse
-
-
-def status_for(exc: BaseException) -> grpc.StatusCode:
-    """The gRPC status code for an exception raised while serving a request."""
-    if isinstance(exc, (UnknownDeviceError, _RequestError)):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, AllocationError):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(exc, TimeoutError):
-        return grpc.StatusCode.DEADLINE_EXCEEDED
-    if isinstance(exc, BackendError):
-        return grpc.StatusCode.UNAVAILABLE
-    return grpc.StatusCode.INTERNAL
 
 
 class Serving:
@@ -159,17 +102,16 @@ class DevicePluginServicer:
         self.prestart_timeout = prestart_timeout
         self.pre_start_required = plugin.overrides("pre_start_container")
         self.preferred_allocation = plugin.overrides("preferred_allocation")
-        # The default allocate is Allocation.merge of the devices: a pure function of them.
-        # Asked of the class itself, not ``overrides`` (a wrapper such as CDI's reports its
-        # wrapped plugin's hooks there, but its own allocate adds to theirs).
-        self._default_allocate = type(plugin).allocate is DevicePlugin.allocate
-        self._allocations: dict[tuple[str, ...], bytes] = {}
-        self._allocations_version = -1
+        # Not ``overrides("allocate")``: a wrapper such as CDI's reports its wrapped plugin's
+        # hooks there, but its own allocate adds to theirs.
+        self._default_allocate = plugin.allocate_is_merge
+        self._answers = MergedAnswers(state)
         self._options = _convert.options(
             pre_start_required=self.pre_start_required,
             preferred_allocation=self.preferred_allocation,
         )
         self._too_big_version = -1
+        self._refuse = partial(refuse, resource=self.resource, events=events)
 
     def serving(self) -> Serving:
         """A new server's share: the handler to add to it, and its streams (see ``stop``)."""
@@ -193,35 +135,12 @@ class DevicePluginServicer:
             await server.stop(max(deadline - anyio.current_time(), 0.0))
 
     def _handler(self, serving: Serving) -> grpc.GenericRpcHandler:
-        return grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
-                    self.get_options,
-                    request_deserializer=pb.Empty.FromString,
-                    response_serializer=pb.DevicePluginOptions.SerializeToString,
-                ),
-                "ListAndWatch": grpc.unary_stream_rpc_method_handler(
-                    partial(self.list_and_watch, serving=serving),
-                    request_deserializer=pb.Empty.FromString,
-                    response_serializer=_identity,
-                ),
-                "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
-                    partial(self.get_preferred_allocation, serving=serving),
-                    request_deserializer=_lenient(pb.PreferredAllocationRequest),
-                    response_serializer=pb.PreferredAllocationResponse.SerializeToString,
-                ),
-                "Allocate": grpc.unary_unary_rpc_method_handler(
-                    partial(self.allocate, serving=serving),
-                    request_deserializer=_lenient(pb.AllocateRequest),
-                    response_serializer=_identity,
-                ),
-                "PreStartContainer": grpc.unary_unary_rpc_method_handler(
-                    partial(self.pre_start_container, serving=serving),
-                    request_deserializer=_lenient(pb.PreStartContainerRequest),
-                    response_serializer=pb.PreStartContainerResponse.SerializeToString,
-                ),
-            },
+        return _rpc.handler(
+            get_options=self.get_options,
+            list_and_watch=partial(self.list_and_watch, serving=serving),
+            get_preferred_allocation=partial(self.get_preferred_allocation, serving=serving),
+            allocate=partial(self.allocate, serving=serving),
+            pre_start_container=partial(self.pre_start_container, serving=serving),
         )
 
     # ------------------------------------------------------------------ RPCs
@@ -276,7 +195,7 @@ class DevicePluginServicer:
 
     async def allocate(
         self,
-        request: pb.AllocateRequest | _Malformed,
+        request: pb.AllocateRequest | Malformed,
         context: grpc.aio.ServicerContext[Any, Any],
         *,
         serving: Serving,
@@ -295,38 +214,32 @@ class DevicePluginServicer:
             error = None if code is None else code.name
             self.events.allocation(self.resource, time.perf_counter() - started, error)
 
-    def _allocate_merged(self, request: pb.AllocateRequest | _Malformed) -> bytes:
+    def _allocate_merged(self, request: pb.AllocateRequest | Malformed) -> bytes:
         """The default allocate's answer: cached encodings, nothing awaited."""
         containers = _containers(request)
         return b"".join([self._merged(c.devices_ids, index) for index, c in enumerate(containers)])
 
     async def _allocate_hooked(
-        self, request: pb.AllocateRequest | _Malformed, serving: Serving
+        self, request: pb.AllocateRequest | Malformed, serving: Serving
     ) -> bytes:
         entries = []
         for index, container in enumerate(_containers(request)):
             devices = self._devices(container.devices_ids, "container request", index)
             self._warn_unhealthy([d.id for d in devices])
-            allocation = await self._hook(
-                self.plugin.allocate(devices), self.hook_timeout, "allocate", serving
+            allocation = await run_hook(
+                self.plugin.allocate(devices), self.hook_timeout, self.resource, "allocate", serving
             )
             entries.append(_convert.allocate_entry(allocation))
         return b"".join(entries)
 
     def _merged(self, ids: Sequence[str], index: int) -> bytes:
-        """The default allocate's answer for one container, encoded (cached per device version)."""
-        if self._allocations_version != self.state.devices_version:
-            self._allocations.clear()
-            self._allocations_version = self.state.devices_version
+        """The default allocate's answer for one container, encoded (kept per device version)."""
         key = tuple(ids)
-        entry = self._allocations.get(key)
+        entry = self._answers.get(key)
         if entry is None:
-            # Only valid requests are cached: a key found there names known, distinct devices.
+            # Only valid requests are kept: a key found there names known, distinct devices.
             devices = self._devices(key, "container request", index)
-            entry = _convert.allocate_entry(Allocation.merge(devices))
-            if len(self._allocations) >= ALLOCATIONS_CACHED:
-                self._allocations.clear()
-            self._allocations[key] = entry
+            entry = self._answers.put(key, _convert.allocate_entry(Allocation.merge(devices)))
         self._warn_unhealthy(key)
         return entry
 
@@ -344,7 +257,7 @@ class DevicePluginServicer:
 
     async def get_preferred_allocation(
         self,
-        request: pb.PreferredAllocationRequest | _Malformed,
+        request: pb.PreferredAllocationRequest | Malformed,
         context: grpc.aio.ServicerContext[Any, Any],
         *,
         serving: Serving,
@@ -353,7 +266,7 @@ class DevicePluginServicer:
             return _convert.preferred_response(
                 [
                     await self._prefer(c, serving)
-                    for c in _parsed(request, "GetPreferredAllocation").container_requests
+                    for c in parsed(request, "GetPreferredAllocation").container_requests
                 ]
             )
         except Exception as exc:
@@ -362,18 +275,19 @@ class DevicePluginServicer:
 
     async def pre_start_container(
         self,
-        request: pb.PreStartContainerRequest | _Malformed,
+        request: pb.PreStartContainerRequest | Malformed,
         context: grpc.aio.ServicerContext[Any, Any],
         *,
         serving: Serving,
     ) -> pb.PreStartContainerResponse:
         try:
-            ids = _parsed(request, "PreStartContainer").devices_ids
+            ids = parsed(request, "PreStartContainer").devices_ids
             devices = self._devices(ids, "PreStartContainerRequest")
             if self.pre_start_required:
-                await self._hook(
+                await run_hook(
                     self.plugin.pre_start_container(devices),
                     self.prestart_timeout,
+                    self.resource,
                     "pre_start_container",
                     serving,
                 )
@@ -388,20 +302,26 @@ class DevicePluginServicer:
         if not ids or len(set(ids)) != len(ids):
             where = where if index is None else f"{where} {index}"
             if not ids:
-                raise _RequestError(f"{where} has no device IDs")
+                raise RequestError(f"{where} has no device IDs")
             duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
-            raise _RequestError(f"{where} repeats device IDs: {', '.join(duplicates)}")
+            raise RequestError(f"{where} repeats device IDs: {', '.join(duplicates)}")
         return self.state.lookup(ids)
 
     async def _prefer(
         self, request: pb.ContainerPreferredAllocationRequest, serving: Serving
     ) -> list[str]:
-        """A valid preference whatever the hook does: must-include, hook's choice, the rest.
-
-        A request can name every unit of a large resource (81,920 GPU memory units): each ID
-        is walked as few times as possible, with the set operations done in C.
-        """
+        """A valid preference whatever the hook does: must-include, hook's choice, the rest."""
         size = request.allocation_size
+        available, must = self._offered(request)
+        choice: Sequence[str] = ()
+        if self.preferred_allocation and len(must) < size:
+            choice = await self._choice(available, must, size, serving)
+        return complete_preference(available, must, size, choice)
+
+    def _offered(
+        self, request: pb.ContainerPreferredAllocationRequest
+    ) -> tuple[dict[str, None], dict[str, None]]:
+        """The available and must-include IDs, each in order, without repeats or unknown IDs."""
         known = self.state.by_id
         # Ordered and deduplicated; doubles as the set of what may be chosen.
         available = dict.fromkeys(request.available_deviceIDs)
@@ -417,144 +337,37 @@ class DevicePluginServicer:
             for device_id in dropped:
                 available.pop(device_id, None)
                 must.pop(device_id, None)
-        if size <= 0:
-            return []
-        # Must-include IDs the kubelet also offers come first (it sends them in both lists).
-        result = [i for i in must if i in available] + [i for i in must if i not in available]
-        if len(result) >= size:
-            return result[:size]
-        choice: Sequence[str] = ()
-        if self.preferred_allocation:
-            try:
-                answer = await self._hook(
-                    self.plugin.preferred_allocation(
-                        list(map(known.__getitem__, available)),
-                        list(map(known.__getitem__, result)),
-                        size,
-                    ),
-                    self.hook_timeout,
-                    "preferred_allocation",
-                    serving,
-                )
-                choice = [str(i) for i in answer]
-            except Exception as exc:
-                # The kubelet fails the pod on any GetPreferredAllocation error: fall back.
-                log.warning(
-                    "%s: preferred_allocation failed (%s: %s); answering with a default choice",
-                    self.resource,
-                    type(exc).__name__,
-                    exc,
-                    extra={"resource": self.resource},
-                )
-        chosen = set(result)
-        for candidates in (choice, available):
-            for candidate in candidates:
-                if candidate in available and candidate not in chosen:
-                    result.append(candidate)
-                    if len(result) >= size:
-                        return result
-                    chosen.add(candidate)
-        return result
+        return available, must
 
-    async def _hook(
-        self, awaitable: Awaitable[T], timeout: float, hook: str, serving: Serving
-    ) -> T:
-        """Await a plugin hook, bounded by ``timeout`` once it suspends.
-
-        Most hooks finish without ever suspending (a merge, a lookup): the first step of the
-        coroutine is run here and its result returned, with no timer armed. A hook that
-        suspends is driven on under ``_deadline``.
-
-        Raises:
-            TimeoutError: the hook did not finish within ``timeout`` seconds.
-        """
-        if type(awaitable) is not types.CoroutineType:
-            # Not a native coroutine (an ``async def`` hook always is): await it in one.
-            return await self._hook(_awaited(awaitable), timeout, hook, serving)
+    async def _choice(
+        self, available: dict[str, None], must: dict[str, None], size: int, serving: Serving
+    ) -> Sequence[str]:
+        """The hook's choice, or none when it fails: the kubelet fails the pod on any error."""
+        known = self.state.by_id
+        # Must-include devices in the answer's order: those also offered first.
+        must_first = sorted(must, key=lambda i: i not in available)
         try:
-            pending = awaitable.send(None)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        return await self._bounded(awaitable, pending, timeout, hook, serving)
-
-    async def _bounded(
-        self,
-        coro: Coroutine[Any, Any, T],
-        pending: Any,
-        timeout: float,
-        hook: str,
-        serving: Serving,
-    ) -> T:
-        """Drive a suspended hook coroutine on until it ends or ``timeout`` passes.
-
-        The bound is a native cancellation of this task, not an anyio cancel scope: the hook's
-        first step ran outside any scope of ours, and may have entered scopes of its own
-        (``anyio.to_thread.run_sync`` does) that a scope entered now would wrongly enclose. A
-        cancellation that is not the bound's (the RPC cancelled by the kubelet, the server
-        stopping) propagates unchanged. As with grpc.aio's own cancellations, a hook waiting
-        in ``anyio.to_thread.run_sync`` gets the cancellation at the bound while its thread
-        finishes on its own.
-        """
-        task = asyncio.current_task()
-        assert task is not None  # grpc.aio runs every handler in a task
-        cancelling = _cancelling(task)
-        expired = False
-
-        def expire() -> None:
-            nonlocal expired
-            expired = True
-            task.cancel()
-
-        timer = asyncio.get_running_loop().call_later(timeout, expire)
-        serving.call_started()
-        try:
-            return await _resumed(coro, pending)
-        except asyncio.CancelledError:
-            if expired:
-                expired = False
-                if _uncancel(task) <= cancelling:
-                    raise TimeoutError(
-                        f"{self.resource}: {hook} did not finish within {timeout:g}s"
-                    ) from None
-            raise
-        finally:
-            timer.cancel()
-            if expired:
-                _uncancel(task)  # the hook swallowed the bound's cancellation: take it back
-            serving.call_ended()
-
-    async def _refuse(
-        self,
-        rpc: str,
-        context: grpc.aio.ServicerContext[Any, Any],
-        exc: Exception,
-        code: grpc.StatusCode,
-    ) -> NoReturn:
-        """Log why a call failed and end it with ``code`` and the error's message."""
-        # Errors quote the request (unknown or repeated device IDs): no raw control
-        # characters from a peer reach the log or the kubelet's events.
-        message = printable(str(exc) or type(exc).__name__)
-        if code is grpc.StatusCode.INTERNAL:
-            message = f"{self.resource}: {type(exc).__name__}: {message}"
-            log.error(
-                "%s: %s failed",
+            answer = await run_hook(
+                self.plugin.preferred_allocation(
+                    list(map(known.__getitem__, available)),
+                    list(map(known.__getitem__, must_first)),
+                    size,
+                ),
+                self.hook_timeout,
                 self.resource,
-                rpc,
-                exc_info=exc,
-                extra={"resource": self.resource},
+                "preferred_allocation",
+                serving,
             )
-        else:
+            return [str(i) for i in answer]
+        except Exception as exc:
             log.warning(
-                "%s: %s refused: %s",
+                "%s: preferred_allocation failed (%s: %s); answering with a default choice",
                 self.resource,
-                rpc,
-                message,
+                type(exc).__name__,
+                exc,
                 extra={"resource": self.resource},
             )
-        if rpc != "Allocate":
-            self.events.rpc_error(self.resource, rpc, code.name)
-        await context.abort(code, message)
-        raise AssertionError("unreachable")  # pragma: no cover - abort raises
+            return ()
 
     def _log_too_big(self, version: int, size: int, count: int) -> None:
         if version == self._too_big_version:
@@ -569,42 +382,3 @@ class DevicePluginServicer:
             constants.MAX_MESSAGE_BYTES,
             extra={"resource": self.resource},
         )
-
-
-@types.coroutine
-def _resumed(coro: Coroutine[Any, Any, T], pending: Any) -> Generator[Any, Any, T]:
-    """Go on with ``coro`` after its first suspension (which yielded ``pending``), exactly as
-    ``await coro`` would have: every value the task sends and every exception it throws
-    (a cancellation) reaches the coroutine."""
-    value = pending
-    while True:
-        try:
-            sent = yield value
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:  # handed to the coroutine, as await does
-            try:
-                value = coro.throw(exc)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-        else:
-            try:
-                value = coro.send(sent)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-
-
-async def _awaited(awaitable: Awaitable[T]) -> T:
-    return await awaitable
-
-
-def _cancelling(task: asyncio.Task[Any]) -> int:
-    # Task.cancelling/uncancel exist from Python 3.11: they tell our cancellation from others.
-    cancelling = getattr(task, "cancelling", None)
-    return 0 if cancelling is None else int(cancelling())
-
-
-def _uncancel(task: asyncio.Task[Any]) -> int:
-    uncancel = getattr(task, "uncancel", None)
-    return 0 if uncancel is None else int(uncancel())

@@ -5,6 +5,8 @@ with the highest sum of pairwise scores (link score between physical units, plus
 shared NUMA node), must-include devices always kept. The scoring model follows NVIDIA's
 go-gpuallocator best-effort policy (``besteffort_policy.go``: pair scores summed over the set);
 the search is exact for small sets and greedy beyond, and every tie is broken deterministically.
+``complete_preference`` makes any choice a valid answer, as the SDK does with what
+``preferred_allocation`` returns.
 
 For devices that are *shares* of a unit (memory units or slices of a GPU), ``place_together``
 keeps one container's shares on one unit (binpack or spread) and ``spread_apart`` puts them on
@@ -30,6 +32,7 @@ __all__ = [
     "Placement",
     "TopologyScorer",
     "UnitOf",
+    "complete_preference",
     "list_entry_bytes",
     "list_message_bytes",
     "matrix_score",
@@ -148,6 +151,46 @@ class TopologyScorer:
         else:
             chosen = _greedy(pairs, must, rest, need, connectivity)
         return must + sorted(chosen)
+
+
+def complete_preference(
+    available: Iterable[str], must_include: Iterable[str], size: int, choice: Iterable[str] = ()
+) -> list[str]:
+    """A valid GetPreferredAllocation answer, whatever ``choice`` holds.
+
+    Must-include IDs come first (those also in ``available`` before the others: the kubelet
+    sends them in both lists), then the IDs of ``choice`` that are available, in its order,
+    then the other available IDs in their order, until there are ``size``. Repeats are dropped.
+    A request can name every unit of a large resource (81,920 GPU memory units): each ID is
+    walked as few times as possible, with the set work done in C.
+
+    Args:
+        available: IDs the kubelet may allocate, in its order; a ``dict``'s keys are used as
+            they are, without a copy.
+        must_include: IDs that must be in the answer.
+        size: How many IDs the container gets.
+        choice: Preferred IDs (a hook's answer); unavailable ones are ignored.
+
+    Returns:
+        ``size`` IDs, fewer only when ``available`` and ``must_include`` together hold fewer;
+        none when ``size`` is not positive. Must-include IDs beyond ``size`` are cut off.
+    """
+    if size <= 0:
+        return []
+    offered = available if isinstance(available, dict) else dict.fromkeys(available)
+    must = dict.fromkeys(must_include)
+    result = [i for i in must if i in offered] + [i for i in must if i not in offered]
+    if len(result) >= size:
+        return result[:size]
+    chosen = set(result)
+    for candidates in (choice, offered):
+        for candidate in candidates:
+            if candidate in offered and candidate not in chosen:
+                result.append(candidate)
+                if len(result) >= size:
+                    return result
+                chosen.add(candidate)
+    return result
 
 
 _Key = tuple[str, int | None]  # (physical unit, NUMA node)

@@ -801,6 +801,11 @@ class CdiPlugin(DevicePlugin):
         runs (it retries failed spec writes)."""
         return hook == "watch" or self.plugin.overrides(hook)
 
+    @property
+    def allocate_is_merge(self) -> bool:
+        """False: ``allocate`` answers CDI names, whatever the wrapped plugin's is."""
+        return False
+
     def fingerprint(self) -> str:
         """The wrapped plugin's fingerprint and the CDI settings: a configuration reload
         restarts the resource only when one of them changed."""

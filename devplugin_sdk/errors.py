@@ -13,7 +13,7 @@
     └── KubeApiError                    the Kubernetes API refused a DRA request (status, reason)
 
 Misuse of the API (a bad resource name, a bad socket name) raises ``ValueError`` at
-construction instead. ``_servicer`` maps these to gRPC status codes, in that one place.
+construction instead. ``_rpc`` maps these to gRPC status codes, in that one place.
 """
 
 from __future__ import annotations

@@ -186,6 +186,17 @@ class DevicePlugin(abc.ABC):
         """Whether this plugin's class overrides the optional hook ``hook``."""
         return getattr(type(self), hook) is not getattr(DevicePlugin, hook)
 
+    @property
+    def allocate_is_merge(self) -> bool:
+        """Whether ``allocate`` answers ``Allocation.merge(devices)`` and does nothing else.
+
+        When it does, the SDK answers Allocate without calling it: the merge of a set of
+        devices is encoded once and kept until the devices change. True when the class keeps
+        the default ``allocate``; a wrapper whose ``overrides`` reports another plugin's hooks
+        (``cdi.CdiPlugin``) declares its own.
+        """
+        return type(self).allocate is DevicePlugin.allocate
+
     def fingerprint(self) -> str:
         """What identifies this plugin's configuration.
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from devplugin_sdk import _convert
 from devplugin_sdk.allocation import (
     TopologyScorer,
+    complete_preference,
     list_entry_bytes,
     list_message_bytes,
     matrix_score,
@@ -397,3 +398,54 @@ def test_message_bytes_add_up_and_count_unhealthy_as_asked() -> None:
     assert list_message_bytes(devices) == len(encoded)
     assert _convert.decode_list_and_watch(encoded).devices[999].ID == "d999"
     assert list_message_bytes(devices, Health.UNHEALTHY) == len(encoded) + 2 * len(devices)
+
+
+# ------------------------------------------------------------------ complete_preference
+
+
+def test_preference_puts_must_include_first_then_the_choice_then_the_rest() -> None:
+    available = ["w0", "w1", "w2", "w3"]
+    assert complete_preference(available, ["w2"], 3, ["w3", "w1"]) == ["w2", "w3", "w1"]
+    assert complete_preference(available, ["w2"], 3) == ["w2", "w0", "w1"]
+    assert complete_preference(available, [], 2, ["w3"]) == ["w3", "w0"]
+
+
+def test_preference_ignores_unavailable_and_repeated_choices() -> None:
+    assert complete_preference(["w0", "w1", "w2"], [], 2, ["x", "w2", "w2", "w0"]) == ["w2", "w0"]
+    assert complete_preference(["w0", "w0", "w1"], ["w1", "w1"], 3) == ["w1", "w0"]
+
+
+def test_preference_orders_offered_must_include_ids_before_the_others() -> None:
+    """The kubelet sends must-include IDs in both lists; one it did not offer comes last."""
+    assert complete_preference(["w1", "w2"], ["w9", "w2"], 3) == ["w2", "w9", "w1"]
+
+
+def test_preference_cuts_must_include_at_size_and_answers_nothing_for_no_size() -> None:
+    assert complete_preference(["w0", "w1"], ["w1", "w0"], 1, ["w0"]) == ["w1"]
+    assert complete_preference(["w0"], ["w0"], 0) == []
+    assert complete_preference(["w0"], ["w0"], -1) == []
+    assert complete_preference([], [], 2) == []
+
+
+def test_preference_takes_a_dict_of_available_ids_as_it_is() -> None:
+    available = dict.fromkeys(["w0", "w1", "w2"])
+    assert complete_preference(available, [], 2, ["w2"]) == ["w2", "w0"]
+    assert list(available) == ["w0", "w1", "w2"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    available=st.lists(st.sampled_from([f"w{i}" for i in range(8)])),
+    must=st.lists(st.sampled_from([f"w{i}" for i in range(10)]), max_size=3),
+    choice=st.lists(st.sampled_from([f"w{i}" for i in range(10)])),
+    size=st.integers(-1, 10),
+)
+def test_preference_is_always_a_valid_answer(
+    available: list[str], must: list[str], choice: list[str], size: int
+) -> None:
+    answer = complete_preference(available, must, size, choice)
+    pool = set(available) | set(must)
+    assert len(answer) == len(set(answer)) == (max(0, min(size, len(pool))))
+    assert set(answer) <= pool
+    must_count = len(dict.fromkeys(must))
+    assert set(answer[:must_count]) <= set(must)  # must-include IDs first

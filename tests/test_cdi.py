@@ -457,6 +457,17 @@ async def test_wrapped_hooks_keep_their_kubelet_options_and_health(
         assert got.allocation.cdi_devices == (f"{KIND}=w2",)
 
 
+def test_the_wrapper_declares_that_its_allocate_is_no_plain_merge(tmp_path: Path) -> None:
+    """The servicer keeps merged answers only for a plain merge; CDI's adds CDI names, even
+    around a plugin that keeps the default allocate (and says so through ``overrides``)."""
+    inner = StaticPlugin(KIND, widgets(1))
+    assert inner.allocate_is_merge
+    assert not JoiningPlugin(KIND, env_widgets(1)).allocate_is_merge
+    plugin = use_cdi(inner, directory=tmp_path)
+    assert not plugin.overrides("allocate")
+    assert not plugin.allocate_is_merge
+
+
 async def test_device_id_that_is_no_cdi_name_fails_discovery(tmp_path: Path) -> None:
     plugin = use_cdi(
         StaticPlugin(KIND, [Device("w 0", device_nodes=(DeviceNode("/dev/w0"),))]),

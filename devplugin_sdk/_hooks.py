@@ -1,0 +1,133 @@
+"""Awaiting a plugin hook inside a gRPC call: one coroutine step when it finishes at once, a
+bound once it suspends.
+
+Most hooks finish without suspending (a merge, a lookup), and Allocate is the plugin's hot path
+(every pod admission waits on it), so such a hook costs one ``send`` here: no cancel scope, timer
+or event. Only a hook that really suspends is driven on under its bound, a native cancellation
+of the call's task. The servicer is the only user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import types
+from collections.abc import Awaitable, Coroutine, Generator
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+class Calls(Protocol):
+    """Counts the hooks suspended in calls (a server's stop waits for them)."""
+
+    def call_started(self) -> None: ...
+
+    def call_ended(self) -> None: ...
+
+
+async def run_hook(
+    awaitable: Awaitable[T], timeout: float, resource: str, hook: str, calls: Calls
+) -> T:
+    """Await a plugin hook, bounded by ``timeout`` once it suspends.
+
+    The first step of the coroutine is run here and, if it finishes, its result returned with
+    no timer armed. A hook that suspends is driven on under ``_bounded`` and counted in
+    ``calls`` while it is.
+
+    Raises:
+        TimeoutError: the hook did not finish within ``timeout`` seconds.
+    """
+    if type(awaitable) is not types.CoroutineType:
+        # Not a native coroutine (an ``async def`` hook always is): await it in one.
+        return await run_hook(_awaited(awaitable), timeout, resource, hook, calls)
+    try:
+        pending = awaitable.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    return await _bounded(awaitable, pending, timeout, resource=resource, hook=hook, calls=calls)
+
+
+async def _bounded(
+    coro: Coroutine[Any, Any, T],
+    pending: Any,
+    timeout: float,
+    *,
+    resource: str,
+    hook: str,
+    calls: Calls,
+) -> T:
+    """Drive a suspended hook coroutine on until it ends or ``timeout`` passes.
+
+    The bound is a native cancellation of this task, not an anyio cancel scope: the hook's
+    first step ran outside any scope of ours, and may have entered scopes of its own
+    (``anyio.to_thread.run_sync`` does) that a scope entered now would wrongly enclose. A
+    cancellation that is not the bound's (the RPC cancelled by the kubelet, the server
+    stopping) propagates unchanged. As with grpc.aio's own cancellations, a hook waiting
+    in ``anyio.to_thread.run_sync`` gets the cancellation at the bound while its thread
+    finishes on its own.
+    """
+    task = asyncio.current_task()
+    assert task is not None  # grpc.aio runs every handler in a task
+    cancelling = _cancelling(task)
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(timeout, expire)
+    calls.call_started()
+    try:
+        return await _resumed(coro, pending)
+    except asyncio.CancelledError:
+        if expired:
+            expired = False
+            if _uncancel(task) <= cancelling:
+                message = f"{resource}: {hook} did not finish within {timeout:g}s"
+                raise TimeoutError(message) from None
+        raise
+    finally:
+        timer.cancel()
+        if expired:
+            _uncancel(task)  # the hook swallowed the bound's cancellation: take it back
+        calls.call_ended()
+
+
+@types.coroutine
+def _resumed(coro: Coroutine[Any, Any, T], pending: Any) -> Generator[Any, Any, T]:
+    """Go on with ``coro`` after its first suspension (which yielded ``pending``), exactly as
+    ``await coro`` would have: every value the task sends and every exception it throws
+    (a cancellation) reaches the coroutine."""
+    value = pending
+    while True:
+        try:
+            sent = yield value
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # handed to the coroutine, as await does
+            try:
+                value = coro.throw(exc)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+        else:
+            try:
+                value = coro.send(sent)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+def _cancelling(task: asyncio.Task[Any]) -> int:
+    # Task.cancelling/uncancel exist from Python 3.11: they tell our cancellation from others.
+    cancelling = getattr(task, "cancelling", None)
+    return 0 if cancelling is None else int(cancelling())
+
+
+def _uncancel(task: asyncio.Task[Any]) -> int:
+    uncancel = getattr(task, "uncancel", None)
+    return 0 if uncancel is None else int(uncancel())
