@@ -70,21 +70,23 @@ async def test_a_hook_that_suspends_is_driven_to_its_answer_and_counted() -> Non
     assert (calls.started, calls.ended) == (1, 1)
 
 
+async def _hang(outcome: list[str]) -> None:
+    """A hook that never finishes; records what ended it."""
+    try:
+        await anyio.sleep_forever()
+    except BaseException as exc:
+        outcome.append(type(exc).__name__)
+        raise
+
+
 async def test_a_suspended_hook_is_cancelled_at_its_bound() -> None:
     calls = _Calls()
     outcome: list[str] = []
 
-    async def hang() -> None:
-        try:
-            await anyio.sleep_forever()
-        except BaseException as exc:
-            outcome.append(type(exc).__name__)
-            raise
-
     with pytest.raises(
         TimeoutError, match=r"^acme.com/widget: allocate did not finish within 0.05s$"
     ):
-        await run_hook(hang(), 0.05, RESOURCE, "allocate", calls)
+        await run_hook(_hang(outcome), 0.05, RESOURCE, "allocate", calls)
     assert outcome == ["CancelledError"]
     assert (calls.started, calls.ended) == (1, 1)
     await anyio.lowlevel.checkpoint()  # the task carries no cancellation of ours
@@ -129,15 +131,8 @@ async def test_a_cancellation_from_outside_is_not_a_timeout() -> None:
     """The kubelet cancelling the call reaches the hook as a cancellation."""
     outcome: list[str] = []
 
-    async def hang() -> None:
-        try:
-            await anyio.sleep_forever()
-        except BaseException as exc:
-            outcome.append(type(exc).__name__)
-            raise
-
     with anyio.move_on_after(0.05) as scope:
-        await run_hook(hang(), 10.0, RESOURCE, "allocate", _Calls())
+        await run_hook(_hang(outcome), 10.0, RESOURCE, "allocate", _Calls())
     assert scope.cancelled_caught
     assert outcome == ["CancelledError"]
 
