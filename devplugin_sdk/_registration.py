@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from devplugin_sdk import _convert
+from devplugin_sdk._server import unary
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
@@ -140,11 +141,5 @@ def registration_server(
 
     return grpc.method_handlers_generic_handler(
         "v1beta1.Registration",
-        {
-            "Register": grpc.unary_unary_rpc_method_handler(
-                register,
-                request_deserializer=pb.RegisterRequest.FromString,
-                response_serializer=pb.Empty.SerializeToString,
-            )
-        },
+        {"Register": unary(register, pb.RegisterRequest, pb.Empty)},
     )

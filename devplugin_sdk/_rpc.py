@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 
 from devplugin_sdk._events import Events
 from devplugin_sdk._logging import printable
+from devplugin_sdk._server import unary
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.errors import AllocationError, BackendError, UnknownDeviceError
 
@@ -42,11 +43,7 @@ def handler(
     return grpc.method_handlers_generic_handler(
         SERVICE,
         {
-            "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
-                get_options,
-                request_deserializer=pb.Empty.FromString,
-                response_serializer=pb.DevicePluginOptions.SerializeToString,
-            ),
+            "GetDevicePluginOptions": unary(get_options, pb.Empty, pb.DevicePluginOptions),
             "ListAndWatch": grpc.unary_stream_rpc_method_handler(
                 list_and_watch,
                 request_deserializer=pb.Empty.FromString,

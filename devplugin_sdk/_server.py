@@ -21,8 +21,9 @@ import os
 import secrets
 import socket
 import stat
-from collections.abc import Container
+from collections.abc import Awaitable, Callable, Container
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import grpc
@@ -30,6 +31,9 @@ import grpc
 from devplugin_sdk._kubelet_watch import FileId, file_id
 from devplugin_sdk.api import constants
 from devplugin_sdk.errors import SocketInUseError
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 __all__ = [
     "STAGING_DIR",
@@ -42,6 +46,7 @@ __all__ = [
     "staged_path",
     "start_server",
     "start_staged",
+    "unary",
 ]
 
 
@@ -125,6 +130,17 @@ def prepare_socket_path(path: Path) -> None:
     if stat.S_ISDIR(st.st_mode):
         raise SocketInUseError(f"{path} is a directory; cannot serve there")
     path.unlink(missing_ok=True)
+
+
+def unary(
+    method: Callable[[Any, Any], Awaitable[Any]], request: type[Message], response: type[Message]
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A unary call's handler: `request` messages in, `response` messages out, as protobuf."""
+    return grpc.unary_unary_rpc_method_handler(
+        method,
+        request_deserializer=request.FromString,
+        response_serializer=response.SerializeToString,
+    )
 
 
 async def start_server(

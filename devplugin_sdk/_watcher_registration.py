@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from devplugin_sdk import _client
+from devplugin_sdk._server import unary
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2 as preg
 from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2_grpc as preg_grpc
@@ -63,15 +64,9 @@ def handler(
     return grpc.method_handlers_generic_handler(
         "pluginregistration.Registration",
         {
-            "GetInfo": grpc.unary_unary_rpc_method_handler(
-                get_info,
-                request_deserializer=preg.InfoRequest.FromString,
-                response_serializer=preg.PluginInfo.SerializeToString,
-            ),
-            "NotifyRegistrationStatus": grpc.unary_unary_rpc_method_handler(
-                notify,
-                request_deserializer=preg.RegistrationStatus.FromString,
-                response_serializer=preg.RegistrationStatusResponse.SerializeToString,
+            "GetInfo": unary(get_info, preg.InfoRequest, preg.PluginInfo),
+            "NotifyRegistrationStatus": unary(
+                notify, preg.RegistrationStatus, preg.RegistrationStatusResponse
             ),
         },
     )

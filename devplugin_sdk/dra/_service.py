@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from devplugin_sdk._server import unary
 from devplugin_sdk.dra import _convert
 from devplugin_sdk.dra._model import ClaimRef, PreparedClaim
 
@@ -51,15 +52,13 @@ def handlers(
                 return _convert.unprepare_response(pb, await unprepare(_convert.claims(request)))
 
             return {
-                "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
-                    node_prepare,
-                    request_deserializer=pb.NodePrepareResourcesRequest.FromString,
-                    response_serializer=pb.NodePrepareResourcesResponse.SerializeToString,
+                "NodePrepareResources": unary(
+                    node_prepare, pb.NodePrepareResourcesRequest, pb.NodePrepareResourcesResponse
                 ),
-                "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
+                "NodeUnprepareResources": unary(
                     node_unprepare,
-                    request_deserializer=pb.NodeUnprepareResourcesRequest.FromString,
-                    response_serializer=pb.NodeUnprepareResourcesResponse.SerializeToString,
+                    pb.NodeUnprepareResourcesRequest,
+                    pb.NodeUnprepareResourcesResponse,
                 ),
             }
 
