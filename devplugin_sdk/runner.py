@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 from anyio.abc import TaskStatus
 
-from devplugin_sdk import _kubelet_sock, config, fswatch
-from devplugin_sdk._events import Events
-from devplugin_sdk._kubelet_watch import DirectoryWatcher
+from devplugin_sdk import config, fswatch
+from devplugin_sdk._engine import kubelet_sock
+from devplugin_sdk._engine.events import Events
+from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
+from devplugin_sdk._engine.supervisor import Supervisor
 from devplugin_sdk._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_STUCK_AFTER
-from devplugin_sdk._supervisor import Supervisor
 from devplugin_sdk.errors import ConfigError, MissingDependencyError
 from devplugin_sdk.observe import Observer, PluginStatus
 from devplugin_sdk.settings import Settings
@@ -37,7 +38,7 @@ if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 if TYPE_CHECKING:
-    from devplugin_sdk._served import Strategy
+    from devplugin_sdk._engine.served import Strategy
     from devplugin_sdk.dra import Api, Dra
     from devplugin_sdk.dra._driver import DraDriver
     from devplugin_sdk.plugin import DevicePlugin
@@ -237,11 +238,11 @@ async def serve(
     strategy: Strategy
     if settings.uses_plugin_watcher():
         # Its protocol is imported only for the kubelets that need it (cold start).
-        from devplugin_sdk import _plugin_watcher  # noqa: PLC0415
+        from devplugin_sdk._engine import plugin_watcher as _plugin_watcher  # noqa: PLC0415
 
         strategy, watched = _plugin_watcher.keep_registered, settings.plugins_registry_dir
     else:
-        strategy, watched = _kubelet_sock.keep_registered, settings.device_plugin_dir
+        strategy, watched = kubelet_sock.keep_registered, settings.device_plugin_dir
     if driver is not None:
         strategy = driver.attach if api == "dra" else driver.alongside(strategy)
         if api == "dra":  # no device-plugin directory to watch (a DRA pod may not mount it)

@@ -60,9 +60,10 @@ import anyio.to_thread
 import yaml
 
 import devplugin_sdk
-from devplugin_sdk import Device, probe
+from devplugin_sdk import Device
 from devplugin_sdk.backends.nvidia import NvmlPlugin
-from devplugin_sdk.config import parse_run_config
+from devplugin_sdk.cli.runfile import parse_run_config
+from devplugin_sdk.kubelet import probe
 from devplugin_sdk.testing import FakeKubelet, KubeletDevice, MemoryApi, fake_nvml, serving
 
 GPU = "nvidia.com/gpu"

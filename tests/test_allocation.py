@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devplugin_sdk import _convert
+from devplugin_sdk._wire import convert
 from devplugin_sdk.allocation import (
     TopologyScorer,
     complete_preference,
@@ -387,16 +387,16 @@ def test_entry_bytes_are_what_the_sdk_encodes(
     device = Device(device_id, numa_nodes=tuple(numa))
 
     assert list_entry_bytes(device_id, numa, health) == len(
-        _convert.list_and_watch_entry(device, health)
+        convert.list_and_watch_entry(device, health)
     )
 
 
 def test_message_bytes_add_up_and_count_unhealthy_as_asked() -> None:
     devices = [Device(f"d{i}", numa_nodes=(i % 2,)) for i in range(1000)]
-    encoded = b"".join(_convert.list_and_watch_entry(d, d.health) for d in devices)
+    encoded = b"".join(convert.list_and_watch_entry(d, d.health) for d in devices)
 
     assert list_message_bytes(devices) == len(encoded)
-    assert _convert.decode_list_and_watch(encoded).devices[999].ID == "d999"
+    assert convert.decode_list_and_watch(encoded).devices[999].ID == "d999"
     assert list_message_bytes(devices, Health.UNHEALTHY) == len(encoded) + 2 * len(devices)
 
 

@@ -23,7 +23,7 @@ from cli_process import devplugin, error_line, running
 
 import devplugin_sdk
 from devplugin_sdk.cli import main, resolve_plugins
-from devplugin_sdk.demo import run_demo
+from devplugin_sdk.cli.demo import run_demo
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.testing import FakeKubelet
 
@@ -655,12 +655,12 @@ def test_run_loads_nothing_it_does_not_need_before_register() -> None:
     ).stdout.split()
     assert "devplugin_sdk.runner" in loaded  # the check sees the modules it should
     deferred = [
-        "devplugin_sdk.conformance",
-        "devplugin_sdk._fake_kubelet",
+        "devplugin_sdk.kubelet.conformance",
+        "devplugin_sdk.kubelet.fake",
         "devplugin_sdk.dra",
         "devplugin_sdk.cdi",
-        "devplugin_sdk._plugin_watcher",
-        "devplugin_sdk.probe",
+        "devplugin_sdk._engine.plugin_watcher",
+        "devplugin_sdk.kubelet.probe",
         "devplugin_sdk.healthz",
         "ctypes.util",
     ]

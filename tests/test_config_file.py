@@ -15,13 +15,12 @@ import yaml
 
 from devplugin_sdk import config
 from devplugin_sdk.backends import generic
+from devplugin_sdk.cli.runfile import SDK_KEYS, parse_run_config
 from devplugin_sdk.config import (
     MAX_DEPTH,
     MAX_FILE_BYTES,
     MAX_NODES,
-    SDK_KEYS,
     load_yaml,
-    parse_run_config,
     parse_yaml,
     read_file,
 )

@@ -23,8 +23,9 @@ from broken_plugins import (
     serving_raw,
 )
 
-from devplugin_sdk import Device, DeviceNode, DevicePlugin, Mount, Settings, _cli_probe
-from devplugin_sdk.conformance import (
+from devplugin_sdk import Device, DeviceNode, DevicePlugin, Mount, Settings
+from devplugin_sdk.kubelet import _cli_probe
+from devplugin_sdk.kubelet.conformance import (
     CHECKS,
     RESTART_CHECK,
     RESTART_KUBELET,
@@ -369,7 +370,8 @@ def _rdma_backend(root: Path) -> list[DevicePlugin]:
 
 
 def _rdma_example(root: Path) -> list[DevicePlugin]:
-    from devplugin_sdk.config import load_yaml, parse_run_config
+    from devplugin_sdk.cli.runfile import parse_run_config
+    from devplugin_sdk.config import load_yaml
     from devplugin_sdk.testing import rdma_trees
 
     host = rdma_trees.connectx_host(root / "host")
@@ -536,7 +538,7 @@ async def test_cli_register_dir_announces_kubelet_sock_and_groups_by_resource(
 
 async def test_conformance_command_exits_zero_for_a_conformant_plugin(short_dir: Path) -> None:
     script = (
-        "import argparse, sys; from devplugin_sdk import _cli_probe; "
+        "import argparse, sys; from devplugin_sdk.kubelet import _cli_probe; "
         "p = argparse.ArgumentParser(); _cli_probe.register(p.add_subparsers()); "
         "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))"
     )
@@ -558,8 +560,8 @@ async def test_conformance_command_exits_zero_for_a_conformant_plugin(short_dir:
 async def test_the_shipped_commands_do_not_import_the_testing_package() -> None:
     """probe and conformance run the kubelet simulator from its engine home, not from testing."""
     script = (
-        "import sys; import devplugin_sdk._cli_probe, devplugin_sdk.conformance, "
-        "devplugin_sdk.probe; "
+        "import sys; import devplugin_sdk.kubelet._cli_probe, devplugin_sdk.kubelet.conformance, "
+        "devplugin_sdk.kubelet.probe; "
         "print(sorted(m for m in sys.modules if m.startswith('devplugin_sdk.testing')))"
     )
     result = await anyio.run_process([sys.executable, "-c", script])

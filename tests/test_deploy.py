@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from devplugin_sdk import backends
-from devplugin_sdk.config import load_yaml, parse_run_config
+from devplugin_sdk.cli.runfile import parse_run_config
+from devplugin_sdk.config import load_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "deploy" / "kustomize"

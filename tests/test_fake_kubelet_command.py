@@ -19,7 +19,7 @@ import anyio.to_thread
 import pytest
 from cli_process import devplugin, error_line, running
 
-from devplugin_sdk._cli_fake_kubelet import _View
+from devplugin_sdk.kubelet._cli_fake_kubelet import _View
 from devplugin_sdk.testing import FakeKubelet, KubeletDevice
 
 pytestmark = pytest.mark.timeout(60)  # several interpreters start, each in about a second

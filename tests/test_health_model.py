@@ -11,8 +11,8 @@ import logging
 import pytest
 
 from devplugin_sdk import Device, Health
-from devplugin_sdk._events import Events
-from devplugin_sdk._state import DeviceState
+from devplugin_sdk._engine.events import Events
+from devplugin_sdk._engine.state import DeviceState
 from devplugin_sdk.errors import UnknownDeviceError
 from devplugin_sdk.types import HealthReport
 
@@ -22,10 +22,10 @@ H, U = Health.HEALTHY, Health.UNHEALTHY
 def listed(state: DeviceState) -> dict[str, str]:
     """What the next ListAndWatch message says, by device ID."""
     snapshot = state.snapshot()
-    from devplugin_sdk import _convert
+    from devplugin_sdk._wire import convert
 
-    message = _convert.decode_list_and_watch(snapshot.payload)
-    return {d.id: d.health for d in _convert.listed_devices(message)}
+    message = convert.decode_list_and_watch(snapshot.payload)
+    return {d.id: d.health for d in convert.listed_devices(message)}
 
 
 def test_discovered_unhealthy_is_cleared_by_a_later_healthy_event() -> None:

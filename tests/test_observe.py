@@ -82,9 +82,9 @@ def test_pending_time_keeps_growing_while_the_kubelets_stream_lags_behind_change
     """The kubelet's stream that never sends looks stuck even if the devices keep changing: the
     pending time counts from the oldest version it has not sent, not from the newest change.
     Another client's stream, however far behind, never counts."""
-    from devplugin_sdk._served import pending_seconds
-    from devplugin_sdk._state import DeviceState
-    from devplugin_sdk._streams import Streams
+    from devplugin_sdk._engine.served import pending_seconds
+    from devplugin_sdk._engine.state import DeviceState
+    from devplugin_sdk._engine.streams import Streams
 
     now = [100.0]
     state = DeviceState(RESOURCE, clock=lambda: now[0])

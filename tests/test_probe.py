@@ -25,10 +25,10 @@ from devplugin_sdk import (
     Health,
     HealthEvent,
     Mount,
-    _cli_probe,
-    _client,
 )
-from devplugin_sdk.probe import (
+from devplugin_sdk._wire import client as _client
+from devplugin_sdk.kubelet import _cli_probe
+from devplugin_sdk.kubelet.probe import (
     NotADevicePluginError,
     NotAnsweringError,
     PluginClient,
@@ -350,7 +350,7 @@ async def test_probe_command_exits_one_with_a_message_for_a_missing_socket(
     short_dir: Path,
 ) -> None:
     script = (
-        "import argparse, sys; from devplugin_sdk import _cli_probe; "
+        "import argparse, sys; from devplugin_sdk.kubelet import _cli_probe; "
         "p = argparse.ArgumentParser(); _cli_probe.register(p.add_subparsers()); "
         "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))"
     )

@@ -16,7 +16,8 @@ from sdk_helpers import widgets
 
 from devplugin_sdk import DevicePlugin, runner
 from devplugin_sdk.backends import generic
-from devplugin_sdk.config import ConfigReader, RunConfig, load_yaml, parse_run_config
+from devplugin_sdk.cli.runfile import RunConfig, parse_run_config
+from devplugin_sdk.config import ConfigReader, load_yaml
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.runner import Reload
 from devplugin_sdk.testing import FakeKubelet, StaticPlugin, serving

@@ -17,11 +17,11 @@ from prometheus_client import CollectorRegistry
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Device, DevicePlugin, serve
-from devplugin_sdk._events import Events
-from devplugin_sdk._hooks import run_hook
-from devplugin_sdk._servicer import DevicePluginServicer
-from devplugin_sdk._state import DeviceState
-from devplugin_sdk._streams import Streams
+from devplugin_sdk._engine.events import Events
+from devplugin_sdk._engine.hooks import run_hook
+from devplugin_sdk._engine.servicer import DevicePluginServicer
+from devplugin_sdk._engine.state import DeviceState
+from devplugin_sdk._engine.streams import Streams
 from devplugin_sdk.runner import Http, Running
 from devplugin_sdk.testing import FakeKubelet, StaticPlugin, serving
 

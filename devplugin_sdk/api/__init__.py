@@ -1,5 +1,5 @@
 """The wire contract: the kubelet's .proto files, their committed generated code, and constants.
 
-Only ``devplugin_sdk._convert``, the gRPC plumbing and ``devplugin_sdk.testing`` import the
+Only ``devplugin_sdk._wire.convert``, the gRPC plumbing and ``devplugin_sdk.testing`` import the
 generated modules; plugin authors never need them.
 """

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devplugin_sdk.dra._model import ClaimRef, PreparedDevice
+from devplugin_sdk._wire.dra_model import ClaimRef, PreparedDevice
 
 __all__ = ["Checkpoint", "Entry"]
 

@@ -25,24 +25,24 @@ import anyio.abc
 import grpc
 from anyio.abc import TaskStatus
 
-from devplugin_sdk import _watcher_registration
-from devplugin_sdk._kubelet_watch import DirectoryWatcher, FileId, file_id
+from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._logging import printable
-from devplugin_sdk._server import SocketVanishedError, start_server
+from devplugin_sdk._wire import watcher_registration
+from devplugin_sdk._wire.dra_service import handlers as dra_handlers
+from devplugin_sdk._wire.server import FileId, SocketVanishedError, file_id, start_server
 from devplugin_sdk.api import constants
 from devplugin_sdk.dra import Dra, device_name, kube_api
 from devplugin_sdk.dra._checkpoint import Checkpoint
 from devplugin_sdk.dra._prepare import Found, Preparer
 from devplugin_sdk.dra._publisher import Publisher
-from devplugin_sdk.dra._service import handlers as dra_handlers
 from devplugin_sdk.dra.resources import ResourceApi, SliceDevice
 from devplugin_sdk.settings import Settings
 from devplugin_sdk.types import Health
 
 if TYPE_CHECKING:
-    from devplugin_sdk._link import Link
-    from devplugin_sdk._servicer import DevicePluginServicer
-    from devplugin_sdk._state import DeviceState
+    from devplugin_sdk._engine.link import Link
+    from devplugin_sdk._engine.servicer import DevicePluginServicer
+    from devplugin_sdk._engine.state import DeviceState
     from devplugin_sdk.plugin import DevicePlugin
 
 __all__ = ["SERVICES", "DraDriver"]
@@ -154,7 +154,7 @@ class DraDriver:
     async def _serve(self) -> None:
         assert self.preparer is not None
         dra = dra_handlers(self.preparer.prepare, self.preparer.unprepare, SERVICES)
-        registration = _watcher_registration.handler(
+        registration = watcher_registration.handler(
             self.driver,
             self._on_status,
             self._on_info,

@@ -24,8 +24,8 @@ import anyio.to_thread
 
 from devplugin_sdk import cdi
 from devplugin_sdk._logging import printable
+from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim, PreparedDevice
 from devplugin_sdk.dra._checkpoint import Checkpoint, Entry
-from devplugin_sdk.dra._model import ClaimRef, PreparedClaim, PreparedDevice
 from devplugin_sdk.dra.resources import AllocatedDevice, ResourceApi, ResourceClaim
 from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.types import Allocation, Device, Health

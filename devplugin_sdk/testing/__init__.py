@@ -19,8 +19,7 @@ from typing import Any
 
 import anyio
 
-from devplugin_sdk._fake_dra import DraPod, PodPreparationError, PreparedPod
-from devplugin_sdk._fake_kubelet import (
+from devplugin_sdk.kubelet.fake import (
     AdmissionError,
     ContainerAllocation,
     ContainerStartError,
@@ -29,7 +28,8 @@ from devplugin_sdk._fake_kubelet import (
     KubeletDevice,
     Registration,
 )
-from devplugin_sdk.dra._memory import MemoryApi
+from devplugin_sdk.kubelet.fake_dra import DraPod, PodPreparationError, PreparedPod
+from devplugin_sdk.kubelet.memory_api import MemoryApi
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.runner import Running, raise_errors, serve
 from devplugin_sdk.testing._static import StaticPlugin

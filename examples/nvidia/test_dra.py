@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from devplugin_sdk.config import load_yaml, parse_run_config
+from devplugin_sdk.cli.runfile import parse_run_config
+from devplugin_sdk.config import load_yaml
 from devplugin_sdk.dra import device_name
 from devplugin_sdk.testing import FakeKubelet, MemoryApi, fake_nvml, serving
 

@@ -30,7 +30,7 @@ import yaml
 from anyio.streams.text import TextReceiveStream
 
 from devplugin_sdk import cli
-from devplugin_sdk.config import parse_run_config
+from devplugin_sdk.cli.runfile import parse_run_config
 from devplugin_sdk.testing import (
     AdmissionError,
     ContainerStartError,

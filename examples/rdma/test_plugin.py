@@ -28,7 +28,8 @@ import yaml
 
 from devplugin_sdk import cli
 from devplugin_sdk.backends.rdma import load_config
-from devplugin_sdk.config import load_yaml, parse_run_config
+from devplugin_sdk.cli.runfile import parse_run_config
+from devplugin_sdk.config import load_yaml
 from devplugin_sdk.testing import FakeKubelet, serving
 from devplugin_sdk.testing.rdma_trees import RdmaHost, connectx_host
 

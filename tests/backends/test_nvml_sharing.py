@@ -16,7 +16,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from devplugin_sdk import _convert
+from devplugin_sdk._wire import convert
 from devplugin_sdk.api import constants
 from devplugin_sdk.backends.nvidia import (
     Interceptor,
@@ -223,7 +223,7 @@ async def test_mib_units_of_three_40_gb_gpus_are_refused_with_the_size(tmp_path:
     roots = nvml.write_host(tmp_path)
     config = NvidiaConfig(memory=MemorySharing(unit="MiB"), sysfs_root=roots.sysfs_root)
     devices = await NvmlPlugin(config, nvml=nvml).discover()
-    encoded = sum(len(_convert.list_and_watch_entry(d, Health.UNHEALTHY)) for d in devices)
+    encoded = sum(len(convert.list_and_watch_entry(d, Health.UNHEALTHY)) for d in devices)
     assert int(said.replace(",", "")) == encoded
 
 
@@ -236,7 +236,7 @@ async def test_mib_units_of_two_40_gb_gpus_fit_even_when_every_unit_is_unhealthy
     devices = await plugin.discover()
 
     assert len(devices) == 81_920
-    encoded = sum(len(_convert.list_and_watch_entry(d, Health.UNHEALTHY)) for d in devices)
+    encoded = sum(len(convert.list_and_watch_entry(d, Health.UNHEALTHY)) for d in devices)
     assert encoded <= constants.MAX_MESSAGE_BYTES
 
 

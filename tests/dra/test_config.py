@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from devplugin_sdk import Device
-from devplugin_sdk.config import parse_run_config
+from devplugin_sdk.cli.runfile import parse_run_config
 from devplugin_sdk.errors import ConfigError
 
 

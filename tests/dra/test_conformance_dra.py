@@ -11,9 +11,11 @@ import pytest
 from dra_helpers import DRIVER, dra_options
 from sdk_helpers import RESOURCE, widgets
 
-from devplugin_sdk import _server, _watcher_registration, conformance
-from devplugin_sdk.dra._model import ClaimRef, PreparedClaim
-from devplugin_sdk.dra._service import handlers
+from devplugin_sdk._wire import server as _server
+from devplugin_sdk._wire import watcher_registration
+from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim
+from devplugin_sdk._wire.dra_service import handlers
+from devplugin_sdk.kubelet import conformance
 from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
 
 
@@ -48,7 +50,7 @@ async def _serve_broken(
     )
     servers.append(dra_server)
     if info_socket is not None:
-        reg = _watcher_registration.handler(
+        reg = watcher_registration.handler(
             DRIVER,
             lambda ok, error: None,
             plugin_type="DRAPlugin",

@@ -168,8 +168,8 @@ async def test_each_claim_fails_alone() -> None:
     """A claim that cannot be prepared gets its error; the call and the other claims succeed."""
     import grpc
 
-    from devplugin_sdk.dra._model import ClaimRef
-    from devplugin_sdk.dra._service import DraClient
+    from devplugin_sdk._wire.dra_model import ClaimRef
+    from devplugin_sdk._wire.dra_service import DraClient
 
     api = MemoryApi(nodes=["node-1"])
     async with FakeKubelet(dra_api=api) as kubelet:

@@ -7,7 +7,7 @@ import anyio.lowlevel
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Health
-from devplugin_sdk._kubelet_watch import file_id
+from devplugin_sdk._wire.server import file_id
 from devplugin_sdk.testing import FakeKubelet, StaticPlugin, serving
 
 

@@ -205,7 +205,7 @@ async def test_a_kubelet_restart_during_a_failed_register_retries_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A new kubelet.sock that appears while a Register fails wakes the retry (no backoff)."""
-    from devplugin_sdk import _registration
+    from devplugin_sdk._wire import registration as _registration
 
     real = _registration.register_once
     calls = 0

@@ -12,7 +12,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from devplugin_sdk._hooks import run_hook
+from devplugin_sdk._engine.hooks import run_hook
 from devplugin_sdk.errors import AllocationError
 
 RESOURCE = "acme.com/widget"

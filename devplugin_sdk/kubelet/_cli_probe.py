@@ -21,7 +21,7 @@ from devplugin_sdk._limits import Limits
 from devplugin_sdk.api import constants
 
 if TYPE_CHECKING:
-    from devplugin_sdk import probe
+    from devplugin_sdk.kubelet import probe
 
 __all__ = ["parse_allocate", "register", "run_conformance", "run_probe"]
 
@@ -190,7 +190,7 @@ def run_probe(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 async def _probe(args: argparse.Namespace, out: TextIO) -> int:
     # Loaded for this command only: ``devplugin run`` starts faster without it.
-    from devplugin_sdk import probe  # noqa: PLC0415
+    from devplugin_sdk.kubelet import probe  # noqa: PLC0415
 
     client: probe.PluginClient | None = None
     try:
@@ -331,7 +331,7 @@ def run_conformance(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 async def _conformance(args: argparse.Namespace, out: TextIO) -> int:
     # The checks bring the fake kubelet and the DRA client: loaded for this command only.
-    from devplugin_sdk import conformance  # noqa: PLC0415
+    from devplugin_sdk.kubelet import conformance  # noqa: PLC0415
 
     limits = Limits(
         fast_within=args.fast_within,

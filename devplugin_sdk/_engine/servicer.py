@@ -2,7 +2,7 @@
 
 The servicer is built from what it uses (the plugin, its device state, its stream bookkeeping,
 the event sink and two timeouts) and knows nothing of registration; the handler table and the
-mapping of errors to gRPC statuses are ``_rpc``'s. Each gRPC server gets its own ``Serving``
+mapping of errors to gRPC statuses are ``rpc``'s. Each gRPC server gets its own ``Serving``
 (its handler and its streams), so that a server can stop while the next one serves.
 
 The RPCs are the plugin's hot path (every pod admission waits on Allocate): what can be worked
@@ -23,14 +23,14 @@ from typing import Any
 import anyio
 import grpc
 
-from devplugin_sdk import _convert, _rpc
-from devplugin_sdk._answers import MergedAnswers
-from devplugin_sdk._events import Events
-from devplugin_sdk._hooks import run_hook
+from devplugin_sdk._engine.answers import MergedAnswers
+from devplugin_sdk._engine.events import Events
+from devplugin_sdk._engine.hooks import run_hook
+from devplugin_sdk._engine.state import DeviceState, Snapshot
+from devplugin_sdk._engine.streams import Streams
 from devplugin_sdk._logging import printable
-from devplugin_sdk._rpc import Malformed, RequestError, parsed, refuse, status_for
-from devplugin_sdk._state import DeviceState, Snapshot
-from devplugin_sdk._streams import Streams
+from devplugin_sdk._wire import convert, rpc
+from devplugin_sdk._wire.rpc import Malformed, RequestError, parsed, refuse, status_for
 from devplugin_sdk.allocation import complete_preference
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
@@ -106,12 +106,12 @@ class DevicePluginServicer:
         # hooks there, but its own allocate adds to theirs.
         self._default_allocate = plugin.allocate_is_merge
         self._answers = MergedAnswers(state)
-        self._options = _convert.options(
+        self._options = convert.options(
             pre_start_required=self.pre_start_required,
             preferred_allocation=self.preferred_allocation,
         )
         self._too_big_version = -1
-        self._refuse = partial(refuse, resource=self.resource, events=events)
+        self._refuse = partial(refuse, resource=self.resource, on_refused=events.rpc_error)
 
     def serving(self) -> Serving:
         """A new server's share: the handler to add to it, and its streams (see ``stop``)."""
@@ -135,7 +135,7 @@ class DevicePluginServicer:
             await server.stop(max(deadline - anyio.current_time(), 0.0))
 
     def _handler(self, serving: Serving) -> grpc.GenericRpcHandler:
-        return _rpc.handler(
+        return rpc.handler(
             get_options=self.get_options,
             list_and_watch=partial(self.list_and_watch, serving=serving),
             get_preferred_allocation=partial(self.get_preferred_allocation, serving=serving),
@@ -229,7 +229,7 @@ class DevicePluginServicer:
             allocation = await run_hook(
                 self.plugin.allocate(devices), self.hook_timeout, self.resource, "allocate", serving
             )
-            entries.append(_convert.allocate_entry(allocation))
+            entries.append(convert.allocate_entry(allocation))
         return b"".join(entries)
 
     def _merged(self, ids: Sequence[str], index: int) -> bytes:
@@ -239,7 +239,7 @@ class DevicePluginServicer:
         if entry is None:
             # Only valid requests are kept: a key found there names known, distinct devices.
             devices = self._devices(key, "container request", index)
-            entry = self._answers.put(key, _convert.allocate_entry(Allocation.merge(devices)))
+            entry = self._answers.put(key, convert.allocate_entry(Allocation.merge(devices)))
         self._warn_unhealthy(key)
         return entry
 
@@ -263,7 +263,7 @@ class DevicePluginServicer:
         serving: Serving,
     ) -> pb.PreferredAllocationResponse:
         try:
-            return _convert.preferred_response(
+            return convert.preferred_response(
                 [
                     await self._prefer(c, serving)
                     for c in parsed(request, "GetPreferredAllocation").container_requests

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import grpc
 
-from devplugin_sdk._kubelet_watch import FileId, file_id
 from devplugin_sdk.api import constants
 from devplugin_sdk.errors import SocketInUseError
 
@@ -37,7 +36,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "STAGING_DIR",
+    "FileId",
     "SocketVanishedError",
+    "file_id",
     "is_live_socket",
     "prepare_socket_path",
     "publish",
@@ -48,6 +49,22 @@ __all__ = [
     "start_staged",
     "unary",
 ]
+
+
+FileId = tuple[int, int, int]
+
+
+def file_id(path: Path) -> FileId | None:
+    """Identity of the file at ``path`` (not following symlinks), or None if it does not exist.
+
+    Inode numbers are reused at once when a file is deleted and another created (the kubelet
+    deletes our socket, then creates kubelet.sock), so the creation-time ctime is part of it.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 class SocketVanishedError(OSError):

@@ -18,12 +18,12 @@ import math
 import anyio
 import grpc
 
-from devplugin_sdk import _watcher_registration
-from devplugin_sdk._kubelet_watch import DirectoryWatcher, FileId, file_id
-from devplugin_sdk._link import Link
+from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
+from devplugin_sdk._engine.link import Link
+from devplugin_sdk._engine.servicer import DevicePluginServicer
 from devplugin_sdk._logging import printable
-from devplugin_sdk._server import SocketVanishedError, start_server
-from devplugin_sdk._servicer import DevicePluginServicer
+from devplugin_sdk._wire import watcher_registration
+from devplugin_sdk._wire.server import FileId, SocketVanishedError, file_id, start_server
 from devplugin_sdk.settings import Settings
 
 log = logging.getLogger("devplugin_sdk")
@@ -58,7 +58,7 @@ class _WatcherRegistration:
         self.resource = servicer.resource
         self.socket_path = settings.plugins_registry_dir / servicer.plugin.effective_socket_name
         self.failed = False  # the kubelet reported a failed registration
-        self.registration = _watcher_registration.handler(
+        self.registration = watcher_registration.handler(
             self.resource, self._on_status, self._on_info
         )
 

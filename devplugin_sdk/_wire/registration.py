@@ -16,8 +16,8 @@ from typing import Any
 
 import grpc
 
-from devplugin_sdk import _convert
-from devplugin_sdk._server import unary
+from devplugin_sdk._wire import convert
+from devplugin_sdk._wire.server import unary
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
@@ -72,7 +72,7 @@ async def register_once(
         version=constants.VERSION,
         endpoint=endpoint,
         resource_name=resource_name,
-        options=_convert.options(
+        options=convert.options(
             pre_start_required=pre_start_required, preferred_allocation=preferred_allocation
         ),
     )

@@ -13,13 +13,13 @@ from collections.abc import Awaitable, Callable, Mapping
 import anyio
 from anyio.abc import TaskStatus
 
-from devplugin_sdk._events import Events
-from devplugin_sdk._feed import DeviceFeed
-from devplugin_sdk._kubelet_watch import DirectoryWatcher
-from devplugin_sdk._link import Link
-from devplugin_sdk._servicer import DevicePluginServicer
-from devplugin_sdk._state import DeviceState
-from devplugin_sdk._streams import Streams
+from devplugin_sdk._engine.events import Events
+from devplugin_sdk._engine.feed import DeviceFeed
+from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
+from devplugin_sdk._engine.link import Link
+from devplugin_sdk._engine.servicer import DevicePluginServicer
+from devplugin_sdk._engine.state import DeviceState
+from devplugin_sdk._engine.streams import Streams
 from devplugin_sdk.observe import PluginStatus
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.settings import Settings

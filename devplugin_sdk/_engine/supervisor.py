@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import anyio
 import anyio.abc
 
-from devplugin_sdk._events import Events
-from devplugin_sdk._kubelet_watch import DirectoryWatcher
-from devplugin_sdk._served import ServedPlugin, Strategy
+from devplugin_sdk._engine.events import Events
+from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
+from devplugin_sdk._engine.served import ServedPlugin, Strategy
 from devplugin_sdk.observe import PluginStatus
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.settings import Settings

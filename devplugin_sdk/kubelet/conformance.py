@@ -26,19 +26,21 @@ import anyio
 import anyio.abc
 import grpc
 
-from devplugin_sdk import _client, _names, _watcher_registration
-from devplugin_sdk._fake_kubelet import FakeKubelet, Registration
+from devplugin_sdk import _names
 from devplugin_sdk._limits import Limits
-from devplugin_sdk._server import is_live_socket
-from devplugin_sdk._watcher_registration import PluginInfo
+from devplugin_sdk._wire import client as _client
+from devplugin_sdk._wire import watcher_registration
+from devplugin_sdk._wire.dra_model import ClaimRef
+from devplugin_sdk._wire.dra_service import DraClient
+from devplugin_sdk._wire.server import is_live_socket
+from devplugin_sdk._wire.watcher_registration import PluginInfo
 from devplugin_sdk.api import constants
-from devplugin_sdk.dra._model import ClaimRef
-from devplugin_sdk.dra._service import DraClient
+from devplugin_sdk.kubelet.fake import FakeKubelet, Registration
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
-from devplugin_sdk.probe import (
+from devplugin_sdk.kubelet.probe import (
     DeviceList,
     ListStream,
     PluginClient,
@@ -1145,7 +1147,7 @@ class _DraSubject:
 
 async def _dra_registration(s: _DraSubject) -> str:
     try:
-        info = await _watcher_registration.get_info(
+        info = await watcher_registration.get_info(
             s.path, dial_timeout=s.limits.timeout, timeout=s.limits.fast_within
         )
     except TimeoutError:

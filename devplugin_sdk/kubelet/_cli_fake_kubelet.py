@@ -1,6 +1,6 @@
 """The ``devplugin fake-kubelet`` command: a kubelet on a laptop, to try a plugin against.
 
-It runs the SDK's kubelet simulator (``_fake_kubelet.FakeKubelet``, the one behind
+It runs the SDK's kubelet simulator (``kubelet.fake.FakeKubelet``, the one behind
 ``devplugin_sdk.testing``) on a directory until Ctrl-C or SIGTERM and prints, as they happen,
 what the kubelet sees: registrations, capacity changes, health flips and streams ending. Like a
 real kubelet it starts by deleting every file in its directory but its checkpoint and then
@@ -29,7 +29,7 @@ from devplugin_sdk.api import constants
 from devplugin_sdk.errors import ConfigError
 
 if TYPE_CHECKING:
-    from devplugin_sdk import _fake_kubelet
+    from devplugin_sdk.kubelet import fake as _fake_kubelet
 
 __all__ = ["register", "run_fake_kubelet"]
 
@@ -124,7 +124,7 @@ def _answers(path: Path) -> bool:
 
 async def _serve(directory: Path, stale: list[str], view: _View) -> None:
     # Loaded for this command only: every other command starts faster without it.
-    from devplugin_sdk import _fake_kubelet  # noqa: PLC0415
+    from devplugin_sdk.kubelet import fake as _fake_kubelet  # noqa: PLC0415
 
     kubelet = _fake_kubelet.FakeKubelet(directory, on_list=view.listed)
     async with kubelet:

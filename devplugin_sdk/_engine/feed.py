@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import anyio
 
-from devplugin_sdk._state import DeviceState
+from devplugin_sdk._engine.state import DeviceState
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.types import Device, Health, HealthEvent, RescanEvent
 

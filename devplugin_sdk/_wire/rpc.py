@@ -16,9 +16,8 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 
-from devplugin_sdk._events import Events
 from devplugin_sdk._logging import printable
-from devplugin_sdk._server import unary
+from devplugin_sdk._wire.server import unary
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.errors import AllocationError, BackendError, UnknownDeviceError
 
@@ -123,9 +122,12 @@ async def refuse(
     code: grpc.StatusCode,
     *,
     resource: str,
-    events: Events,
+    on_refused: Callable[[str, str, str], None],
 ) -> NoReturn:
-    """Log why a call failed and end it with ``code`` and the error's message."""
+    """Log why a call failed and end it with ``code`` and the error's message.
+
+    ``on_refused(resource, rpc, code name)`` reports the refusal (the plugin's events).
+    """
     # Errors quote the request (unknown or repeated device IDs): no raw control
     # characters from a peer reach the log or the kubelet's events.
     message = printable(str(exc) or type(exc).__name__)
@@ -135,6 +137,6 @@ async def refuse(
     else:
         log.warning("%s: %s refused: %s", resource, rpc, message, extra={"resource": resource})
     if rpc != "Allocate":  # Allocate's outcome is reported with its duration
-        events.rpc_error(resource, rpc, code.name)
+        on_refused(resource, rpc, code.name)
     await context.abort(code, message)
     raise AssertionError("unreachable")  # pragma: no cover - abort raises

@@ -25,12 +25,15 @@ from pathlib import Path
 import anyio
 import grpc
 
-from devplugin_sdk import _registration
-from devplugin_sdk._kubelet_watch import DirectoryWatcher, FileId, file_id
-from devplugin_sdk._link import Link
+from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
+from devplugin_sdk._engine.link import Link
+from devplugin_sdk._engine.servicer import DevicePluginServicer, Serving
 from devplugin_sdk._logging import printable
-from devplugin_sdk._server import (
+from devplugin_sdk._wire import registration as _registration
+from devplugin_sdk._wire.server import (
+    FileId,
     SocketVanishedError,
+    file_id,
     publish,
     remove_socket,
     remove_staging,
@@ -38,7 +41,6 @@ from devplugin_sdk._server import (
     start_server,
     start_staged,
 )
-from devplugin_sdk._servicer import DevicePluginServicer, Serving
 from devplugin_sdk.api import constants
 from devplugin_sdk.settings import Settings
 

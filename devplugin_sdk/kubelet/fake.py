@@ -2,7 +2,7 @@
 
 Shipped, not only for tests: ``devplugin conformance --register-dir`` and ``devplugin demo`` run
 it, and ``devplugin_sdk.testing`` re-exports it for plugin authors' tests. It speaks to plugins
-through ``_client``, ``_registration`` and ``_watcher_registration`` and never sees protobuf.
+through ``_client``, ``_registration`` and ``watcher_registration`` and never sees protobuf.
 
 It follows the kubelet v1.32 device manager as written down in the protocol reference:
 registration validates with the kubelet's error strings and dials back synchronously, calling
@@ -38,10 +38,13 @@ import anyio
 import anyio.to_thread
 import grpc
 
-from devplugin_sdk import _client, _names, _registration, _watcher_registration, fswatch
-from devplugin_sdk._fake_dra import KUBELET_SERVICES, FakeDra
+from devplugin_sdk import _names, fswatch
+from devplugin_sdk._wire import client as _client
+from devplugin_sdk._wire import registration as _registration
+from devplugin_sdk._wire import watcher_registration
 from devplugin_sdk.api import constants
-from devplugin_sdk.dra._memory import MemoryApi
+from devplugin_sdk.kubelet.fake_dra import KUBELET_SERVICES, FakeDra
+from devplugin_sdk.kubelet.memory_api import MemoryApi
 from devplugin_sdk.settings import Settings
 from devplugin_sdk.types import Allocation
 
@@ -644,9 +647,9 @@ class FakeKubelet:
 
     async def _validate_watched(
         self, path: Path
-    ) -> tuple[str | None, _watcher_registration.PluginInfo | None]:
+    ) -> tuple[str | None, watcher_registration.PluginInfo | None]:
         try:
-            info = await _watcher_registration.get_info(path, dial_timeout=self.dial_timeout)
+            info = await watcher_registration.get_info(path, dial_timeout=self.dial_timeout)
         except (TimeoutError, grpc.aio.AioRpcError) as exc:
             return f"failed to get plugin info: {exc}", None
         if info.type == constants.PLUGIN_TYPE_DRA_PLUGIN:
@@ -669,7 +672,7 @@ class FakeKubelet:
 
     async def _notify_status(self, path: Path, registered: bool, error: str) -> None:
         try:
-            await _watcher_registration.notify_status(path, registered, error)
+            await watcher_registration.notify_status(path, registered, error)
         except grpc.aio.AioRpcError as exc:
             log.info("NotifyRegistrationStatus to %s failed: %s", path, exc.code().name)
 

@@ -25,12 +25,12 @@ import anyio.abc
 import grpc
 
 from devplugin_sdk import _names
-from devplugin_sdk._watcher_registration import PluginInfo
+from devplugin_sdk._wire.dra_model import ClaimRef, PreparedDevice
+from devplugin_sdk._wire.dra_service import DraClient
+from devplugin_sdk._wire.watcher_registration import PluginInfo
 from devplugin_sdk.api import constants
-from devplugin_sdk.dra._memory import MemoryApi
-from devplugin_sdk.dra._model import ClaimRef, PreparedDevice
-from devplugin_sdk.dra._service import DraClient
 from devplugin_sdk.errors import KubeApiError
+from devplugin_sdk.kubelet.memory_api import MemoryApi
 
 __all__ = ["DraPod", "DraRegistration", "FakeDra", "PodPreparationError", "PreparedPod"]
 

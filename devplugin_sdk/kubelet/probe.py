@@ -22,7 +22,8 @@ from typing import Any
 import anyio
 import grpc
 
-from devplugin_sdk import _client, _convert
+from devplugin_sdk._wire import client as _client
+from devplugin_sdk._wire import convert
 from devplugin_sdk.api import constants
 from devplugin_sdk.types import Allocation
 
@@ -103,10 +104,10 @@ class ProtocolViolation(ProbeError):
 
 
 # The plugin's DevicePluginOptions, which the kubelet reads once per registration.
-PluginOptions = _convert.PluginOptions
+PluginOptions = convert.PluginOptions
 
 # One device of a ListAndWatch message, as sent; shared with FakeKubelet.
-ListedDevice = _convert.ListedDevice
+ListedDevice = convert.ListedDevice
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +262,7 @@ class ListStream:
 
 def _device_list(payload: bytes) -> DeviceList:
     return DeviceList(
-        devices=_convert.decode_listed_devices(payload),
+        devices=convert.decode_listed_devices(payload),
         size=len(payload),
         received_at=time.time(),
     )

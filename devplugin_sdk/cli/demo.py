@@ -22,8 +22,8 @@ from typing import TextIO
 
 import anyio
 
-from devplugin_sdk._fake_kubelet import FakeKubelet
 from devplugin_sdk.backends.generic import GenericPlugin
+from devplugin_sdk.kubelet.fake import FakeKubelet
 from devplugin_sdk.runner import serve
 
 __all__ = ["main", "run_demo"]

@@ -8,7 +8,6 @@ and wait for the next change; inotify makes that sub-millisecond, polling is the
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import anyio
@@ -17,22 +16,7 @@ from devplugin_sdk import fswatch
 
 log = logging.getLogger("devplugin_sdk")
 
-__all__ = ["DirectoryWatcher", "FileId", "file_id"]
-
-FileId = tuple[int, int, int]
-
-
-def file_id(path: Path) -> FileId | None:
-    """Identity of the file at ``path`` (not following symlinks), or None if it does not exist.
-
-    Inode numbers are reused at once when a file is deleted and another created (the kubelet
-    deletes our socket, then creates kubelet.sock), so the creation-time ctime is part of it.
-    """
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+__all__ = ["DirectoryWatcher"]
 
 
 class DirectoryWatcher:

@@ -15,8 +15,8 @@ from typing import Any
 
 import grpc
 
-from devplugin_sdk import _client
-from devplugin_sdk._server import unary
+from devplugin_sdk._wire import client
+from devplugin_sdk._wire.server import unary
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2 as preg
 from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2_grpc as preg_grpc
@@ -93,7 +93,7 @@ async def get_info(path: Path, *, dial_timeout: float, timeout: float = 1.0) -> 
         grpc.aio.AioRpcError: GetInfo failed or took longer than ``timeout`` seconds.
     """
     async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
-        if not await _client.ready(channel, dial_timeout):
+        if not await client.ready(channel, dial_timeout):
             raise TimeoutError
         info = await preg_grpc.RegistrationStub(channel).GetInfo(
             preg.InfoRequest(), timeout=timeout

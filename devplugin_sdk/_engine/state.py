@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import anyio
 
-from devplugin_sdk import _convert
-from devplugin_sdk._events import Events
+from devplugin_sdk._engine.events import Events
+from devplugin_sdk._wire import convert
 from devplugin_sdk.errors import BackendError, UnknownDeviceError, summarize_ids
 from devplugin_sdk.types import Device, Health, HealthReport
 
@@ -165,7 +165,7 @@ class DeviceState:
             if cached is not None and unchanged:
                 entries[device.id] = cached
             else:
-                entries[device.id] = _convert.list_and_watch_entry(
+                entries[device.id] = convert.list_and_watch_entry(
                     device, self._effective[device.id]
                 )
         return entries, devices_changed
@@ -218,7 +218,7 @@ class DeviceState:
                 self._effective[device_id] = new
                 if device_id in self._entries:
                     self._healthy += 1 if new is Health.HEALTHY else -1
-                    self._entries[device_id] = _convert.list_and_watch_entry(device, new)
+                    self._entries[device_id] = convert.list_and_watch_entry(device, new)
                 flipped.append(device_id)
                 self._log_flip(device_id, new, why)
                 self._events.health_changed(self.resource_name, device_id, new, why)

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
+from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim, PreparedDevice
 from devplugin_sdk.api.dra.v1 import dra_pb2 as v1
 from devplugin_sdk.api.dra.v1beta1 import dra_pb2 as v1beta1
-from devplugin_sdk.dra._model import ClaimRef, PreparedClaim, PreparedDevice
 
 __all__ = [
     "VERSIONS",

@@ -7,7 +7,7 @@ The servicer asks here first on every Allocate, the plugin's hot path.
 
 from __future__ import annotations
 
-from devplugin_sdk._state import DeviceState
+from devplugin_sdk._engine.state import DeviceState
 
 #: Answers kept per device version (one per distinct set of IDs asked for); past it the cache
 #: starts again, so any request pattern stays bounded.

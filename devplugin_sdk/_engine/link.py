@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from devplugin_sdk._events import Events
+from devplugin_sdk._engine.events import Events
 
 log = logging.getLogger("devplugin_sdk")
 

@@ -1,6 +1,6 @@
 """The kubelet's end of a v1beta1.DevicePlugin connection, spoken in SDK types.
 
-FakeKubelet, ``probe`` and ``conformance`` call plugins through ``DevicePluginClient``; ``_convert``
+FakeKubelet, ``probe`` and ``conformance`` call plugins through ``DevicePluginClient``; ``convert``
 builds and reads the messages, so none of them sees protobuf. Errors stay grpc.aio's own
 (``grpc.aio.AioRpcError`` with the plugin's status): each caller tells its own story about them.
 ``ready`` and ``state_change`` bound a dial without leaving gRPC work behind the event loop.
@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 import anyio
 import grpc
 
-from devplugin_sdk import _convert
+from devplugin_sdk._wire import convert
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 from devplugin_sdk.types import Allocation
@@ -24,8 +24,8 @@ __all__ = ["DevicePluginClient", "ListedDevice", "PluginOptions", "Stream", "rea
 
 T = TypeVar("T")
 
-ListedDevice = _convert.ListedDevice
-PluginOptions = _convert.PluginOptions
+ListedDevice = convert.ListedDevice
+PluginOptions = convert.PluginOptions
 
 _LIST_AND_WATCH = "/v1beta1.DevicePlugin/ListAndWatch"
 
@@ -146,16 +146,16 @@ class DevicePluginClient:
     async def options(self, *, timeout: float | None = None) -> PluginOptions:
         """Call GetDevicePluginOptions."""
         answer = await self._stub.GetDevicePluginOptions(pb.Empty(), timeout=timeout)
-        return _convert.plugin_options(answer)
+        return convert.plugin_options(answer)
 
     def list_and_watch(self) -> Stream[tuple[ListedDevice, ...]]:
         """Open ListAndWatch (no deadline); each message is the plugin's whole device list."""
-        return Stream(self._list_and_watch(pb.Empty()), _convert.decode_listed_devices)
+        return Stream(self._list_and_watch(pb.Empty()), convert.decode_listed_devices)
 
     def list_and_watch_raw(self) -> Stream[bytes]:
         """Open ListAndWatch, reading each message as its encoded bytes.
 
-        ``_convert.decode_listed_devices`` decodes one; its length is the message's size.
+        ``convert.decode_listed_devices`` decodes one; its length is the message's size.
         """
         return Stream(self._list_and_watch(pb.Empty()), _raw)
 
@@ -174,9 +174,9 @@ class DevicePluginClient:
             when the answer has none.
         """
         answer = await self._stub.GetPreferredAllocation(
-            _convert.preferred_request(available, must_include, size), timeout=timeout
+            convert.preferred_request(available, must_include, size), timeout=timeout
         )
-        return _convert.first_preferred(answer)
+        return convert.first_preferred(answer)
 
     async def allocate(
         self, *containers: Sequence[str], timeout: float | None = None
@@ -190,8 +190,8 @@ class DevicePluginClient:
             grpc.aio.AioRpcError: the plugin's error status.
             ValueError: a container response no ``Allocation`` can hold (an empty host path).
         """
-        answer = await self._stub.Allocate(_convert.allocate_request(containers), timeout=timeout)
-        return [_convert.allocation_from_response(r) for r in answer.container_responses]
+        answer = await self._stub.Allocate(convert.allocate_request(containers), timeout=timeout)
+        return [convert.allocation_from_response(r) for r in answer.container_responses]
 
     async def allocate_first(
         self, device_ids: Sequence[str], *, timeout: float | None = None
@@ -205,13 +205,13 @@ class DevicePluginClient:
             grpc.aio.AioRpcError: the plugin's error status.
             ValueError: a first response no ``Allocation`` can hold.
         """
-        answer = await self._stub.Allocate(_convert.allocate_request([device_ids]), timeout=timeout)
+        answer = await self._stub.Allocate(convert.allocate_request([device_ids]), timeout=timeout)
         if not answer.container_responses:
             return None
-        return _convert.allocation_from_response(answer.container_responses[0])
+        return convert.allocation_from_response(answer.container_responses[0])
 
     async def pre_start_container(
         self, device_ids: Iterable[str], *, timeout: float | None = None
     ) -> None:
         """Call PreStartContainer for one container's devices."""
-        await self._stub.PreStartContainer(_convert.pre_start_request(device_ids), timeout=timeout)
+        await self._stub.PreStartContainer(convert.pre_start_request(device_ids), timeout=timeout)

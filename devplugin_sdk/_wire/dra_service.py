@@ -14,9 +14,9 @@ from typing import Any
 
 import grpc
 
-from devplugin_sdk._server import unary
-from devplugin_sdk.dra import _convert
-from devplugin_sdk.dra._model import ClaimRef, PreparedClaim
+from devplugin_sdk._wire import dra_convert
+from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim
+from devplugin_sdk._wire.server import unary
 
 __all__ = ["DraClient", "handlers", "method_path"]
 
@@ -28,7 +28,7 @@ Unprepare = Callable[[Sequence[ClaimRef]], Awaitable[dict[str, str]]]
 
 def method_path(service: str, method: str) -> str:
     """``/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources`` for ``v1.DRAPlugin``."""
-    pb = _convert.VERSIONS[service]
+    pb = dra_convert.VERSIONS[service]
     return f"/{pb.DESCRIPTOR.package}.DRAPlugin/{method}"
 
 
@@ -38,18 +38,20 @@ def handlers(
     """Generic handlers of the ``DRAPlugin`` service of each version in ``services``."""
     out = []
     for service in services:
-        pb = _convert.VERSIONS[service]
+        pb = dra_convert.VERSIONS[service]
 
         def make(pb: Any = pb) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
             async def node_prepare(
                 request: Any, context: grpc.aio.ServicerContext[Any, Any]
             ) -> Any:
-                return _convert.prepare_response(pb, await prepare(_convert.claims(request)))
+                return dra_convert.prepare_response(pb, await prepare(dra_convert.claims(request)))
 
             async def node_unprepare(
                 request: Any, context: grpc.aio.ServicerContext[Any, Any]
             ) -> Any:
-                return _convert.unprepare_response(pb, await unprepare(_convert.claims(request)))
+                return dra_convert.unprepare_response(
+                    pb, await unprepare(dra_convert.claims(request))
+                )
 
             return {
                 "NodePrepareResources": unary(
@@ -81,7 +83,7 @@ class DraClient:
 
     def __init__(self, channel: grpc.aio.Channel, service: str) -> None:
         self.service = service
-        pb = _convert.VERSIONS[service]
+        pb = dra_convert.VERSIONS[service]
         self._pb = pb
         self._prepare = channel.unary_unary(
             method_path(service, "NodePrepareResources"),
@@ -96,12 +98,14 @@ class DraClient:
 
     async def prepare(self, claims: Sequence[ClaimRef], timeout: float) -> dict[str, PreparedClaim]:
         """NodePrepareResources: the per-claim results by UID."""
-        response = await self._prepare(_convert.prepare_request(self._pb, claims), timeout=timeout)
-        return _convert.prepared(response)
+        response = await self._prepare(
+            dra_convert.prepare_request(self._pb, claims), timeout=timeout
+        )
+        return dra_convert.prepared(response)
 
     async def unprepare(self, claims: Sequence[ClaimRef], timeout: float) -> dict[str, str]:
         """NodeUnprepareResources: the per-claim errors by UID (empty: done)."""
         response = await self._unprepare(
-            _convert.unprepare_request(self._pb, claims), timeout=timeout
+            dra_convert.unprepare_request(self._pb, claims), timeout=timeout
         )
-        return _convert.unprepared(response)
+        return dra_convert.unprepared(response)

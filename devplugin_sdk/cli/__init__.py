@@ -31,11 +31,13 @@ import anyio.to_thread
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup, ExceptionGroup
 
-from devplugin_sdk import __version__, _cli_fake_kubelet, _cli_probe, backends, runner
+from devplugin_sdk import __version__, backends, runner
 from devplugin_sdk._logging import configure_logging
 from devplugin_sdk.api import constants
-from devplugin_sdk.config import RunConfig, load_yaml, parse_run_config
+from devplugin_sdk.cli.runfile import RunConfig, parse_run_config
+from devplugin_sdk.config import load_yaml
 from devplugin_sdk.errors import ConfigError, DevicePluginError
+from devplugin_sdk.kubelet import _cli_fake_kubelet, _cli_probe
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.settings import Settings
 
@@ -331,7 +333,7 @@ def _check_listen(port_option: str, host_option: str, host: str | None, port: in
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     # Imported here: the demo pulls in the testing tools, which `devplugin run` never needs.
-    from devplugin_sdk import demo  # noqa: PLC0415
+    from devplugin_sdk.cli import demo  # noqa: PLC0415
 
     return demo.main(json_output=args.json)
 
