@@ -212,19 +212,18 @@ class DevicePluginServicer:
                 )
 
     async def prefer(
-        self,
-        available: Sequence[str],
-        must_include: Sequence[str],
-        size: int,
-        *,
-        serving: Serving,
+        self, available: dict[str, None], must: dict[str, None], size: int, *, serving: Serving
     ) -> list[str]:
-        """A valid preference whatever the hook does: must-include, hook's choice, the rest."""
-        offered, must = self._offered(available, must_include)
+        """A valid preference whatever the hook does: must-include, hook's choice, the rest.
+
+        ``available`` and ``must`` are this call's own (``rpc.Prefer``): unknown IDs are
+        dropped from them.
+        """
+        self._drop_unknown(available, must)
         choice: Sequence[str] = ()
         if self.preferred_allocation and len(must) < size:
-            choice = await self._choice(offered, must, size, serving)
-        return complete_preference(offered, must, size, choice)
+            choice = await self._choice(available, must, size, serving)
+        return complete_preference(available, must, size, choice)
 
     async def pre_start_container(self, ids: Sequence[str], *, serving: Serving) -> None:
         """Check the IDs; run the plugin's ``pre_start_container`` when it has one."""
@@ -249,14 +248,8 @@ class DevicePluginServicer:
             raise RequestError(f"{where} repeats device IDs: {', '.join(duplicates)}")
         return self.state.lookup(ids)
 
-    def _offered(
-        self, available_ids: Sequence[str], must_include: Sequence[str]
-    ) -> tuple[dict[str, None], dict[str, None]]:
-        """The available and must-include IDs, each in order, without repeats or unknown IDs."""
+    def _drop_unknown(self, available: dict[str, None], must: dict[str, None]) -> None:
         known = self.state.by_id
-        # Ordered and deduplicated; doubles as the set of what may be chosen.
-        available = dict.fromkeys(available_ids)
-        must = dict.fromkeys(must_include)
         if not (available.keys() <= known.keys() and must.keys() <= known.keys()):
             dropped = (available.keys() | must.keys()) - known.keys()
             log.warning(
@@ -268,7 +261,6 @@ class DevicePluginServicer:
             for device_id in dropped:
                 available.pop(device_id, None)
                 must.pop(device_id, None)
-        return available, must
 
     async def _choice(
         self, available: dict[str, None], must: dict[str, None], size: int, serving: Serving

@@ -35,8 +35,11 @@ SERVICE = "v1beta1.DevicePlugin"
 Context = grpc.aio.ServicerContext[Any, Any]
 Allocate = Callable[[Sequence[tuple[str, ...]]], Awaitable[bytes]]
 """Answers Allocate for each container's device IDs, in request order: the encoded reply."""
-Prefer = Callable[[tuple[str, ...], tuple[str, ...], int], Awaitable[Sequence[str]]]
-"""Answers GetPreferredAllocation for one container: (available, must_include, size) -> IDs."""
+Prefer = Callable[[dict[str, None], dict[str, None], int], Awaitable[Sequence[str]]]
+"""Answers GetPreferredAllocation for one container: (available, must_include, size) -> IDs.
+
+Each list of IDs comes in order and without repeats, as a fresh dict's keys (the set of what may
+be chosen, which a request for 81,920 memory units would otherwise build a second time)."""
 PreStart = Callable[[tuple[str, ...]], Awaitable[None]]
 """Runs PreStartContainer for one container's device IDs."""
 
@@ -149,8 +152,8 @@ class _Calls:
             return convert.preferred_response(
                 [
                     await self.prefer(
-                        tuple(c.available_deviceIDs),
-                        tuple(c.must_include_deviceIDs),
+                        dict.fromkeys(c.available_deviceIDs),
+                        dict.fromkeys(c.must_include_deviceIDs),
                         c.allocation_size,
                     )
                     for c in containers
