@@ -126,8 +126,8 @@ class DevicePluginServicer:
             self.resource,
             pre_start_required=self.pre_start_required,
             preferred_allocation=self.preferred_allocation,
-            # Called once, inside the kubelet's Register handler: the kubelet then opens
-            # ListAndWatch on the same connection, so its stream comes next.
+            # Asked inside the kubelet's Register handler; the kubelet then opens ListAndWatch
+            # on the same connection: its stream comes next.
             options_requested=self.streams.options_requested,
             list_and_watch=partial(self.list_and_watch, serving),
             allocate=partial(self.allocate, serving=serving),

@@ -123,6 +123,7 @@ class _Calls:
         )
 
     async def get_options(self, request: pb.Empty, context: Context) -> pb.DevicePluginOptions:
+        # Called once, inside the kubelet's Register handler: it must be fast and never fail.
         self.options_requested()
         return self.options
 
