@@ -1,24 +1,24 @@
 """The v1beta1 DevicePlugin service of one plugin: what its RPCs do with the plugin's hooks.
 
 The servicer is built from what it uses (the plugin, its device state, its stream bookkeeping,
-the event sink and two timeouts) and knows nothing of registration; the handler table and the
-mapping of errors to gRPC statuses are ``rpc``'s. Each gRPC server gets its own ``Serving``
-(its handler and its streams), so that a server can stop while the next one serves.
+the event sink and two timeouts) and knows nothing of registration or protobuf: ``rpc``'s handler
+table decodes each request into plain values, calls the methods here, encodes what they return
+and maps errors to gRPC statuses. Each gRPC server gets its own ``Serving`` (its handler and its
+streams), so that a server can stop while the next one serves.
 
 The RPCs are the plugin's hot path (every pod admission waits on Allocate): what can be worked
-out once is (``_answers``: the default ``allocate``'s answer for a set of IDs, until the devices
-change), and hooks are awaited through ``_hooks``, where one that completes without suspending
-costs one coroutine step. ``allocation.complete_preference`` makes any preference valid.
+out once is (``answers``: the default ``allocate``'s encoded answer for a set of IDs, until the
+devices change), and hooks are awaited through ``hooks``, where one that completes without
+suspending costs one coroutine step. ``allocation.complete_preference`` makes any preference
+valid.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from functools import partial
-from typing import Any
 
 import anyio
 import grpc
@@ -30,22 +30,14 @@ from devplugin_sdk._engine.state import DeviceState, Snapshot
 from devplugin_sdk._engine.streams import Streams
 from devplugin_sdk._logging import printable
 from devplugin_sdk._wire import convert, rpc
-from devplugin_sdk._wire.rpc import Malformed, RequestError, parsed, refuse, status_for
+from devplugin_sdk._wire.rpc import RequestError
 from devplugin_sdk.allocation import complete_preference
 from devplugin_sdk.api import constants
-from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.errors import summarize_ids
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.types import Allocation, Device, Health
 
 log = logging.getLogger("devplugin_sdk")
-
-
-def _containers(request: pb.AllocateRequest | Malformed) -> Sequence[Any]:
-    containers = parsed(request, "Allocate").container_requests
-    if not containers:
-        raise RequestError("AllocateRequest has no container requests")
-    return containers
 
 
 class Serving:
@@ -106,12 +98,7 @@ class DevicePluginServicer:
         # hooks there, but its own allocate adds to theirs.
         self._default_allocate = plugin.allocate_is_merge
         self._answers = MergedAnswers(state)
-        self._options = convert.options(
-            pre_start_required=self.pre_start_required,
-            preferred_allocation=self.preferred_allocation,
-        )
         self._too_big_version = -1
-        self._refuse = partial(refuse, resource=self.resource, on_refused=events.rpc_error)
 
     def serving(self) -> Serving:
         """A new server's share: the handler to add to it, and its streams (see ``stop``)."""
@@ -136,30 +123,24 @@ class DevicePluginServicer:
 
     def _handler(self, serving: Serving) -> grpc.GenericRpcHandler:
         return rpc.handler(
-            get_options=self.get_options,
-            list_and_watch=partial(self.list_and_watch, serving=serving),
-            get_preferred_allocation=partial(self.get_preferred_allocation, serving=serving),
+            self.resource,
+            pre_start_required=self.pre_start_required,
+            preferred_allocation=self.preferred_allocation,
+            # Asked inside the kubelet's Register handler; the kubelet then opens ListAndWatch
+            # on the same connection: its stream comes next.
+            options_requested=self.streams.options_requested,
+            list_and_watch=partial(self.list_and_watch, serving),
             allocate=partial(self.allocate, serving=serving),
+            prefer=partial(self.prefer, serving=serving),
             pre_start_container=partial(self.pre_start_container, serving=serving),
+            outcomes=self.events,
         )
 
     # ------------------------------------------------------------------ RPCs
 
-    async def get_options(
-        self, request: pb.Empty, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.DevicePluginOptions:
-        # Called once, inside the kubelet's Register handler: it must be fast and never fail.
-        # The kubelet then opens ListAndWatch on the same connection: its stream comes next.
-        self.streams.options_requested()
-        return self._options
-
-    async def list_and_watch(
-        self,
-        request: pb.Empty,
-        context: grpc.aio.ServicerContext[Any, Any],
-        *,
-        serving: Serving,
-    ) -> AsyncIterator[bytes]:
+    async def list_and_watch(self, serving: Serving) -> AsyncGenerator[bytes, None]:
+        """Encoded ListAndWatch messages: the devices now, then after each change, until
+        ``serving``'s server stops."""
         stream_id = self.streams.opened()
         seen = -1
         try:
@@ -193,48 +174,23 @@ class DevicePluginServicer:
                 extra={"resource": self.resource},
             )
 
-    async def allocate(
-        self,
-        request: pb.AllocateRequest | Malformed,
-        context: grpc.aio.ServicerContext[Any, Any],
-        *,
-        serving: Serving,
-    ) -> bytes:
-        started = time.perf_counter()
-        code: grpc.StatusCode | None = None
-        try:
-            if self._default_allocate:
-                return self._allocate_merged(request)
-            return await self._allocate_hooked(request, serving)
-        except Exception as exc:
-            code = status_for(exc)
-            await self._refuse("Allocate", context, exc, code)
-            raise  # pragma: no cover - abort raises
-        finally:
-            error = None if code is None else code.name
-            self.events.allocation(self.resource, time.perf_counter() - started, error)
-
-    def _allocate_merged(self, request: pb.AllocateRequest | Malformed) -> bytes:
-        """The default allocate's answer: cached encodings, nothing awaited."""
-        containers = _containers(request)
-        return b"".join([self._merged(c.devices_ids, index) for index, c in enumerate(containers)])
-
-    async def _allocate_hooked(
-        self, request: pb.AllocateRequest | Malformed, serving: Serving
-    ) -> bytes:
+    async def allocate(self, containers: Sequence[tuple[str, ...]], *, serving: Serving) -> bytes:
+        """The encoded Allocate answer for each container's device IDs, in request order."""
+        if self._default_allocate:
+            # The default allocate's answer: cached encodings, nothing awaited.
+            return b"".join([self._merged(ids, index) for index, ids in enumerate(containers)])
         entries = []
-        for index, container in enumerate(_containers(request)):
-            devices = self._devices(container.devices_ids, "container request", index)
-            self._warn_unhealthy([d.id for d in devices])
+        for index, ids in enumerate(containers):
+            devices = self._devices(ids, "container request", index)
+            self._warn_unhealthy(ids)
             allocation = await run_hook(
                 self.plugin.allocate(devices), self.hook_timeout, self.resource, "allocate", serving
             )
             entries.append(convert.allocate_entry(allocation))
         return b"".join(entries)
 
-    def _merged(self, ids: Sequence[str], index: int) -> bytes:
+    def _merged(self, key: tuple[str, ...], index: int) -> bytes:
         """The default allocate's answer for one container, encoded (kept per device version)."""
-        key = tuple(ids)
         entry = self._answers.get(key)
         if entry is None:
             # Only valid requests are kept: a key found there names known, distinct devices.
@@ -255,46 +211,31 @@ class DevicePluginServicer:
                     extra={"resource": self.resource, "device": device_id},
                 )
 
-    async def get_preferred_allocation(
-        self,
-        request: pb.PreferredAllocationRequest | Malformed,
-        context: grpc.aio.ServicerContext[Any, Any],
-        *,
-        serving: Serving,
-    ) -> pb.PreferredAllocationResponse:
-        try:
-            return convert.preferred_response(
-                [
-                    await self._prefer(c, serving)
-                    for c in parsed(request, "GetPreferredAllocation").container_requests
-                ]
-            )
-        except Exception as exc:
-            await self._refuse("GetPreferredAllocation", context, exc, status_for(exc))
-            raise  # pragma: no cover - abort raises
+    async def prefer(
+        self, available: dict[str, None], must: dict[str, None], size: int, *, serving: Serving
+    ) -> list[str]:
+        """A valid preference whatever the hook does: must-include, hook's choice, the rest.
 
-    async def pre_start_container(
-        self,
-        request: pb.PreStartContainerRequest | Malformed,
-        context: grpc.aio.ServicerContext[Any, Any],
-        *,
-        serving: Serving,
-    ) -> pb.PreStartContainerResponse:
-        try:
-            ids = parsed(request, "PreStartContainer").devices_ids
-            devices = self._devices(ids, "PreStartContainerRequest")
-            if self.pre_start_required:
-                await run_hook(
-                    self.plugin.pre_start_container(devices),
-                    self.prestart_timeout,
-                    self.resource,
-                    "pre_start_container",
-                    serving,
-                )
-            return pb.PreStartContainerResponse()
-        except Exception as exc:
-            await self._refuse("PreStartContainer", context, exc, status_for(exc))
-            raise  # pragma: no cover - abort raises
+        ``available`` and ``must`` are this call's own (``rpc.Prefer``): unknown IDs are
+        dropped from them.
+        """
+        self._drop_unknown(available, must)
+        choice: Sequence[str] = ()
+        if self.preferred_allocation and len(must) < size:
+            choice = await self._choice(available, must, size, serving)
+        return complete_preference(available, must, size, choice)
+
+    async def pre_start_container(self, ids: Sequence[str], *, serving: Serving) -> None:
+        """Check the IDs; run the plugin's ``pre_start_container`` when it has one."""
+        devices = self._devices(ids, "PreStartContainerRequest")
+        if self.pre_start_required:
+            await run_hook(
+                self.plugin.pre_start_container(devices),
+                self.prestart_timeout,
+                self.resource,
+                "pre_start_container",
+                serving,
+            )
 
     # ------------------------------------------------------------------ helpers
 
@@ -307,25 +248,8 @@ class DevicePluginServicer:
             raise RequestError(f"{where} repeats device IDs: {', '.join(duplicates)}")
         return self.state.lookup(ids)
 
-    async def _prefer(
-        self, request: pb.ContainerPreferredAllocationRequest, serving: Serving
-    ) -> list[str]:
-        """A valid preference whatever the hook does: must-include, hook's choice, the rest."""
-        size = request.allocation_size
-        available, must = self._offered(request)
-        choice: Sequence[str] = ()
-        if self.preferred_allocation and len(must) < size:
-            choice = await self._choice(available, must, size, serving)
-        return complete_preference(available, must, size, choice)
-
-    def _offered(
-        self, request: pb.ContainerPreferredAllocationRequest
-    ) -> tuple[dict[str, None], dict[str, None]]:
-        """The available and must-include IDs, each in order, without repeats or unknown IDs."""
+    def _drop_unknown(self, available: dict[str, None], must: dict[str, None]) -> None:
         known = self.state.by_id
-        # Ordered and deduplicated; doubles as the set of what may be chosen.
-        available = dict.fromkeys(request.available_deviceIDs)
-        must = dict.fromkeys(request.must_include_deviceIDs)
         if not (available.keys() <= known.keys() and must.keys() <= known.keys()):
             dropped = (available.keys() | must.keys()) - known.keys()
             log.warning(
@@ -337,7 +261,6 @@ class DevicePluginServicer:
             for device_id in dropped:
                 available.pop(device_id, None)
                 must.pop(device_id, None)
-        return available, must
 
     async def _choice(
         self, available: dict[str, None], must: dict[str, None], size: int, serving: Serving

@@ -1,22 +1,27 @@
-"""The gRPC side of the v1beta1 DevicePlugin service: its handler table, requests that do not
-parse, and SDK errors as gRPC statuses.
+"""The v1beta1 DevicePlugin service on the wire: its handler table, which decodes each request into
+plain values, calls what the engine's servicer does with them and encodes the answer; requests
+that do not parse; and SDK errors as gRPC statuses.
 
-Handlers are registered as generic handlers so that ListAndWatch and Allocate can send
-pre-encoded bytes without re-serialising. This is the one place where SDK errors become status
-codes (the table in docs/concepts.md, "Allocation"), and where a refused call is logged. The
-servicer (``_servicer``), which holds what the RPCs do, is the only user.
+Handlers are registered as generic handlers so that ListAndWatch and Allocate can send the
+engine's pre-encoded bytes without re-serialising. This is the one place where SDK errors become
+status codes (the table in docs/concepts.md, "Allocation"), and where a refused call is logged.
+The servicer (``_engine.servicer``) is the only user.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn, TypeVar
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from devplugin_sdk._logging import printable
+from devplugin_sdk._wire import convert
 from devplugin_sdk._wire.server import unary
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.errors import AllocationError, BackendError, UnknownDeviceError
@@ -27,43 +32,171 @@ M = TypeVar("M")
 
 SERVICE = "v1beta1.DevicePlugin"
 
-Unary = Callable[[Any, "grpc.aio.ServicerContext[Any, Any]"], Awaitable[Any]]
+Context = grpc.aio.ServicerContext[Any, Any]
+Allocate = Callable[[Sequence[tuple[str, ...]]], Awaitable[bytes]]
+"""Answers Allocate for each container's device IDs, in request order: the encoded reply."""
+Prefer = Callable[[dict[str, None], dict[str, None], int], Awaitable[Sequence[str]]]
+"""Answers GetPreferredAllocation for one container: (available, must_include, size) -> IDs.
+
+Each list of IDs comes in order and without repeats, as a fresh dict's keys (the set of what may
+be chosen, which a request for 81,920 memory units would otherwise build a second time)."""
+PreStart = Callable[[tuple[str, ...]], Awaitable[None]]
+"""Runs PreStartContainer for one container's device IDs."""
+
+
+class Outcomes(Protocol):
+    """Where the calls' outcomes are reported (the engine's event sink)."""
+
+    def allocation(self, resource: str, seconds: float, error: str | None) -> None: ...
+
+    def rpc_error(self, resource: str, rpc: str, code: str) -> None: ...
 
 
 def handler(
+    resource: str,
     *,
-    get_options: Unary,
-    list_and_watch: Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[bytes]],
-    get_preferred_allocation: Unary,
-    allocate: Unary,
-    pre_start_container: Unary,
+    pre_start_required: bool,
+    preferred_allocation: bool,
+    options_requested: Callable[[], None],
+    list_and_watch: Callable[[], AsyncGenerator[bytes, None]],
+    allocate: Allocate,
+    prefer: Prefer,
+    pre_start_container: PreStart,
+    outcomes: Outcomes,
 ) -> grpc.GenericRpcHandler:
-    """The service's handler table; ListAndWatch and Allocate answer with encoded bytes."""
-    return grpc.method_handlers_generic_handler(
-        SERVICE,
-        {
-            "GetDevicePluginOptions": unary(get_options, pb.Empty, pb.DevicePluginOptions),
-            "ListAndWatch": grpc.unary_stream_rpc_method_handler(
-                list_and_watch,
-                request_deserializer=pb.Empty.FromString,
-                response_serializer=_identity,
-            ),
-            "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
-                get_preferred_allocation,
-                request_deserializer=lenient(pb.PreferredAllocationRequest),
-                response_serializer=pb.PreferredAllocationResponse.SerializeToString,
-            ),
-            "Allocate": grpc.unary_unary_rpc_method_handler(
-                allocate,
-                request_deserializer=lenient(pb.AllocateRequest),
-                response_serializer=_identity,
-            ),
-            "PreStartContainer": grpc.unary_unary_rpc_method_handler(
-                pre_start_container,
-                request_deserializer=lenient(pb.PreStartContainerRequest),
-                response_serializer=pb.PreStartContainerResponse.SerializeToString,
-            ),
-        },
+    """The service's handler table for one plugin.
+
+    ``list_and_watch`` yields encoded ListAndWatchResponses and ``allocate`` answers with an
+    encoded AllocateResponse; the other answers are encoded here. A call that raises is ended
+    with ``status_for``'s code and the error's message, and reported to ``outcomes``.
+    """
+    options = convert.options(
+        pre_start_required=pre_start_required, preferred_allocation=preferred_allocation
+    )
+    return _Calls(
+        resource,
+        options,
+        options_requested,
+        list_and_watch,
+        allocate,
+        prefer,
+        pre_start_container,
+        outcomes,
+    ).handler()
+
+
+@dataclass(frozen=True, slots=True)
+class _Calls:
+    """One plugin's calls, each as grpc.aio calls it: decode, ask the engine, encode."""
+
+    resource: str
+    options: pb.DevicePluginOptions
+    options_requested: Callable[[], None]
+    list_and_watch: Callable[[], AsyncGenerator[bytes, None]]
+    allocate: Allocate
+    prefer: Prefer
+    pre_start_container: PreStart
+    outcomes: Outcomes
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "GetDevicePluginOptions": unary(self.get_options, pb.Empty, pb.DevicePluginOptions),
+                "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+                    self.watch,
+                    request_deserializer=pb.Empty.FromString,
+                    response_serializer=_identity,
+                ),
+                "GetPreferredAllocation": _lenient_unary(
+                    self.preferred,
+                    pb.PreferredAllocationRequest,
+                    pb.PreferredAllocationResponse.SerializeToString,
+                ),
+                "Allocate": _lenient_unary(self.answer, pb.AllocateRequest, _identity),
+                "PreStartContainer": _lenient_unary(
+                    self.pre_start,
+                    pb.PreStartContainerRequest,
+                    pb.PreStartContainerResponse.SerializeToString,
+                ),
+            },
+        )
+
+    async def get_options(self, request: pb.Empty, context: Context) -> pb.DevicePluginOptions:
+        # Called once, inside the kubelet's Register handler: it must be fast and never fail.
+        self.options_requested()
+        return self.options
+
+    async def watch(self, request: pb.Empty, context: Context) -> AsyncIterator[bytes]:
+        # Closed with this stream, so that the engine's generator ends when the kubelet's does.
+        async with aclosing(self.list_and_watch()) as payloads:
+            async for payload in payloads:
+                yield payload
+
+    async def answer(self, request: pb.AllocateRequest | Malformed, context: Context) -> bytes:
+        started = time.perf_counter()
+        code: grpc.StatusCode | None = None
+        try:
+            return await self.allocate(_containers(request))
+        except Exception as exc:
+            code = status_for(exc)
+            await self._refuse("Allocate", context, exc, code)
+        finally:
+            error = None if code is None else code.name
+            self.outcomes.allocation(self.resource, time.perf_counter() - started, error)
+
+    async def preferred(
+        self, request: pb.PreferredAllocationRequest | Malformed, context: Context
+    ) -> pb.PreferredAllocationResponse:
+        try:
+            containers = parsed(request, "GetPreferredAllocation").container_requests
+            return convert.preferred_response(
+                [
+                    await self.prefer(
+                        dict.fromkeys(c.available_deviceIDs),
+                        dict.fromkeys(c.must_include_deviceIDs),
+                        c.allocation_size,
+                    )
+                    for c in containers
+                ]
+            )
+        except Exception as exc:
+            await self._refuse("GetPreferredAllocation", context, exc, status_for(exc))
+
+    async def pre_start(
+        self, request: pb.PreStartContainerRequest | Malformed, context: Context
+    ) -> pb.PreStartContainerResponse:
+        try:
+            ids = tuple(parsed(request, "PreStartContainer").devices_ids)
+            await self.pre_start_container(ids)
+            return pb.PreStartContainerResponse()
+        except Exception as exc:
+            await self._refuse("PreStartContainer", context, exc, status_for(exc))
+
+    async def _refuse(
+        self, rpc: str, context: Context, exc: Exception, code: grpc.StatusCode
+    ) -> NoReturn:
+        await refuse(
+            rpc, context, exc, code, resource=self.resource, on_refused=self.outcomes.rpc_error
+        )
+
+
+def _containers(request: pb.AllocateRequest | Malformed) -> list[tuple[str, ...]]:
+    """Each container request's device IDs, in request order."""
+    containers = parsed(request, "Allocate").container_requests
+    if not containers:
+        raise RequestError("AllocateRequest has no container requests")
+    return [tuple(c.devices_ids) for c in containers]
+
+
+def _lenient_unary(
+    method: Callable[[Any, Context], Awaitable[Any]],
+    request: type[Message],
+    serialize: Callable[[Any], bytes],
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A unary call's handler whose requests may not parse (see ``lenient``)."""
+    return grpc.unary_unary_rpc_method_handler(
+        method, request_deserializer=lenient(request), response_serializer=serialize
     )
 
 
