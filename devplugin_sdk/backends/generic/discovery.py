@@ -25,7 +25,8 @@ from devplugin_sdk.types import Device, Health, replicate
 
 __all__ = ["Scanner"]
 
-log = logging.getLogger(__name__)
+# The backend's logger, whichever of its modules logs (the name is in every JSON log line).
+log = logging.getLogger("devplugin_sdk.backends.generic")
 
 # Device IDs stay within 63 characters, the convention the SDK documents for Device.id.
 MAX_ID_LENGTH = 63

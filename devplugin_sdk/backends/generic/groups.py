@@ -18,6 +18,7 @@ __all__ = ["GROUP_BY", "USB_CLASSES", "Group", "PathSpec", "UsbSpec"]
 
 #: The one way to group matches by hardware: the PCI function each node belongs to.
 GROUP_BY = ("pciDevice",)
+
 #: Classes of nodes a USB device's interfaces may carry, for ``UsbSpec.include``.
 USB_CLASSES = ("hidraw", "input", "sound", "tty", "usbmisc", "video4linux")
 _HEX_ID = re.compile(r"^[0-9a-fA-F]{1,4}$")
