@@ -3,7 +3,8 @@
 Builds, under a temporary directory, the files, symlinks and ``/dev/infiniband`` nodes a real
 mlx5 host shows: PCI functions under ``/sys/devices/pci*``, the ``bus``/``class`` symlinks that
 point at them, ``infiniband``/``infiniband_verbs``/``infiniband_mad``/``net`` class devices, and
-SR-IOV ``virtfnN``/``physfn`` links. Layouts follow the kernel's sysfs ABI (see ``rdma.py``).
+SR-IOV ``virtfnN``/``physfn`` links. Layouts follow the kernel's sysfs ABI (see
+``devplugin_sdk.backends.rdma``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Builds, under a temporary directory, the files, symlinks and /dev nodes a real h
 functions under ``sys/devices/pci*`` with their ``bus``/``class``/``dev/char`` symlinks,
 ``driver``/``subsystem``/``device`` links, the xocl/xclmgmt attributes and ROM sub-device, the
 DRM render node, and the DFL base region with its FME, FME PR region and ports. Layouts follow
-the sources cited in ``devplugin_sdk/backends/fpga.py``; character devices are regular files.
+the sources cited in ``devplugin_sdk.backends.fpga``; character devices are regular files.
 
 The modules: ``_tree`` (the plumbing every card shares), ``_alveo`` (Alveo boards under XRT) and
 ``_dfl`` (DFL cards, their FME, ports and VFs).
