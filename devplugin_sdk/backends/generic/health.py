@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from devplugin_sdk.backends import _generic_host as host
 from devplugin_sdk.types import Device, DeviceNode, Health, Mount
 
-__all__: list[str] = []
+__all__: list[str] = []  # nothing public: the scanner and the plugin use these
 
 
 @dataclass(frozen=True, slots=True)
