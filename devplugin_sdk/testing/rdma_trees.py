@@ -3,7 +3,8 @@
 Builds, under a temporary directory, the files, symlinks and ``/dev/infiniband`` nodes a real
 mlx5 host shows: PCI functions under ``/sys/devices/pci*``, the ``bus``/``class`` symlinks that
 point at them, ``infiniband``/``infiniband_verbs``/``infiniband_mad``/``net`` class devices, and
-SR-IOV ``virtfnN``/``physfn`` links. Layouts follow the kernel's sysfs ABI (see ``rdma.py``).
+SR-IOV ``virtfnN``/``physfn`` links. Layouts follow the kernel's sysfs ABI (see
+``devplugin_sdk.backends.rdma``).
 """
 
 from __future__ import annotations
@@ -188,10 +189,58 @@ class RdmaHost:
             root_dir = self.sysfs_root / "devices" / _root_path(pci_address, root_port)
         dev_dir = root_dir / pci_address
         rel_from_sys = dev_dir.relative_to(self.sysfs_root)
+        self._pci_function(
+            dev_dir,
+            rel_from_sys,
+            vendor=vendor,
+            device=device,
+            link_layer=link_layer,
+            driver=driver,
+            numa_node=numa_node,
+        )
+        self._sriov(dev_dir, physfn, sriov_totalvfs)
+        self._rdma_device(dev_dir, rel_from_sys, ibdev, device=device, node_guid=node_guid)
+        self._write_port(
+            dev_dir / "infiniband" / ibdev / "ports/1",
+            link_layer=link_layer,
+            netdev=netdev,
+            node_guid=node_guid,
+            state=state,
+            phys_state=phys_state,
+        )
+        uverbs = self._uverbs(dev_dir, rel_from_sys, ibdev)
+        umad, issm = self._mad(dev_dir, rel_from_sys, ibdev)
+        if netdev is not None:
+            self._netdev(dev_dir, rel_from_sys, netdev, link_layer=link_layer, state=state)
+        function = RdmaFunction(
+            pci_address=pci_address,
+            ibdev=ibdev,
+            netdev=netdev,
+            link_layer=link_layer,
+            uverbs=uverbs,
+            umad=umad,
+            issm=issm,
+            device_dir=dev_dir,
+            physfn=physfn,
+        )
+        self.functions[pci_address] = function
+        return function
+
+    def _pci_function(
+        self,
+        dev_dir: Path,
+        rel_from_sys: Path,
+        *,
+        vendor: str,
+        device: str,
+        link_layer: str,
+        driver: str,
+        numa_node: int,
+    ) -> None:
+        """The PCI function itself (Documentation/ABI/testing/sysfs-bus-pci)."""
+        pci_address = dev_dir.name
         # e.g. devices/pci0000:3a/0000:3a:02.0/0000:3b:00.0: four levels back up to /sys.
         up = "/".join([".."] * len(rel_from_sys.parts))
-
-        # The PCI function itself (Documentation/ABI/testing/sysfs-bus-pci).
         _write(dev_dir / "vendor", vendor)
         _write(dev_dir / "device", device)
         _write(dev_dir / "subsystem_vendor", vendor)
@@ -206,21 +255,30 @@ class RdmaHost:
         drivers_dir = self.sysfs_root / "bus/pci/drivers" / driver
         _link(drivers_dir / pci_address, f"../../../../{rel_from_sys}")
         _link(self.sysfs_root / "bus/pci/devices" / pci_address, f"../../../{rel_from_sys}")
-        if physfn is None and sriov_totalvfs is not None:
-            _write(dev_dir / "sriov_totalvfs", str(sriov_totalvfs))
-            _write(dev_dir / "sriov_numvfs", "0")
-        if physfn is not None:
-            parent = self.functions[physfn]
-            # SR-IOV: <vf>/physfn -> ../<pf>, <pf>/virtfnN -> ../<vf> (drivers/pci/iov.c).
-            _link(dev_dir / "physfn", f"../{physfn}")
-            index = len(parent.vfs)
-            _link(parent.device_dir / f"virtfn{index}", f"../{pci_address}")
-            parent.vfs.append(pci_address)
-            _write(parent.device_dir / "sriov_numvfs", str(len(parent.vfs)))
 
-        # The RDMA device's parent is the PCI function (mlx5_ib: ib_dev.dev.parent = mdev->device).
+    def _sriov(self, dev_dir: Path, physfn: str | None, totalvfs: int | None) -> None:
+        """A PF's SR-IOV files, or a VF's links to and from its PF."""
+        if physfn is None:
+            if totalvfs is not None:
+                _write(dev_dir / "sriov_totalvfs", str(totalvfs))
+                _write(dev_dir / "sriov_numvfs", "0")
+            return
+        parent = self.functions[physfn]
+        # SR-IOV: <vf>/physfn -> ../<pf>, <pf>/virtfnN -> ../<vf> (drivers/pci/iov.c).
+        _link(dev_dir / "physfn", f"../{physfn}")
+        index = len(parent.vfs)
+        _link(parent.device_dir / f"virtfn{index}", f"../{dev_dir.name}")
+        parent.vfs.append(dev_dir.name)
+        _write(parent.device_dir / "sriov_numvfs", str(len(parent.vfs)))
+
+    def _rdma_device(
+        self, dev_dir: Path, rel_from_sys: Path, ibdev: str, *, device: str, node_guid: str
+    ) -> None:
+        """The RDMA device; its parent is the PCI function (mlx5_ib: ib_dev.dev.parent =
+        mdev->device)."""
+        up = "/".join([".."] * len(rel_from_sys.parts))
         ib_dir = dev_dir / "infiniband" / ibdev
-        _link(ib_dir / "device", f"../../../{pci_address}")
+        _link(ib_dir / "device", f"../../../{dev_dir.name}")
         _link(ib_dir / "subsystem", f"../../{up}/class/infiniband")
         _write(ib_dir / "node_type", "1: CA")
         _write(ib_dir / "node_guid", node_guid)
@@ -232,27 +290,22 @@ class RdmaHost:
         _write(ib_dir / "hw_rev", "0x0")
         _write(ib_dir / "board_id", "MT_0000000359")
         self._class_link("infiniband", ibdev, rel_from_sys)
-        self._write_port(
-            ib_dir / "ports/1",
-            link_layer=link_layer,
-            netdev=netdev,
-            node_guid=node_guid,
-            state=state,
-            phys_state=phys_state,
-        )
 
-        # uverbsN: parent is the RDMA device's parent (uverbs_main.c ib_uverbs_add_one).
+    def _uverbs(self, dev_dir: Path, rel_from_sys: Path, ibdev: str) -> str:
+        """uverbsN: its parent is the RDMA device's parent (uverbs_main.c ib_uverbs_add_one)."""
         uverbs = f"uverbs{self._next_uverbs}"
         uv_dir = dev_dir / "infiniband_verbs" / uverbs
         _write(uv_dir / "ibdev", ibdev)
         _write(uv_dir / "abi_version", "1")
         _write(uv_dir / "dev", f"231:{_UVERBS_MINOR_BASE + self._next_uverbs}")
-        _link(uv_dir / "device", f"../../../{pci_address}")
+        _link(uv_dir / "device", f"../../../{dev_dir.name}")
         self._class_link("infiniband_verbs", uverbs, rel_from_sys)
         _write(self.dev_root / "infiniband" / uverbs, "")
         self._next_uverbs += 1
+        return uverbs
 
-        # umadN and issmN per port, same N (user_mad.c ib_umad_init_port).
+    def _mad(self, dev_dir: Path, rel_from_sys: Path, ibdev: str) -> tuple[str, str]:
+        """umadN and issmN of the port, same N (user_mad.c ib_umad_init_port)."""
         n = self._next_umad
         umad, issm = f"umad{n}", f"issm{n}"
         for name, minor in ((umad, n), (issm, _ISSM_MINOR_BASE + n)):
@@ -260,35 +313,24 @@ class RdmaHost:
             _write(mad_dir / "ibdev", ibdev)
             _write(mad_dir / "port", "1")
             _write(mad_dir / "dev", f"231:{minor}")
-            _link(mad_dir / "device", f"../../../{pci_address}")
+            _link(mad_dir / "device", f"../../../{dev_dir.name}")
             self._class_link("infiniband_mad", name, rel_from_sys)
             _write(self.dev_root / "infiniband" / name, "")
         self._next_umad += 1
+        return umad, issm
 
-        # The netdev: its parent is the PCI function too (ipoib sets dev_port = port - 1).
-        if netdev is not None:
-            net_dir = dev_dir / "net" / netdev
-            _write(net_dir / "type", str(_ARPHRD[link_layer]))
-            _write(net_dir / "dev_port", "0")
-            _write(net_dir / "dev_id", "0x0")
-            _write(net_dir / "operstate", "up" if state == "ACTIVE" else "down")
-            _write(net_dir / "ifindex", str(10 + len(self.functions)))
-            _link(net_dir / "device", f"../../../{pci_address}")
-            self._class_link("net", netdev, rel_from_sys)
-
-        function = RdmaFunction(
-            pci_address=pci_address,
-            ibdev=ibdev,
-            netdev=netdev,
-            link_layer=link_layer,
-            uverbs=uverbs,
-            umad=umad,
-            issm=issm,
-            device_dir=dev_dir,
-            physfn=physfn,
-        )
-        self.functions[pci_address] = function
-        return function
+    def _netdev(
+        self, dev_dir: Path, rel_from_sys: Path, netdev: str, *, link_layer: str, state: str
+    ) -> None:
+        """The netdev: its parent is the PCI function too (ipoib sets dev_port = port - 1)."""
+        net_dir = dev_dir / "net" / netdev
+        _write(net_dir / "type", str(_ARPHRD[link_layer]))
+        _write(net_dir / "dev_port", "0")
+        _write(net_dir / "dev_id", "0x0")
+        _write(net_dir / "operstate", "up" if state == "ACTIVE" else "down")
+        _write(net_dir / "ifindex", str(10 + len(self.functions)))
+        _link(net_dir / "device", f"../../../{dev_dir.name}")
+        self._class_link("net", netdev, rel_from_sys)
 
     def _class_link(self, class_name: str, name: str, function_dir: Path) -> None:
         """``/sys/class/<class>/<name> -> ../../devices/.../<function>/<class>/<name>``."""
