@@ -14,7 +14,7 @@ from typing import Protocol
 
 from devplugin_sdk.types import Health
 
-__all__ = ["Observer", "PluginStatus"]
+__all__ = ["DraStatus", "Observer", "PluginStatus"]
 
 
 class Observer(Protocol):
@@ -67,3 +67,30 @@ class PluginStatus:
     streams: int
     pending_seconds: float
     devices: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class DraStatus:
+    """What the runner's DRA driver is doing (``Running.dra``).
+
+    Attributes:
+        driver: The driver name.
+        node_name: The node (and pool) name.
+        registered: The kubelet's plugin watcher reported the driver registered.
+        registrations: How many times it did (again after each kubelet restart).
+        generation: The pool generation last published.
+        published: Devices in the pool as last published.
+        pending_seconds: How long the newest device set has waited to be published.
+        prepared_claims: Claims prepared on this node (the checkpoint's entries).
+        last_error: The Kubernetes API's latest refusal while publishing, until one works.
+    """
+
+    driver: str
+    node_name: str
+    registered: bool
+    registrations: int
+    generation: int
+    published: int
+    pending_seconds: float
+    prepared_claims: int
+    last_error: str | None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
+import anyio.abc
 from anyio.abc import TaskStatus
 
 from devplugin_sdk import config, fswatch
@@ -31,14 +32,14 @@ from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._engine.supervisor import Supervisor
 from devplugin_sdk._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_STUCK_AFTER
 from devplugin_sdk.errors import ConfigError, MissingDependencyError
-from devplugin_sdk.observe import Observer, PluginStatus
+from devplugin_sdk.observe import DraStatus, Observer, PluginStatus
 from devplugin_sdk.settings import Settings
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 if TYPE_CHECKING:
-    from devplugin_sdk._engine.served import Strategy
+    from devplugin_sdk._engine.handle import Strategy
     from devplugin_sdk.dra import Api, Dra
     from devplugin_sdk.dra._driver import DraDriver
     from devplugin_sdk.plugin import DevicePlugin
@@ -125,10 +126,12 @@ class Running:
         http_port: The bound HTTP port, or None without ``http``.
     """
 
-    def __init__(self, supervisor: Supervisor, http_port: int | None) -> None:
+    def __init__(
+        self, supervisor: Supervisor, driver: DraDriver | None, http_port: int | None
+    ) -> None:
         self._supervisor = supervisor
+        self._driver = driver
         self.http_port = http_port
-        self._driver: DraDriver | None = None
 
     @property
     def resources(self) -> list[str]:
@@ -142,48 +145,7 @@ class Running:
     @property
     def dra(self) -> DraStatus | None:
         """The DRA driver's state, or None when the runner serves no DRA driver."""
-        driver = self._driver
-        if driver is None:
-            return None
-        publisher = driver.publisher
-        return DraStatus(
-            driver=driver.driver,
-            node_name=driver.node_name,
-            registered=driver.registered,
-            registrations=driver.registrations,
-            generation=publisher.generation if publisher is not None else 0,
-            published=len(publisher.published or ()) if publisher is not None else 0,
-            pending_seconds=publisher.pending_seconds if publisher is not None else 0.0,
-            prepared_claims=len(driver.preparer.prepared) if driver.preparer is not None else 0,
-            last_error=publisher.last_error if publisher is not None else None,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class DraStatus:
-    """What the runner's DRA driver is doing (``Running.dra``).
-
-    Attributes:
-        driver: The driver name.
-        node_name: The node (and pool) name.
-        registered: The kubelet's plugin watcher reported the driver registered.
-        registrations: How many times it did (again after each kubelet restart).
-        generation: The pool generation last published.
-        published: Devices in the pool as last published.
-        pending_seconds: How long the newest device set has waited to be published.
-        prepared_claims: Claims prepared on this node (the checkpoint's entries).
-        last_error: The Kubernetes API's latest refusal while publishing, until one works.
-    """
-
-    driver: str
-    node_name: str
-    registered: bool
-    registrations: int
-    generation: int
-    published: int
-    pending_seconds: float
-    prepared_claims: int
-    last_error: str | None
+        return None if self._driver is None else self._driver.status()
 
 
 async def serve(
@@ -230,54 +192,17 @@ async def serve(
         SocketInUseError: another live server answers on a plugin's socket.
         ExceptionGroup: several of the above at once (none is dropped).
     """
-    if not plugins:
-        raise ValueError("serve() needs at least one plugin")
     settings = settings or Settings()
-    driver = _dra_driver(api, dra, settings, plugins)
-    # Decided once: the registration path does not change while the process runs.
-    strategy: Strategy
-    if settings.uses_plugin_watcher():
-        # Its protocol is imported only for the kubelets that need it (cold start).
-        from devplugin_sdk._engine import plugin_watcher as _plugin_watcher  # noqa: PLC0415
-
-        strategy, watched = _plugin_watcher.keep_registered, settings.plugins_registry_dir
-    else:
-        strategy, watched = kubelet_sock.keep_registered, settings.device_plugin_dir
-    if driver is not None:
-        strategy = driver.attach if api == "dra" else driver.alongside(strategy)
-        if api == "dra":  # no device-plugin directory to watch (a DRA pod may not mount it)
-            watched = settings.plugins_registry_dir
+    watcher, strategy, driver = _registration(plugins, settings, api, dra)
     if http is not None and observer is None:
         observer = _prometheus_observer(http.registry)
     events = Events(observer)
-    watcher = DirectoryWatcher([watched], settings.restart_poll_interval)
     try:
         async with anyio.create_task_group() as tg:
             supervisor = Supervisor(tg, settings, watcher, events, strategy)
-            running = Running(supervisor, None)
-            running._driver = driver
-            if http is not None:
-                # Loaded only when a port is served (cold start without HTTP).
-                from devplugin_sdk import healthz  # noqa: PLC0415
-
-                running.http_port = await tg.start(
-                    partial(
-                        healthz.serve_http,
-                        http.host,
-                        http.port,
-                        statuses=running.statuses,
-                        stuck_after=http.stuck_after,
-                        registry=http.registry,
-                        max_connections=http.max_connections,
-                    )
-                )
+            running = Running(supervisor, driver, await _serve_http(tg, http, supervisor.statuses))
             events.serving(running.statuses)
-            tg.start_soon(watcher.run)
-            if driver is not None:
-                await tg.start(driver.run)
-            await supervisor.apply(plugins, fatal=True)
-            if reload is not None:
-                await tg.start(_reload_loop, supervisor, reload)  # watching when it returns
+            await _start(tg, supervisor, plugins, watcher=watcher, driver=driver, reload=reload)
             task_status.started(running)
     except BaseExceptionGroup as group:
         raise_errors(group)
@@ -349,20 +274,82 @@ def raise_errors(group: BaseExceptionGroup[BaseException]) -> NoReturn:
     raise BaseExceptionGroup(f"{len(errors)} errors while serving", errors)
 
 
-def _dra_driver(
-    api: str, dra: Dra | None, settings: Settings, plugins: Sequence[DevicePlugin]
-) -> DraDriver | None:
+def _registration(
+    plugins: Sequence[DevicePlugin], settings: Settings, api: str, dra: Dra | None
+) -> tuple[DirectoryWatcher, Strategy, DraDriver | None]:
+    """How every plugin registers, the directory watcher that wakes the registration loops, and
+    the DRA driver (with ``api`` ``"dra"`` or ``"both"``).
+
+    Decided once: the registration path does not change while the process runs.
+    """
+    if not plugins:
+        raise ValueError("serve() needs at least one plugin")
     if api not in ("devicePlugin", "dra", "both"):
         raise ValueError(f"api must be devicePlugin, dra or both, got {api!r}")
-    if api == "devicePlugin":
-        if dra is not None:
-            raise ValueError("dra= is given but api is devicePlugin; say api='dra' or 'both'")
-        return None
-    if dra is None:
+    if api == "devicePlugin" and dra is not None:
+        raise ValueError("dra= is given but api is devicePlugin; say api='dra' or 'both'")
+    if api != "devicePlugin" and dra is None:
         raise ValueError(f"api={api!r} needs dra=Dra(driver=...): the DRA driver to serve")
+    strategy: Strategy
+    if settings.uses_plugin_watcher():
+        # Its protocol is imported only for the kubelets that need it (cold start).
+        from devplugin_sdk._engine import plugin_watcher  # noqa: PLC0415
+
+        strategy, watched = plugin_watcher.keep_registered, settings.plugins_registry_dir
+    else:
+        strategy, watched = kubelet_sock.keep_registered, settings.device_plugin_dir
+    if api == "dra":  # no device-plugin directory to watch (a DRA pod may not mount it)
+        watched = settings.plugins_registry_dir
+    watcher = DirectoryWatcher([watched], settings.restart_poll_interval)
+    if dra is None:
+        return watcher, strategy, None
     from devplugin_sdk.dra._driver import DraDriver  # noqa: PLC0415 - only for DRA
 
-    return DraDriver(dra, settings, both=api == "both", expected=[p.resource_name for p in plugins])
+    expected = [p.resource_name for p in plugins]
+    driver = DraDriver(dra, settings, watcher, both=api == "both", expected=expected)
+    return watcher, driver.strategy(strategy), driver
+
+
+async def _start(
+    tg: anyio.abc.TaskGroup,
+    supervisor: Supervisor,
+    plugins: Sequence[DevicePlugin],
+    *,
+    watcher: DirectoryWatcher,
+    driver: DraDriver | None,
+    reload: Reload | None,
+) -> None:
+    """Start the DRA driver, the directory watcher, the plugins and the reload loop in ``tg``;
+    return once every plugin has discovered its devices (and the file is watched)."""
+    if driver is not None:
+        await tg.start(driver.run)  # its directories exist before they are watched
+    tg.start_soon(watcher.run)
+    await supervisor.apply(plugins, fatal=True)
+    if reload is not None:
+        await tg.start(_reload_loop, supervisor, reload)  # watching when it returns
+
+
+async def _serve_http(
+    tg: anyio.abc.TaskGroup, http: Http | None, statuses: Callable[[], list[PluginStatus]]
+) -> int | None:
+    """Serve the HTTP endpoints in ``tg`` (with ``http``); the bound port."""
+    if http is None:
+        return None
+    # Loaded only when a port is served (cold start without HTTP).
+    from devplugin_sdk import healthz  # noqa: PLC0415
+
+    port: int = await tg.start(
+        partial(
+            healthz.serve_http,
+            http.host,
+            http.port,
+            statuses=statuses,
+            stuck_after=http.stuck_after,
+            registry=http.registry,
+            max_connections=http.max_connections,
+        )
+    )
+    return port
 
 
 def _prometheus_observer(registry: Any) -> Observer | None:

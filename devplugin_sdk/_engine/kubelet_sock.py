@@ -1,6 +1,6 @@
 """Registration through ``kubelet.sock``: serve, register, wait for the loss, again.
 
-The strategy for every kubelet (the plugin watcher is the other one, ``_plugin_watcher``). The
+The strategy for every kubelet (the plugin watcher is the other one, ``plugin_watcher``). The
 kubelet deletes every socket in its directory when it starts and then creates a new
 ``kubelet.sock``, so a loss is seen both ways, plus the kubelet closing our stream while it stays
 up. Pods admitted before the plugin is back fail for good (protocol reference 7.3), so the path
@@ -25,9 +25,9 @@ from pathlib import Path
 import anyio
 import grpc
 
+from devplugin_sdk._engine.handle import PluginHandle
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
-from devplugin_sdk._engine.link import Link
-from devplugin_sdk._engine.servicer import DevicePluginServicer, Serving
+from devplugin_sdk._engine.servicer import Serving
 from devplugin_sdk._logging import printable
 from devplugin_sdk._wire import registration as _registration
 from devplugin_sdk._wire.server import (
@@ -52,15 +52,15 @@ _REPEAT_WAITING = 60.0  # seconds between repeats of a "directory missing" warni
 
 
 async def keep_registered(
-    servicer: DevicePluginServicer, link: Link, settings: Settings, watcher: DirectoryWatcher
+    plugin: PluginHandle, settings: Settings, watcher: DirectoryWatcher
 ) -> None:
-    """Keep ``servicer``'s plugin registered through ``kubelet.sock`` until cancelled.
+    """Keep ``plugin`` registered through ``kubelet.sock`` until cancelled (a ``Strategy``).
 
     Raises:
         RegistrationRejectedError: the kubelet rejected the plugin for good.
         SocketInUseError: another live server answers on the plugin's socket.
     """
-    await _KubeletSockRegistration(servicer, link, settings, watcher).run()
+    await _KubeletSockRegistration(plugin, settings, watcher).run()
 
 
 @dataclass(eq=False)
@@ -74,19 +74,14 @@ class _Server:
 
 
 class _KubeletSockRegistration:
-    def __init__(
-        self,
-        servicer: DevicePluginServicer,
-        link: Link,
-        settings: Settings,
-        watcher: DirectoryWatcher,
-    ) -> None:
-        self.servicer = servicer
-        self.link = link
+    def __init__(self, plugin: PluginHandle, settings: Settings, watcher: DirectoryWatcher) -> None:
+        self.plugin = plugin
+        self.link = plugin.link
+        self.streams = plugin.streams
         self.settings = settings
         self.watcher = watcher
-        self.resource = servicer.resource
-        self.socket_path = settings.device_plugin_dir / servicer.plugin.effective_socket_name
+        self.resource = plugin.resource
+        self.socket_path = settings.device_plugin_dir / plugin.socket_name
         self.current: _Server | None = None  # on the socket path
         self.next: _Server | None = None  # staged, not on the socket path yet
         self.old: _Server | None = None  # lost; stops once the next one is registered
@@ -114,7 +109,7 @@ class _KubeletSockRegistration:
                 await self._prepare_next()
         finally:
             self.link.down()
-            self.servicer.streams.expect_nothing()
+            self.streams.expect_nothing()
             servers = [self.old, self.current, self.next]
             self.old = self.current = self.next = None
             with anyio.CancelScope(shield=True):
@@ -202,7 +197,7 @@ class _KubeletSockRegistration:
         path = staged_path(self.settings.device_plugin_dir) if self.staging else None
         if path is None:
             return False
-        serving = self.servicer.serving()
+        serving = self.plugin.serving()
         try:
             server = await start_staged(path, [serving.handler])
         except OSError as exc:
@@ -223,7 +218,7 @@ class _KubeletSockRegistration:
         """Start a server on the socket path itself, once the old one has stopped."""
         await self._stop_old()
         generation = self.watcher.generation
-        serving = self.servicer.serving()
+        serving = self.plugin.serving()
         try:
             server, own_id = await start_server(self.socket_path, [serving.handler])
         except SocketVanishedError:
@@ -255,7 +250,7 @@ class _KubeletSockRegistration:
         """One Register call; on failure wait the backoff (or a directory change) and say so."""
         started = time.perf_counter()
         attempt = self.watcher.generation  # a new kubelet.sock during the call retries at once
-        streams = self.servicer.streams
+        streams = self.streams
         streams.expect_kubelet()
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._serve_again_if_removed)
@@ -263,8 +258,8 @@ class _KubeletSockRegistration:
                 self.settings.kubelet_socket,
                 resource_name=self.resource,
                 endpoint=self.socket_path.name,
-                pre_start_required=self.servicer.pre_start_required,
-                preferred_allocation=self.servicer.preferred_allocation,
+                pre_start_required=self.plugin.pre_start_required,
+                preferred_allocation=self.plugin.preferred_allocation,
                 timeout=self.settings.register_timeout,
             )
             tg.cancel_scope.cancel()
@@ -317,13 +312,13 @@ class _KubeletSockRegistration:
                 with anyio.CancelScope(shield=True):  # never half-replaced by the call's end
                     served = await self._serving()
                 if served:
-                    self.servicer.streams.expect_kubelet()  # its dial-back comes to the new one
+                    self.streams.expect_kubelet()  # its dial-back comes to the new one
                 continue
             await self.watcher.wait(generation)
 
     async def _stream_arrives(self) -> bool:
         """Whether the kubelet's ListAndWatch stream opens within the Register deadline."""
-        streams = self.servicer.streams
+        streams = self.streams
         with anyio.move_on_after(self.settings.register_timeout):
             while streams.kubelet is None:
                 await self.watcher.wait(self.watcher.generation)
@@ -331,7 +326,7 @@ class _KubeletSockRegistration:
 
     async def _wait_for_loss(self, kubelet: FileId) -> str:
         """Wait until the registration is lost; return why."""
-        streams = self.servicer.streams
+        streams = self.streams
         grace = self.settings.stream_lost_grace
         while True:
             generation = self.watcher.generation
@@ -368,7 +363,7 @@ class _KubeletSockRegistration:
 
     async def _retire_current(self) -> None:
         """The current server lost its registration: it becomes the old one."""
-        self.servicer.streams.expect_nothing()
+        self.streams.expect_nothing()
         await self._stop_old()
         self.old, self.current = self.current, None
 
@@ -382,6 +377,6 @@ class _KubeletSockRegistration:
         if server.staged is not None:
             # grpcio removes only the staged path; like grpcio, no new connection once stopping.
             remove_socket(self.socket_path, server.own_id)
-        await self.servicer.stop(server.server, server.serving, self.settings.stop_grace)
+        await self.plugin.stop(server.server, server.serving, self.settings.stop_grace)
         if server.own_id is not None:
             self.stopped_at = time.monotonic()

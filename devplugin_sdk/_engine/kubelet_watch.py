@@ -1,8 +1,10 @@
-"""Watches the device-plugin directory for the signs of a kubelet restart, once per process.
+"""Watches the kubelet's directories for the signs of a restart or a lost socket, once per process.
 
-The kubelet deletes every file in the directory when it starts (our socket among them) and then
-creates a new kubelet.sock. Plugins ask for the inode of kubelet.sock and of their own socket
-and wait for the next change; inotify makes that sub-millisecond, polling is the safety net.
+The kubelet deletes every file in the device-plugin directory when it starts (our socket among
+them) and then creates a new kubelet.sock. Plugins ask for the inode of kubelet.sock and of their
+own socket and wait for the next change; inotify makes that sub-millisecond, polling is the
+safety net. The runner watches the directory its registration strategy serves in; a DRA driver
+adds its own (``add``) before the watch starts.
 """
 
 from __future__ import annotations
@@ -23,13 +25,25 @@ class DirectoryWatcher:
     """Broadcasts "something changed in the directories" to every plugin of the process."""
 
     def __init__(self, directories: list[Path], poll_interval: float) -> None:
-        self.directories = directories
+        self.directories = list(directories)
         self.poll_interval = poll_interval
         self.generation = 0
         self._changed = anyio.Event()
+        self._running = False
+
+    def add(self, *directories: Path) -> None:
+        """Watch ``directories`` too.
+
+        Raises:
+            RuntimeError: the watch has started (it watches the directories it started with).
+        """
+        if self._running:
+            raise RuntimeError("DirectoryWatcher.add() after run() started")
+        self.directories.extend(d for d in directories if d not in self.directories)
 
     async def run(self) -> None:
         """Watch until cancelled."""
+        self._running = True
         async for _changed in fswatch.watch(self.directories, poll_interval=self.poll_interval):
             self.notify()
 

@@ -1,20 +1,21 @@
 """One plugin while it is served: its state, streams, servicer, feed and registration, wired up.
 
-``ServedPlugin`` only assembles the small pieces (``_state``, ``_streams``, ``_servicer``,
-``_feed``, ``_link``) and runs the registration strategy the runner chose once for the process;
-each piece knows only what it is handed.
+``ServedPlugin`` only assembles the small pieces (``state``, ``streams``, ``servicer``,
+``feed``, ``link``) and runs the registration strategy the runner chose once for the process
+with the plugin's ``PluginHandle``; each piece knows only what it is handed.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 
 import anyio
 from anyio.abc import TaskStatus
 
 from devplugin_sdk._engine.events import Events
 from devplugin_sdk._engine.feed import DeviceFeed
+from devplugin_sdk._engine.handle import PluginHandle, Strategy
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._engine.link import Link
 from devplugin_sdk._engine.servicer import DevicePluginServicer
@@ -27,11 +28,7 @@ from devplugin_sdk.types import Device, Health
 
 log = logging.getLogger("devplugin_sdk")
 
-__all__ = ["ServedPlugin", "Strategy", "pending_seconds"]
-
-#: How a plugin gets registered: ``_kubelet_sock.keep_registered`` or
-#: ``_plugin_watcher.keep_registered``.
-Strategy = Callable[[DevicePluginServicer, Link, Settings, DirectoryWatcher], Awaitable[None]]
+__all__ = ["ServedPlugin", "pending_seconds"]
 
 
 class ServedPlugin:
@@ -64,7 +61,7 @@ class ServedPlugin:
         self.state = DeviceState(self.resource, events=events)
         self.streams = Streams(self.resource, watcher.notify)
         self.link = Link(self.resource, events)
-        self.servicer = DevicePluginServicer(
+        servicer = DevicePluginServicer(
             plugin,
             self.state,
             self.streams,
@@ -72,6 +69,7 @@ class ServedPlugin:
             hook_timeout=settings.hook_timeout,
             prestart_timeout=settings.prestart_timeout,
         )
+        self.handle = PluginHandle(plugin, self.state, self.streams, self.link, servicer)
         self.feed = DeviceFeed(plugin, self.state, settings.health_interval, inherited)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -89,7 +87,7 @@ class ServedPlugin:
             task_status.started()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.feed.run)
-                await self.strategy(self.servicer, self.link, self.settings, self.watcher)
+                await self.strategy(self.handle, self.settings, self.watcher)
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.settings.stop_timeout):
                 try:

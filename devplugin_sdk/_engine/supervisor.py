@@ -17,8 +17,9 @@ import anyio
 import anyio.abc
 
 from devplugin_sdk._engine.events import Events
+from devplugin_sdk._engine.handle import Strategy
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
-from devplugin_sdk._engine.served import ServedPlugin, Strategy
+from devplugin_sdk._engine.served import ServedPlugin
 from devplugin_sdk.observe import PluginStatus
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.settings import Settings

@@ -270,6 +270,26 @@ async def test_a_removed_registration_socket_is_served_again() -> None:
             assert kubelet.dra.is_registered(DRIVER)
 
 
+async def test_a_removed_dra_socket_is_served_again_and_registered_again() -> None:
+    """Losing dra.sock loses the registration too: both sockets are served anew, the kubelet
+    registers the driver again and its calls reach the new socket."""
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api)
+        async with serving(
+            StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings(), api="dra", dra=options
+        ):
+            await _registered(kubelet, api)
+            (options.resolved_plugin_dir / "dra.sock").unlink()
+            await _registered(kubelet, api, 2)
+            pod = kubelet.dra.pod("default", "pod-a", ["gpus"])
+            api.allocate(
+                "default", "gpus", {"widgets": ["w0"]}, driver=DRIVER, pool="node-1", pods=[pod.uid]
+            )
+            prepared = await kubelet.dra.prepare(pod)
+            assert len(prepared.cdi_ids("gpus")) == 1
+
+
 async def test_stale_slices_are_replaced_and_big_pools_take_several_slices() -> None:
     """A previous run's extra slices go; 130 devices take two slices of one generation."""
     from devplugin_sdk.dra import ResourceSlice, SliceDevice

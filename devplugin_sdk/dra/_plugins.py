@@ -1,0 +1,182 @@
+"""The plugins a DRA driver serves: each one's registration strategy, and the pool they make.
+
+Each served plugin runs ``Plugins.attach`` as its registration strategy (``alongside`` runs the
+device-plugin strategy too, for ``api: both``). The driver reads every attached plugin's device
+state (the engine's one owner of devices and health), hands the healthy devices it selects to
+the publisher, and answers the preparer with the plugin that serves a DRA device name (``find``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Sequence
+
+import anyio
+import anyio.abc
+
+from devplugin_sdk._engine.handle import PluginHandle, Strategy
+from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
+from devplugin_sdk.dra import Dra, device_name
+from devplugin_sdk.dra._prepare import Found
+from devplugin_sdk.dra.resources import SliceDevice
+from devplugin_sdk.settings import Settings
+from devplugin_sdk.types import Health
+
+__all__ = ["DETACH_GRACE", "Plugins"]
+
+log = logging.getLogger("devplugin_sdk")
+
+#: How long the devices of a plugin that stopped stay published: a configuration reload stops a
+#: changed plugin before its replacement has discovered its devices, which must not withdraw
+#: (and then publish again) every device the two have in common.
+DETACH_GRACE = 10.0
+
+
+class Plugins:
+    """The plugins one DRA driver serves, by resource name.
+
+    Args:
+        options: The driver's options (which devices it gets).
+        both: The device-plugin API serves the plugins too (``api: both``): its registration
+            owns the plugins' links.
+        expected: Resources of the initial plugins: the pool is not ``ready`` (nothing is
+            published or registered) before each has discovered its devices, so a restarted
+            driver never withdraws devices it still has.
+
+    Attributes:
+        ready: Set once every expected plugin is attached.
+    """
+
+    def __init__(self, options: Dra, *, both: bool, expected: Collection[str]) -> None:
+        self.options = options
+        self.driver = options.driver
+        self.both = both
+        self.expected = set(expected)
+        self.ready = anyio.Event()
+        self._attached: dict[str, PluginHandle] = {}
+        self._registered = False
+        self._found: dict[str, Found] = {}
+        self._duplicates: set[str] = set()
+        self._want: Callable[[Sequence[SliceDevice]], None] | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def run(self) -> None:
+        """Keep the devices of stopped plugins published for ``DETACH_GRACE``, until cancelled."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                await anyio.sleep_forever()
+        finally:
+            self._tg = None
+
+    def publish_to(self, want: Callable[[Sequence[SliceDevice]], None]) -> None:
+        """Hand the pool to ``want`` (the publisher's) once ready and on every change."""
+        self._want = want
+        self.refresh()
+
+    def find(self, name: str) -> Found | None:
+        """The published device of DRA name ``name``, with its plugin and health now."""
+        return self._found.get(name)
+
+    def registered(self, registered: bool) -> None:
+        """The driver's registration came or went: so did the plugins' (unless ``both``)."""
+        self._registered = registered
+        if self.both:
+            return  # the device-plugin registration owns the links
+        for plugin in self._attached.values():
+            if registered:
+                plugin.link.up(0.0, f"as DRA driver {self.driver}")
+            else:
+                plugin.link.down()
+
+    # ------------------------------------------------------------------ strategies
+
+    async def attach(
+        self, plugin: PluginHandle, settings: Settings, watcher: DirectoryWatcher
+    ) -> None:
+        """Serve ``plugin`` through the driver until cancelled (a ``Strategy``)."""
+        resource = plugin.resource
+        self._attached[resource] = plugin
+        if not self.both:
+            plugin.link.without_stream()
+            if self._registered:
+                plugin.link.up(0.0, f"as DRA driver {self.driver}")
+        unsubscribe = plugin.state.subscribe(self.refresh)
+        self.refresh()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            unsubscribe()
+            if not self.both:
+                plugin.link.down()
+            if self._attached.get(resource) is plugin:
+                self._detach(resource, plugin)
+
+    def alongside(self, strategy: Strategy) -> Strategy:
+        """The strategy of ``api: both``: the device-plugin ``strategy`` lists only the devices
+        DRA does not get, and the driver serves the others."""
+
+        async def both(plugin: PluginHandle, settings: Settings, watcher: DirectoryWatcher) -> None:
+            resource = plugin.resource
+            plugin.state.list_only(lambda device: not self.options.selects(resource, device))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.attach, plugin, settings, watcher)
+                await strategy(plugin, settings, watcher)
+                tg.cancel_scope.cancel()
+
+        return both
+
+    def _detach(self, resource: str, plugin: PluginHandle) -> None:
+        """Keep a stopped plugin's devices published for ``DETACH_GRACE``, unless a new plugin
+        of the resource attaches first."""
+
+        async def later() -> None:
+            await anyio.sleep(DETACH_GRACE)
+            if self._attached.get(resource) is plugin:
+                del self._attached[resource]
+                self.refresh()
+
+        if self._tg is None:
+            del self._attached[resource]
+            self.refresh()
+        else:
+            self._tg.start_soon(later)
+
+    # ------------------------------------------------------------------ the pool
+
+    def refresh(self) -> None:
+        """Recompute the pool from the attached plugins' states and hand it to the publisher."""
+        found: dict[str, Found] = {}
+        offered: list[SliceDevice] = []
+        for resource, plugin in self._attached.items():
+            for device in plugin.state.devices:
+                if not self.options.selects(resource, device):
+                    continue
+                name = device_name(device.id)
+                if name in found:
+                    self._duplicate(name, resource, device.id, found[name])
+                    continue
+                health = plugin.state.health_of(device.id)
+                found[name] = Found(resource, plugin.plugin, device, health)
+                if health is Health.HEALTHY:  # an unhealthy device is withdrawn from the pool
+                    offered.append(SliceDevice(name, device.attributes, device.capacity))
+        self._found = found
+        if not self.ready.is_set() and self.expected <= set(self._attached):
+            self.ready.set()
+        if self.ready.is_set() and self._want is not None:
+            self._want(offered)
+
+    def _duplicate(self, name: str, resource: str, device_id: str, first: Found) -> None:
+        if name in self._duplicates:
+            return
+        self._duplicates.add(name)
+        log.error(
+            "DRA %s: device %s of %s has the same DRA name %s as device %s of %s; only the "
+            "first is published",
+            self.driver,
+            device_id,
+            resource,
+            name,
+            first.device.id,
+            first.resource,
+        )
