@@ -91,7 +91,9 @@ class FakeKubelet:
 
     Fault hooks, for what a real kubelet does on its own: ``drop_streams()`` ends ListAndWatch
     streams while the kubelet stays up, ``reject(reason)`` answers registrations with an error,
-    ``crash()`` leaves a stale ``kubelet.sock``, ``restart()`` wipes the directory.
+    ``crash()`` leaves a stale ``kubelet.sock``, ``restart()`` wipes the directory. Its parts
+    read the knobs above from it at each use: a test may change ``register_delay``,
+    ``dial_timeout`` or ``grace_period`` while it runs.
     """
 
     def __init__(
