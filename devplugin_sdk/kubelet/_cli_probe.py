@@ -28,6 +28,11 @@ __all__ = ["parse_allocate", "register", "run_conformance", "run_probe"]
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``probe`` and ``conformance`` subcommands, each with ``func=<callable(args)>``."""
+    _add_probe(subparsers)
+    _add_conformance(subparsers)
+
+
+def _add_probe(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "probe",
         help="show what the kubelet gets from a running plugin",
@@ -60,6 +65,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.set_defaults(func=run_probe)
 
+
+def _add_conformance(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c = subparsers.add_parser(
         "conformance",
         help="check that a device plugin obeys the kubelet protocol",
@@ -94,6 +101,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     c.add_argument(
         "--strict", action="store_true", help="warnings fail too (exit code 1 on any WARN)"
     )
+    _add_limits(c)
+    c.set_defaults(func=run_conformance)
+
+
+def _add_limits(c: argparse.ArgumentParser) -> None:
+    """The options that set ``conformance.Limits``, defaulting to its defaults."""
     defaults = Limits()
     c.add_argument(
         "--timeout",
@@ -138,7 +151,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="--register-dir: time allowed to re-register after a kubelet restart "
         "(default: %(default)g)",
     )
-    c.set_defaults(func=run_conformance)
 
 
 def _positive(text: str) -> float:
