@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from devplugin_sdk import Device, DeviceNode
+import anyio
+
+from devplugin_sdk import Device, DeviceNode, HealthEvent
+from devplugin_sdk.testing import WatchedEvents
 
 RESOURCE = "acme.com/widget"
 
@@ -13,3 +16,11 @@ def widgets(count: int = 4, **kwargs: object) -> list[Device]:
         Device(f"w{i}", device_nodes=(DeviceNode(f"/dev/widget{i}"),), **kwargs)  # type: ignore[arg-type]
         for i in range(count)
     ]
+
+
+async def first_rescan(events: WatchedEvents, count: int) -> None:
+    """Take the ``count`` health statements of a watch's first rescan; return once the watch
+    waits for the next change."""
+    for event in await events.take(count):
+        assert isinstance(event, HealthEvent), event
+    await anyio.wait_all_tasks_blocked()
