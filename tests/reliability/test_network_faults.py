@@ -114,9 +114,9 @@ async def test_http_accept_errors_at_the_fd_limit_are_logged_and_retried() -> No
     ):
         await kubelet.wait_for_allocatable(RESOURCE, 4, timeout=20)
         plugin.signal(signal.SIGUSR2)  # every free descriptor taken, as by a leaking backend
-        await plugin.wait_for_line(plugin.stdout, "hogging")
+        await plugin.wait_for_line("hogging", stream="stdout")
         starved = [await http_get(plugin.http_port, "/healthz") for _ in range(3)]
-        await plugin.wait_for_line(plugin.stdout, "released fds")
+        await plugin.wait_for_line("released fds", stream="stdout")
         released = time.perf_counter()
         await healthz_until(plugin.http_port, 200)
         back = time.perf_counter() - released
@@ -160,15 +160,15 @@ async def test_a_lost_kubelet_stream_is_replaced_while_devplugin_probe_watch_is_
         try:
             # The probe opens a stream for its report, ends it, then opens the one it watches:
             # the second is the extra client that stays.
-            await plugin.wait_for_lines(plugin.stderr, "a client's ListAndWatch stream opened", 2)
+            await plugin.wait_for("a client's ListAndWatch stream opened", count=2)
             assert (await plugin.status())["plugins"][0]["streams"] == 2
             assert (await http_get(plugin.http_port, "/healthz")) == (200, "ok\n")
 
             dropped = time.perf_counter()
             assert await kubelet.drop_streams(RESOURCE) == 1  # the kubelet's own stream only
-            await plugin.wait_for_line(plugin.stderr, "the kubelet's ListAndWatch stream ended")
+            await plugin.wait_for_line("the kubelet's ListAndWatch stream ended")
             during = await http_get(plugin.http_port, "/healthz")
-            await plugin.wait_for_line(plugin.stderr, "no ListAndWatch stream from the kubelet")
+            await plugin.wait_for_line("no ListAndWatch stream from the kubelet")
             noticed = time.perf_counter() - dropped
             await kubelet.wait_for_registrations(RESOURCE, 2, timeout=10)
             await kubelet.wait_for_allocatable(RESOURCE, 4)
@@ -222,7 +222,7 @@ async def test_a_client_that_never_reads_while_devices_flap_leaves_healthz_live(
         async with grpc.aio.insecure_channel(f"unix:{socket_path}", options=options) as channel:
             call = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty())  # never read
             await call.initial_metadata()
-            await plugin.wait_for_line(plugin.stderr, "a client's ListAndWatch stream opened")
+            await plugin.wait_for_line("a client's ListAndWatch stream opened")
             before = kubelet.messages(RESOURCE)
             plugin.signal(signal.SIGUSR1)
             answers: list[int | None] = []
@@ -276,8 +276,8 @@ async def test_device_ids_with_control_characters_cannot_forge_log_lines() -> No
                 ]
             )
             preferred = await stub.GetPreferredAllocation(prefer)
-        allocate_line = await plugin.wait_for_line(plugin.stderr, "Allocate refused")
-        prefer_line = await plugin.wait_for_line(plugin.stderr, "GetPreferredAllocation named")
+        allocate_line = await plugin.wait_for_line("Allocate refused")
+        prefer_line = await plugin.wait_for_line("GetPreferredAllocation named")
         assert await plugin.stop() == 0
     assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "\n" not in (refused.value.details() or "")
