@@ -8,7 +8,6 @@ Allocation policy and DFL modes in-process, with ``FpgaExamplePlugin.from_config
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -41,20 +40,6 @@ ALL_F = "f" * 32
 TARGET = "plugin:FpgaExamplePlugin"
 
 
-def _example() -> ModuleType:
-    # Examples are not a package (pytest runs with --import-mode=importlib): load by path.
-    spec = importlib.util.spec_from_file_location("fpga_example_plugin", HERE / "plugin.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-example = _example()
-
-
 def config_for(name: str, host: FpgaHost, **changes: Any) -> dict[str, Any]:
     """The example config ``name`` with the roots pointed at the fake host."""
     config: dict[str, Any] = yaml.safe_load((HERE / name).read_text("utf-8"))
@@ -62,7 +47,7 @@ def config_for(name: str, host: FpgaHost, **changes: Any) -> dict[str, Any]:
     return config
 
 
-def load(name: str, host: FpgaHost, **changes: Any) -> list[Any]:
+def load(example: ModuleType, name: str, host: FpgaHost, **changes: Any) -> list[Any]:
     """The plugins of the example config ``name`` on the fake host, rescanning every 50 ms."""
     plugins: list[Any] = example.FpgaExamplePlugin.from_config(
         config_for(name, host, healthInterval=0.05, **changes)
@@ -224,9 +209,11 @@ def test_devplugin_run_refuses_a_host_with_nothing_to_serve(tmp_path: Path) -> N
 # ----------------------------------------------------------------------------- in-process
 
 
-async def test_offline_board_leaves_allocatable_and_comes_back(tmp_path: Path) -> None:
+async def test_offline_board_leaves_allocatable_and_comes_back(
+    tmp_path: Path, example: ModuleType
+) -> None:
     host, boards = alveo_u250_host(tmp_path)
-    plugins = load("config.yaml", host)
+    plugins = load(example, "config.yaml", host)
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable("amd.com/u250", 2)
@@ -245,11 +232,13 @@ async def test_offline_board_leaves_allocatable_and_comes_back(tmp_path: Path) -
         await kubelet.wait_for_allocatable("amd.com/u250", 2)
 
 
-async def test_two_boards_for_one_pod_come_from_one_numa_node(tmp_path: Path) -> None:
+async def test_two_boards_for_one_pod_come_from_one_numa_node(
+    tmp_path: Path, example: ModuleType
+) -> None:
     host = FpgaHost(tmp_path)
     for slot, node in (("0000:3b:00", 0), ("0000:5e:00", 1), ("0000:86:00", 0), ("0000:d8:00", 1)):
         host.add_alveo(slot, numa_node=node)
-    plugins = load("config.yaml", host)
+    plugins = load(example, "config.yaml", host)
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable("amd.com/u250", 4)
@@ -260,9 +249,11 @@ async def test_two_boards_for_one_pod_come_from_one_numa_node(tmp_path: Path) ->
     assert len(set(chosen.values())) == 1, chosen
 
 
-async def test_dfl_ports_are_served_per_afu_and_a_crashed_port_recovers(tmp_path: Path) -> None:
+async def test_dfl_ports_are_served_per_afu_and_a_crashed_port_recovers(
+    tmp_path: Path, example: ModuleType
+) -> None:
     host, cards = dfl_pac_host(tmp_path)
-    plugins = load("config-dfl.yaml", host)
+    plugins = load(example, "config-dfl.yaml", host)
     assert [p.resource_name for p in plugins] == ["fpga.intel.com/nlb0", "fpga.intel.com/nlb3"]
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
@@ -279,9 +270,11 @@ async def test_dfl_ports_are_served_per_afu_and_a_crashed_port_recovers(tmp_path
         await kubelet.wait_for_allocatable("fpga.intel.com/nlb0", 1)
 
 
-async def test_dfl_region_mode_serves_cards_by_interface_id(tmp_path: Path) -> None:
+async def test_dfl_region_mode_serves_cards_by_interface_id(
+    tmp_path: Path, example: ModuleType
+) -> None:
     host, _ = dfl_pac_host(tmp_path)
-    plugins = load("config-dfl.yaml", host, mode="region", rename={})
+    plugins = load(example, "config-dfl.yaml", host, mode="region", rename={})
     resource = f"fpga.intel.com/region-{DFL_INTERFACE_ID}"
     assert [p.resource_name for p in plugins] == [resource]
 
