@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import yaml
+from plugin_process import PluginProcess, spawned
 
 from devplugin_sdk import cli
 from devplugin_sdk.testing import FakeKubelet, serving
@@ -65,38 +65,35 @@ def free_port() -> int:
     return port
 
 
-def devplugin(*args: str, cwd: Path, stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]:
-    """``python -m devplugin_sdk ARGS`` with this directory on PYTHONPATH, as in the image."""
+def image_env() -> dict[str, str]:
+    """The environment with this directory on PYTHONPATH, as in the image."""
     path = [str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
+def devplugin(*args: str, cwd: Path, stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]:
+    """``python -m devplugin_sdk ARGS`` as the image runs it."""
     return subprocess.Popen(
         [sys.executable, "-m", "devplugin_sdk", *args],
         stdout=subprocess.DEVNULL,
         stderr=stderr,
         text=True,
-        env=env,
+        env=image_env(),
         cwd=cwd,
     )
 
 
 @asynccontextmanager
-async def running(*args: str, cwd: Path) -> AsyncIterator[tuple[subprocess.Popen[str], Path]]:
-    """A ``devplugin`` process for the body; then SIGTERM and its exit awaited (killed if it
-    hangs). Yields the process and the file its stderr (the log) goes to."""
-    log = cwd / "stderr.log"
-    with log.open("w", encoding="utf-8") as sink:
-        proc = devplugin(*args, cwd=cwd, stderr=sink)
+async def running(*args: str, cwd: Path) -> AsyncIterator[PluginProcess]:
+    """A ``devplugin`` process for the body (SIGTERM at the end, killed if it hangs); its log
+    is its stderr."""
+    command = [sys.executable, "-m", "devplugin_sdk", *args]
+    async with spawned(command, env=image_env(), cwd=cwd) as plugin:
         try:
-            yield proc, log
-            proc.send_signal(signal.SIGTERM)
-            # Wait off the event loop: the kubelet must keep running to see the streams end.
-            await anyio.to_thread.run_sync(lambda: proc.wait(timeout=15))
+            yield plugin
         except BaseException:
-            print(f"devplugin's log:\n{log.read_text('utf-8')[-6000:]}")  # shown on failure
+            print(f"devplugin's log:\n{plugin.error_output[-6000:]}")  # shown on failure
             raise
-        finally:
-            proc.kill()
-            proc.wait(timeout=15)
 
 
 async def http_get(port: int, path: str) -> bytes:
@@ -134,7 +131,7 @@ async def test_devplugin_run_serves_allocates_reloads_and_reports(tmp_path: Path
         args = ["--log-format", "json", "run", TARGET, "--config", str(config_file)]
         args += ["--device-plugin-dir", str(kubelet.directory), "--registration", "kubelet"]
         args += ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
-        async with running(*args, cwd=tmp_path) as (proc, log):
+        async with running(*args, cwd=tmp_path) as plugin:
             await kubelet.wait_for_allocatable("amd.com/u250", 2, timeout=30)
             await kubelet.wait_for_registrations("amd.com/u250-4", 1, timeout=30)
             assert kubelet.capacity("amd.com/u250-4") == 0  # declared, no board with it yet
@@ -164,9 +161,10 @@ async def test_devplugin_run_serves_allocates_reloads_and_reports(tmp_path: Path
             os.replace(edited, config_file)
             await kubelet.wait_for_allocatable("amd.com/alveo-u250", 2, timeout=15)
             await kubelet.wait_for_allocatable("amd.com/u250", 0, timeout=15)
-        assert proc.returncode == 0, log.read_text("utf-8")[-4000:]
+            code = await plugin.stop()
+        assert code == 0, plugin.error_output[-4000:]
 
-    records = [json.loads(line) for line in log.read_text("utf-8").splitlines()]
+    records = plugin.records()
     assert any(
         r.get("resource") == "amd.com/u250" and "registered" in r["message"] for r in records
     )

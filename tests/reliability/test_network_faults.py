@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import stat
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import anyio.to_thread
 import grpc
 import pytest
 from anyio.abc import SocketStream
+from plugin_process import spawned
 from reliability._net_harness import (
     RESOURCE,
     SOCKET,
@@ -143,21 +143,10 @@ async def test_a_lost_kubelet_stream_is_replaced_while_devplugin_probe_watch_is_
         plugin_process("--dir", str(kubelet.directory)) as plugin,
     ):
         await kubelet.wait_for_allocatable(RESOURCE, 4, timeout=20)
-        probe = await anyio.open_process(
-            [
-                sys.executable,
-                "-m",
-                "devplugin_sdk",
-                "probe",
-                "--socket",
-                str(kubelet.directory / SOCKET),
-                "--watch",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
+        socket_path = str(kubelet.directory / SOCKET)
+        async with spawned(
+            [sys.executable, "-m", "devplugin_sdk", "probe", "--socket", socket_path, "--watch"]
+        ):
             # The probe opens a stream for its report, ends it, then opens the one it watches:
             # the second is the extra client that stays.
             await plugin.wait_for("a client's ListAndWatch stream opened", count=2)
@@ -175,16 +164,6 @@ async def test_a_lost_kubelet_stream_is_replaced_while_devplugin_probe_watch_is_
             recovered = time.perf_counter() - dropped
             await healthz_until(plugin.http_port, 200)
             live_again = time.perf_counter() - dropped
-        finally:
-            with anyio.CancelScope(shield=True):
-                if probe.returncode is None:
-                    probe.terminate()
-                    with anyio.move_on_after(5):
-                        await probe.wait()
-                if probe.returncode is None:
-                    probe.kill()
-                await probe.wait()
-                await probe.aclose()
     assert during is not None
     assert during[0] == 503
     assert "no ListAndWatch stream from the kubelet; 1 from other clients" in during[1]
