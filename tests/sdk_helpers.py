@@ -13,7 +13,8 @@ from devplugin_sdk import Device, DeviceNode, HealthEvent
 from devplugin_sdk.testing import WatchedEvents
 
 RESOURCE = "acme.com/widget"
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
+EXAMPLES = ROOT / "examples"
 
 
 def widgets(count: int = 4, **kwargs: object) -> list[Device]:

@@ -27,8 +27,6 @@ from devplugin_sdk.cli.demo import run_demo
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.testing import FakeKubelet
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 async def test_demo_shows_every_step_of_the_lifecycle() -> None:
     out = io.StringIO()

@@ -20,7 +20,7 @@ from broken_plugins import (
     serve_not_grpc,
     serving_raw,
 )
-from sdk_helpers import load_example
+from sdk_helpers import EXAMPLES, ROOT, load_example
 
 from devplugin_sdk import Device, DeviceNode, DevicePlugin, Mount, Settings
 from devplugin_sdk.kubelet import _cli_probe
@@ -37,11 +37,10 @@ from devplugin_sdk.kubelet.conformance import (
 from devplugin_sdk.testing import FakeKubelet, serving
 
 RESOURCE = "acme.com/widget"
-EXAMPLES = Path(__file__).parents[1] / "examples"
 # Short waits for the faults that make a check wait for a message that never comes.
 LIMITS = Limits(timeout=1.0, settle=0.0, restart_timeout=5.0)
 SOCKET_CHECKS = [c.name for c in CHECKS if not c.register_only]
-DOCS = Path(__file__).parents[1] / "docs"
+DOCS = ROOT / "docs"
 # What the line of each fault's target check must say.
 FAULT_MESSAGES = {
     "slow-options": "over 200.0 ms; the kubelet calls it inside Register",

@@ -20,13 +20,12 @@ from typing import Any
 
 import pytest
 import yaml
-from sdk_helpers import load_example
+from sdk_helpers import ROOT, load_example
 
 from devplugin_sdk import backends
 from devplugin_sdk.cli.runfile import parse_run_config
 from devplugin_sdk.config import load_yaml
 
-ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "deploy" / "kustomize"
 OVERLAYS = sorted(p.name for p in (KUSTOMIZE / "overlays").iterdir() if p.is_dir())
 EXAMPLES = sorted(p.parent.name for p in ROOT.glob("examples/*/daemonset.yaml"))
