@@ -21,6 +21,7 @@ import anyio
 import anyio.abc
 import grpc
 
+from devplugin_sdk._wire.server import unary
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
@@ -131,30 +132,18 @@ class RawPlugin:
         return grpc.method_handlers_generic_handler(
             "v1beta1.DevicePlugin",
             {
-                "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
-                    self.options,
-                    request_deserializer=pb.Empty.FromString,
-                    response_serializer=pb.DevicePluginOptions.SerializeToString,
-                ),
+                "GetDevicePluginOptions": unary(self.options, pb.Empty, pb.DevicePluginOptions),
                 "ListAndWatch": grpc.unary_stream_rpc_method_handler(
                     self.list_and_watch,
                     request_deserializer=pb.Empty.FromString,
                     response_serializer=bytes,
                 ),
-                "GetPreferredAllocation": grpc.unary_unary_rpc_method_handler(
-                    self.preferred,
-                    request_deserializer=pb.PreferredAllocationRequest.FromString,
-                    response_serializer=pb.PreferredAllocationResponse.SerializeToString,
+                "GetPreferredAllocation": unary(
+                    self.preferred, pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
                 ),
-                "Allocate": grpc.unary_unary_rpc_method_handler(
-                    self.allocate,
-                    request_deserializer=pb.AllocateRequest.FromString,
-                    response_serializer=pb.AllocateResponse.SerializeToString,
-                ),
-                "PreStartContainer": grpc.unary_unary_rpc_method_handler(
-                    self.pre_start,
-                    request_deserializer=pb.PreStartContainerRequest.FromString,
-                    response_serializer=pb.PreStartContainerResponse.SerializeToString,
+                "Allocate": unary(self.allocate, pb.AllocateRequest, pb.AllocateResponse),
+                "PreStartContainer": unary(
+                    self.pre_start, pb.PreStartContainerRequest, pb.PreStartContainerResponse
                 ),
             },
         )

@@ -1,4 +1,4 @@
-"""Targets for `devplugin run MODULE:ATTR` in tests/test_cli.py."""
+"""Targets for `devplugin run MODULE:ATTR` in tests/cli/test_cli.py."""
 
 from __future__ import annotations
 

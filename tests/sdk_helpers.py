@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from devplugin_sdk import Device, DeviceNode
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import anyio
+
+from devplugin_sdk import Device, DeviceNode, HealthEvent
+from devplugin_sdk.testing import WatchedEvents
 
 RESOURCE = "acme.com/widget"
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
+EXAMPLES = ROOT / "examples"
 
 
 def widgets(count: int = 4, **kwargs: object) -> list[Device]:
@@ -13,3 +23,26 @@ def widgets(count: int = 4, **kwargs: object) -> list[Device]:
         Device(f"w{i}", device_nodes=(DeviceNode(f"/dev/widget{i}"),), **kwargs)  # type: ignore[arg-type]
         for i in range(count)
     ]
+
+
+async def first_rescan(events: WatchedEvents, count: int) -> None:
+    """Take the ``count`` health statements of a watch's first rescan; return once the watch
+    waits for the next change."""
+    for event in await events.take(count):
+        assert isinstance(event, HealthEvent), event
+    await anyio.wait_all_tasks_blocked()
+
+
+def load_example(name: str) -> ModuleType:
+    """``examples/NAME/plugin.py``, loaded once by path (the examples are not a package and
+    pytest runs with --import-mode=importlib); the examples' ``example`` fixture gives it."""
+    module_name = f"{name}_example_plugin"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, EXAMPLES / name / "plugin.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # before running it: its dataclasses look themselves up
+    spec.loader.exec_module(module)
+    return module

@@ -7,6 +7,11 @@ against it in the background of a test, through the one runner (``devplugin_sdk.
     async with FakeKubelet() as kubelet, serving(MyPlugin(), settings=kubelet.settings()):
         await kubelet.wait_for_allocatable("acme.com/widget", 4)
         got = await kubelet.allocate("acme.com/widget", 1)
+
+``watching`` runs a plugin's ``watch()`` alone, as the SDK runs it, for tests of pushed health::
+
+    async with watching(plugin) as events:
+        assert await events.next_event() == HealthEvent("dev0", Health.UNHEALTHY, "gone")
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from devplugin_sdk.kubelet.memory_api import MemoryApi
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.runner import Running, raise_errors, serve
 from devplugin_sdk.testing._static import StaticPlugin
+from devplugin_sdk.testing._watching import WatchedEvents, watching
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
@@ -50,7 +56,9 @@ __all__ = [
     "PreparedPod",
     "Registration",
     "StaticPlugin",
+    "WatchedEvents",
     "serving",
+    "watching",
 ]
 
 

@@ -8,10 +8,8 @@ Allocation policy and DFL modes in-process, with ``FpgaExamplePlugin.from_config
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +22,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import yaml
+from plugin_process import PluginProcess, spawned
 
 from devplugin_sdk import cli
 from devplugin_sdk.testing import FakeKubelet, serving
@@ -41,20 +40,6 @@ ALL_F = "f" * 32
 TARGET = "plugin:FpgaExamplePlugin"
 
 
-def _example() -> ModuleType:
-    # Examples are not a package (pytest runs with --import-mode=importlib): load by path.
-    spec = importlib.util.spec_from_file_location("fpga_example_plugin", HERE / "plugin.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-example = _example()
-
-
 def config_for(name: str, host: FpgaHost, **changes: Any) -> dict[str, Any]:
     """The example config ``name`` with the roots pointed at the fake host."""
     config: dict[str, Any] = yaml.safe_load((HERE / name).read_text("utf-8"))
@@ -62,7 +47,7 @@ def config_for(name: str, host: FpgaHost, **changes: Any) -> dict[str, Any]:
     return config
 
 
-def load(name: str, host: FpgaHost, **changes: Any) -> list[Any]:
+def load(example: ModuleType, name: str, host: FpgaHost, **changes: Any) -> list[Any]:
     """The plugins of the example config ``name`` on the fake host, rescanning every 50 ms."""
     plugins: list[Any] = example.FpgaExamplePlugin.from_config(
         config_for(name, host, healthInterval=0.05, **changes)
@@ -80,38 +65,35 @@ def free_port() -> int:
     return port
 
 
-def devplugin(*args: str, cwd: Path, stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]:
-    """``python -m devplugin_sdk ARGS`` with this directory on PYTHONPATH, as in the image."""
+def image_env() -> dict[str, str]:
+    """The environment with this directory on PYTHONPATH, as in the image."""
     path = [str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
+def devplugin(*args: str, cwd: Path, stderr: Any = subprocess.PIPE) -> subprocess.Popen[str]:
+    """``python -m devplugin_sdk ARGS`` as the image runs it."""
     return subprocess.Popen(
         [sys.executable, "-m", "devplugin_sdk", *args],
         stdout=subprocess.DEVNULL,
         stderr=stderr,
         text=True,
-        env=env,
+        env=image_env(),
         cwd=cwd,
     )
 
 
 @asynccontextmanager
-async def running(*args: str, cwd: Path) -> AsyncIterator[tuple[subprocess.Popen[str], Path]]:
-    """A ``devplugin`` process for the body; then SIGTERM and its exit awaited (killed if it
-    hangs). Yields the process and the file its stderr (the log) goes to."""
-    log = cwd / "stderr.log"
-    with log.open("w", encoding="utf-8") as sink:
-        proc = devplugin(*args, cwd=cwd, stderr=sink)
+async def running(*args: str, cwd: Path) -> AsyncIterator[PluginProcess]:
+    """A ``devplugin`` process for the body (SIGTERM at the end, killed if it hangs); its log
+    is its stderr."""
+    command = [sys.executable, "-m", "devplugin_sdk", *args]
+    async with spawned(command, env=image_env(), cwd=cwd) as plugin:
         try:
-            yield proc, log
-            proc.send_signal(signal.SIGTERM)
-            # Wait off the event loop: the kubelet must keep running to see the streams end.
-            await anyio.to_thread.run_sync(lambda: proc.wait(timeout=15))
+            yield plugin
         except BaseException:
-            print(f"devplugin's log:\n{log.read_text('utf-8')[-6000:]}")  # shown on failure
+            print(f"devplugin's log:\n{plugin.error_output[-6000:]}")  # shown on failure
             raise
-        finally:
-            proc.kill()
-            proc.wait(timeout=15)
 
 
 async def http_get(port: int, path: str) -> bytes:
@@ -149,7 +131,7 @@ async def test_devplugin_run_serves_allocates_reloads_and_reports(tmp_path: Path
         args = ["--log-format", "json", "run", TARGET, "--config", str(config_file)]
         args += ["--device-plugin-dir", str(kubelet.directory), "--registration", "kubelet"]
         args += ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
-        async with running(*args, cwd=tmp_path) as (proc, log):
+        async with running(*args, cwd=tmp_path) as plugin:
             await kubelet.wait_for_allocatable("amd.com/u250", 2, timeout=30)
             await kubelet.wait_for_registrations("amd.com/u250-4", 1, timeout=30)
             assert kubelet.capacity("amd.com/u250-4") == 0  # declared, no board with it yet
@@ -179,9 +161,10 @@ async def test_devplugin_run_serves_allocates_reloads_and_reports(tmp_path: Path
             os.replace(edited, config_file)
             await kubelet.wait_for_allocatable("amd.com/alveo-u250", 2, timeout=15)
             await kubelet.wait_for_allocatable("amd.com/u250", 0, timeout=15)
-        assert proc.returncode == 0, log.read_text("utf-8")[-4000:]
+            code = await plugin.stop()
+        assert code == 0, plugin.error_output[-4000:]
 
-    records = [json.loads(line) for line in log.read_text("utf-8").splitlines()]
+    records = plugin.records()
     assert any(
         r.get("resource") == "amd.com/u250" and "registered" in r["message"] for r in records
     )
@@ -224,9 +207,11 @@ def test_devplugin_run_refuses_a_host_with_nothing_to_serve(tmp_path: Path) -> N
 # ----------------------------------------------------------------------------- in-process
 
 
-async def test_offline_board_leaves_allocatable_and_comes_back(tmp_path: Path) -> None:
+async def test_offline_board_leaves_allocatable_and_comes_back(
+    tmp_path: Path, example: ModuleType
+) -> None:
     host, boards = alveo_u250_host(tmp_path)
-    plugins = load("config.yaml", host)
+    plugins = load(example, "config.yaml", host)
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable("amd.com/u250", 2)
@@ -245,11 +230,13 @@ async def test_offline_board_leaves_allocatable_and_comes_back(tmp_path: Path) -
         await kubelet.wait_for_allocatable("amd.com/u250", 2)
 
 
-async def test_two_boards_for_one_pod_come_from_one_numa_node(tmp_path: Path) -> None:
+async def test_two_boards_for_one_pod_come_from_one_numa_node(
+    tmp_path: Path, example: ModuleType
+) -> None:
     host = FpgaHost(tmp_path)
     for slot, node in (("0000:3b:00", 0), ("0000:5e:00", 1), ("0000:86:00", 0), ("0000:d8:00", 1)):
         host.add_alveo(slot, numa_node=node)
-    plugins = load("config.yaml", host)
+    plugins = load(example, "config.yaml", host)
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable("amd.com/u250", 4)
@@ -260,9 +247,11 @@ async def test_two_boards_for_one_pod_come_from_one_numa_node(tmp_path: Path) ->
     assert len(set(chosen.values())) == 1, chosen
 
 
-async def test_dfl_ports_are_served_per_afu_and_a_crashed_port_recovers(tmp_path: Path) -> None:
+async def test_dfl_ports_are_served_per_afu_and_a_crashed_port_recovers(
+    tmp_path: Path, example: ModuleType
+) -> None:
     host, cards = dfl_pac_host(tmp_path)
-    plugins = load("config-dfl.yaml", host)
+    plugins = load(example, "config-dfl.yaml", host)
     assert [p.resource_name for p in plugins] == ["fpga.intel.com/nlb0", "fpga.intel.com/nlb3"]
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
@@ -279,9 +268,11 @@ async def test_dfl_ports_are_served_per_afu_and_a_crashed_port_recovers(tmp_path
         await kubelet.wait_for_allocatable("fpga.intel.com/nlb0", 1)
 
 
-async def test_dfl_region_mode_serves_cards_by_interface_id(tmp_path: Path) -> None:
+async def test_dfl_region_mode_serves_cards_by_interface_id(
+    tmp_path: Path, example: ModuleType
+) -> None:
     host, _ = dfl_pac_host(tmp_path)
-    plugins = load("config-dfl.yaml", host, mode="region", rename={})
+    plugins = load(example, "config-dfl.yaml", host, mode="region", rename={})
     resource = f"fpga.intel.com/region-{DFL_INTERFACE_ID}"
     assert [p.resource_name for p in plugins] == [resource]
 

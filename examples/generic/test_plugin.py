@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import anyio
 import anyio.to_thread
 import pytest
 import yaml
+from plugin_process import PluginProcess, spawned
 
 from devplugin_sdk import cli
 from devplugin_sdk.backends.generic import from_config
@@ -88,26 +88,13 @@ def devplugin(*args: str, stderr: Any = subprocess.PIPE) -> subprocess.Popen[str
     )
 
 
-def json_records(log: Path) -> list[dict[str, Any]]:
-    """Every line of ``log`` as JSON: a JSON log has nothing else."""
-    return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
-
-
 @asynccontextmanager
-async def running(*args: str, log: Path) -> AsyncIterator[subprocess.Popen[str]]:
-    """Run ``devplugin ARGS`` (stderr to ``log``) until the block ends; then SIGTERM, a bounded
-    wait for a clean exit, and a kill if it did not come."""
-    with log.open("w", encoding="utf-8") as stderr:
-        process = devplugin(*args, stderr=stderr)
-        try:
-            yield process
-            process.send_signal(signal.SIGTERM)
-            # Wait off the event loop: the kubelet must keep serving while the plugin stops.
-            code = await anyio.to_thread.run_sync(lambda: process.wait(timeout=15))
-            assert code == 0, f"exit status {code}; its log: {log}"
-        finally:
-            process.kill()
-            process.wait(timeout=15)
+async def running(*args: str) -> AsyncIterator[PluginProcess]:
+    """Run ``devplugin ARGS`` until the block ends; then SIGTERM and a clean exit (status 0)."""
+    async with spawned([sys.executable, "-m", "devplugin_sdk", *args]) as plugin:
+        yield plugin
+        code = await plugin.stop()
+        assert code == 0, f"exit status {code}; its log:\n{plugin.error_output}"
 
 
 # ----------------------------------------------------------------------------- as the image runs it
@@ -122,13 +109,12 @@ async def test_devplugin_run_generic_serves_config_yaml_reloads_it_and_reports(
     # The file may carry the SDK's own keys too; the backend never sees them.
     write_config(config_file, {**config, "logging": {"format": "json"}})
     port = free_port()
-    log = tmp_path / "plugin.log"
 
     async with FakeKubelet() as kubelet:
         args = ["run", "generic", "--config", str(config_file)]
         args += ["--device-plugin-dir", str(kubelet.directory), "--registration", "kubelet"]
         args += ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
-        async with running(*args, log=log):
+        async with running(*args) as plugin:
             # Registration and capacity: config.yaml's four resources.
             await kubelet.wait_for_allocatable(FUSE, 10, timeout=30)
             await kubelet.wait_for_allocatable(TUN, 10, timeout=30)
@@ -163,7 +149,7 @@ async def test_devplugin_run_generic_serves_config_yaml_reloads_it_and_reports(
             await kubelet.wait_for_allocatable(FUSE, 20, timeout=15)
             assert len(kubelet.successful_registrations(TUN)) == 1
 
-    records = json_records(log)
+    records = plugin.records()  # every line is JSON: a JSON log has nothing else
     assert any(r.get("resource") == FUSE and "registered" in r["message"] for r in records)
     assert any("reloaded" in r["message"] for r in records)
 
@@ -174,14 +160,13 @@ async def test_a_glob_that_matches_nothing_is_a_warning_naming_it(tmp_path: Path
     root = fake_dev(tmp_path / "host")
     config_file = tmp_path / "config.yaml"
     write_config(config_file, config_yaml_on(root))
-    log = tmp_path / "plugin.log"
     async with FakeKubelet() as kubelet:
         args = ["run", "generic", "--config", str(config_file)]
         args += ["--device-plugin-dir", str(kubelet.directory), "--registration", "kubelet"]
-        async with running(*args, log=log):
+        async with running(*args) as plugin:
             await kubelet.wait_for_registrations(VIDEO, 1, timeout=30)
             await kubelet.wait_for_allocatable(SERIAL, 1, timeout=30)
-    warnings = [line for line in log.read_text("utf-8").splitlines() if " WARNING " in line]
+    warnings = plugin.lines(" WARNING ")
     dev = root / "dev"
     # The resources discover side by side: in either order.
     assert sorted(line.split(": ", 1)[1] for line in warnings) == [

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ import anyio
 import anyio.to_thread
 import pytest
 import yaml
+from plugin_process import PluginProcess, spawned
 
 from devplugin_sdk.config import load_yaml
 from devplugin_sdk.testing import FakeKubelet
@@ -72,18 +72,15 @@ def stopped_at_the_end(process: subprocess.Popen[str]) -> Iterator[subprocess.Po
 
 
 @asynccontextmanager
-async def running(config: Path, directory: Path, log: Path) -> AsyncIterator[None]:
+async def running(config: Path, directory: Path) -> AsyncIterator[PluginProcess]:
     """``devplugin run generic --config CONFIG`` registering in ``directory`` until the block
-    ends; then SIGTERM and a bounded wait for a clean exit (a kill if it did not come)."""
+    ends; then SIGTERM and a clean exit (status 0)."""
     args = ["run", "generic", "--config", str(config), "--device-plugin-dir", str(directory)]
-    with log.open("w", encoding="utf-8") as stderr:
-        process = devplugin(*args, "--registration", "kubelet", stderr=stderr)
-        with stopped_at_the_end(process):
-            yield
-            process.send_signal(signal.SIGTERM)
-            # Wait off the event loop: the kubelet must keep serving while the plugin stops.
-            code = await anyio.to_thread.run_sync(lambda: process.wait(timeout=15))
-            assert code == 0, f"exit status {code}; its log: {log}"
+    command = [sys.executable, "-m", "devplugin_sdk", *args, "--registration", "kubelet"]
+    async with spawned(command) as plugin:
+        yield plugin
+        code = await plugin.stop()
+        assert code == 0, f"exit status {code}; its log:\n{plugin.error_output}"
 
 
 # ----------------------------------------------------------------------------- Solarflare
@@ -92,7 +89,7 @@ async def running(config: Path, directory: Path, log: Path) -> AsyncIterator[Non
 async def test_solarflare_yaml_hands_out_the_onload_nodes_sixteen_ways(tmp_path: Path) -> None:
     host = solarflare_host(tmp_path / "host")
     config = config_on("solarflare.yaml", host, tmp_path)
-    async with FakeKubelet() as kubelet, running(config, kubelet.directory, tmp_path / "log"):
+    async with FakeKubelet() as kubelet, running(config, kubelet.directory):
         await kubelet.wait_for_allocatable(ONLOAD, 16, timeout=30)
         got = await kubelet.allocate(ONLOAD, 1)
         # Host paths, whatever devRoot the plugin reads them under.
@@ -124,7 +121,7 @@ async def test_amd_gpu_yaml_serves_each_gpu_with_its_nodes_kfd_and_numa_node(
 ) -> None:
     host = amd_gpu_host(tmp_path / "host")
     config = config_on("amd-gpu.yaml", host, tmp_path)
-    async with FakeKubelet() as kubelet, running(config, kubelet.directory, tmp_path / "log"):
+    async with FakeKubelet() as kubelet, running(config, kubelet.directory):
         await kubelet.wait_for_allocatable(GPU, 2, timeout=30)
         listed = kubelet.devices(GPU)
         # The BMC's card0 is no GPU; each GPU is its PCI address, on its NUMA node.
@@ -177,9 +174,8 @@ async def test_devplugin_conformance_passes_on_the_example_config(
     config_file.write_text(yaml.safe_dump(config), encoding="utf-8")
     directory = short_dir / "dp"
     directory.mkdir()
-    log = short_dir / "plugin.log"
     # The plugin first: it waits for the kubelet.sock the suite then serves.
-    async with running(config_file, directory, log):
+    async with running(config_file, directory) as plugin:
         suite = devplugin(
             *("conformance", "--register-dir", str(directory), "--expect", str(resources)),
             *("--wait", "30", "--restart-timeout", "15"),
@@ -187,7 +183,7 @@ async def test_devplugin_conformance_passes_on_the_example_config(
         with stopped_at_the_end(suite):
             out, err = await anyio.to_thread.run_sync(lambda: suite.communicate(timeout=50))
     lines = out.splitlines()
-    assert suite.returncode == 0, f"{out}\n{err}\nplugin log: {log}"
+    assert suite.returncode == 0, f"{out}\n{err}\nplugin log:\n{plugin.error_output}"
     assert re.fullmatch(r"\d+ passed, 0 failed(, \d+ skipped)?", lines[-1]), out
     assert sum(line.startswith("== ") for line in lines) == resources
 

@@ -4,9 +4,7 @@ the example's plugin class serving claims on a fake NVML machine against FakeKub
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,19 +18,6 @@ from devplugin_sdk.testing import FakeKubelet, MemoryApi, fake_nvml, serving
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
-
-
-def _example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("nvidia_example_plugin_dra", HERE / "plugin.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-example = _example()
 
 
 def test_the_dra_config_selects_dra_and_the_manifests_wire_it() -> None:
@@ -65,7 +50,7 @@ def test_the_dra_config_selects_dra_and_the_manifests_wire_it() -> None:
     assert "authentication.kubernetes.io/node-name" in json.dumps(policy)
 
 
-async def test_the_example_serves_claims_through_dra(tmp_path: Path) -> None:
+async def test_the_example_serves_claims_through_dra(tmp_path: Path, example: ModuleType) -> None:
     config = parse_run_config(load_yaml(HERE / "config-dra.yaml"))
     assert config.dra is not None
     nvml = fake_nvml.dgx_a100()

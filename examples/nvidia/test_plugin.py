@@ -9,7 +9,6 @@ configs (``config-gpushare.yaml``, ``config-hami.yaml``) run both ways on an A10
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -18,7 +17,6 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,7 +25,7 @@ import anyio
 import anyio.abc
 import pytest
 import yaml
-from anyio.streams.text import TextReceiveStream
+from plugin_process import PluginProcess, spawned
 
 from devplugin_sdk import cli
 from devplugin_sdk.cli.runfile import parse_run_config
@@ -45,20 +43,6 @@ SHIPPED: dict[str, Any] = yaml.safe_load((HERE / "config.yaml").read_text())
 GPU = "nvidia.com/gpu"
 
 
-def _example() -> ModuleType:
-    # Examples are not a package (pytest runs with --import-mode=importlib): load by path.
-    spec = importlib.util.spec_from_file_location("nvidia_example_plugin", HERE / "plugin.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-example = _example()
-
-
 def config_for(roots: fake_nvml.HostRoots, **changes: Any) -> dict[str, Any]:
     """The shipped config.yaml on the fake host ``roots``, with ``changes`` merged in."""
     config = {**SHIPPED, **roots.config()}
@@ -67,7 +51,7 @@ def config_for(roots: fake_nvml.HostRoots, **changes: Any) -> dict[str, Any]:
     return config
 
 
-def load(tmp_path: Path, nvml: FakeNVML, **changes: Any) -> list[Any]:
+def load(example: ModuleType, tmp_path: Path, nvml: FakeNVML, **changes: Any) -> list[Any]:
     """``SiteGpuPlugin.from_config`` on the fake machine ``nvml``."""
     roots = nvml.write_host(tmp_path / "host")
     with nvml.installed():
@@ -78,8 +62,10 @@ def load(tmp_path: Path, nvml: FakeNVML, **changes: Any) -> list[Any]:
 # ----------------------------------------------------------------------------- the manifests
 
 
-def test_the_shipped_config_is_valid_and_means_nvidias_defaults(tmp_path: Path) -> None:
-    [plugin] = load(tmp_path, fake_nvml.t4_pcie())
+def test_the_shipped_config_is_valid_and_means_nvidias_defaults(
+    tmp_path: Path, example: ModuleType
+) -> None:
+    [plugin] = load(example, tmp_path, fake_nvml.t4_pcie())
 
     assert plugin.resource_name == GPU
     assert plugin.config.ignored_xids == {13, 31, 43, 45, 68, 109}
@@ -97,6 +83,7 @@ def dockerfile_instruction(name: str) -> list[str]:
 
 def test_the_image_runs_devplugin_with_the_daemonsets_arguments_and_config(
     tmp_path: Path,
+    example: ModuleType,
 ) -> None:
     config_map, daemonset = yaml.safe_load_all((HERE / "daemonset.yaml").read_text())
     container = daemonset["spec"]["template"]["spec"]["containers"][0]
@@ -162,52 +149,11 @@ def runner_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-@dataclass
-class Running:
-    """A ``devplugin run`` subprocess and the lines of its standard error so far."""
-
-    process: anyio.abc.Process
-    stderr: list[str] = field(default_factory=list)
-
-    def log(self) -> list[dict[str, Any]]:
-        """The JSON log entries (every stderr line must be one)."""
-        return [json.loads(line) for line in self.stderr if line.strip()]
-
-
 @asynccontextmanager
-async def devplugin_run(command: list[str]) -> AsyncIterator[Running]:
+async def devplugin_run(command: list[str]) -> AsyncIterator[PluginProcess]:
     """Run ``command`` for the body of the ``async with``; SIGTERM then kill, always bounded."""
-    process = await anyio.open_process(command, stdin=subprocess.DEVNULL, env=runner_env())
-    running = Running(process)
-
-    async def collect(stream: anyio.abc.ByteReceiveStream, lines: list[str] | None) -> None:
-        pending = ""
-        async for text in TextReceiveStream(stream):
-            pending += text
-            *complete, pending = pending.split("\n")
-            if lines is not None:
-                lines.extend(complete)
-
-    try:
-        async with anyio.create_task_group() as tg:
-            assert process.stdout is not None
-            assert process.stderr is not None
-            tg.start_soon(collect, process.stdout, None)
-            tg.start_soon(collect, process.stderr, running.stderr)
-            try:
-                yield running
-            finally:
-                with anyio.CancelScope(shield=True):
-                    if process.returncode is None:
-                        process.terminate()
-                        with anyio.move_on_after(20):
-                            await process.wait()
-                    if process.returncode is None:
-                        process.kill()
-                        await process.wait()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await process.aclose()
+    async with spawned(command, env=runner_env()) as running:
+        yield running
 
 
 async def http_get(port: int, path: str) -> tuple[int, str]:
@@ -306,7 +252,7 @@ async def test_devplugin_run_serves_the_example_on_a_dgx_a100_end_to_end(tmp_pat
 
         # SIGTERM: the socket is gone; the logs were JSON lines all along.
         assert not (kubelet.directory / "nvidia.com_gpu.sock").exists()
-        messages = [e["message"] for e in plugin.log()]
+        messages = [e["message"] for e in plugin.records()]
         assert "nvidia.com/gpu: discovered 8 devices" in messages
         assert any("discovered 16 devices" in m for m in messages)
 
@@ -348,9 +294,10 @@ def test_a_bad_config_exits_2_with_one_line_naming_the_key(
 
 async def test_a_gpu_that_falls_off_the_bus_leaves_and_comes_back_once_it_probes_clean(
     tmp_path: Path,
+    example: ModuleType,
 ) -> None:
     nvml = fake_nvml.dgx_a100()
-    plugins = load(tmp_path, nvml, health={"probeInterval": 0.02, "recoveryPeriod": 0})
+    plugins = load(example, tmp_path, nvml, health={"probeInterval": 0.02, "recoveryPeriod": 0})
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable(GPU, 8)
@@ -367,9 +314,11 @@ async def test_a_gpu_that_falls_off_the_bus_leaves_and_comes_back_once_it_probes
     assert nvml.init_count == 0
 
 
-async def test_an_xid_is_pushed_without_waiting_for_a_probe(tmp_path: Path) -> None:
+async def test_an_xid_is_pushed_without_waiting_for_a_probe(
+    tmp_path: Path, example: ModuleType
+) -> None:
     nvml = fake_nvml.dgx_a100()
-    plugins = load(tmp_path, nvml, health={"probeInterval": 3600})
+    plugins = load(example, tmp_path, nvml, health={"probeInterval": 3600})
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable(GPU, 8)
@@ -381,9 +330,10 @@ async def test_an_xid_is_pushed_without_waiting_for_a_probe(tmp_path: Path) -> N
 
 async def test_a_mixed_mig_node_serves_each_profile_and_one_instance_fails_alone(
     tmp_path: Path,
+    example: ModuleType,
 ) -> None:
     nvml = fake_nvml.a100_mig([("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"), None])
-    plugins = load(tmp_path, nvml, migStrategy="mixed")
+    plugins = load(example, tmp_path, nvml, migStrategy="mixed")
     names = [p.resource_name for p in plugins]
     assert names == [
         GPU,
@@ -412,10 +362,12 @@ async def test_a_mixed_mig_node_serves_each_profile_and_one_instance_fails_alone
     assert nvml.init_count == 0
 
 
-async def test_time_sliced_gpus_are_shared_one_per_container(tmp_path: Path) -> None:
+async def test_time_sliced_gpus_are_shared_one_per_container(
+    tmp_path: Path, example: ModuleType
+) -> None:
     nvml = fake_nvml.t4_pcie()
     sharing = {"timeSlicing": {"replicas": 4, "failRequestsGreaterThanOne": True}}
-    plugins = load(tmp_path, nvml, sharing=sharing)
+    plugins = load(example, tmp_path, nvml, sharing=sharing)
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable(GPU, 16)
@@ -430,9 +382,11 @@ async def test_time_sliced_gpus_are_shared_one_per_container(tmp_path: Path) -> 
     assert first.allocation.env["NVIDIA_VISIBLE_DEVICES"] in {g.uuid for g in nvml.gpus}
 
 
-async def test_no_container_starts_on_a_gpu_lost_since_it_was_advertised(tmp_path: Path) -> None:
+async def test_no_container_starts_on_a_gpu_lost_since_it_was_advertised(
+    tmp_path: Path, example: ModuleType
+) -> None:
     nvml = fake_nvml.t4_pcie()
-    plugins = load(tmp_path, nvml, health={"probeInterval": 3600})
+    plugins = load(example, tmp_path, nvml, health={"probeInterval": 3600})
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable(GPU, 4)
@@ -458,7 +412,9 @@ def sharing_config(name: str, roots: fake_nvml.HostRoots, **changes: Any) -> dic
     return config
 
 
-def load_sharing(tmp_path: Path, nvml: FakeNVML, name: str, **changes: Any) -> list[Any]:
+def load_sharing(
+    example: ModuleType, tmp_path: Path, nvml: FakeNVML, name: str, **changes: Any
+) -> list[Any]:
     roots = nvml.write_host(tmp_path / "host")
     with nvml.installed():
         plugins: list[Any] = example.SiteGpuPlugin.from_config(
@@ -467,11 +423,13 @@ def load_sharing(tmp_path: Path, nvml: FakeNVML, name: str, **changes: Any) -> l
     return plugins
 
 
-def test_the_sharing_configs_are_valid_and_say_what_they_serve(tmp_path: Path) -> None:
+def test_the_sharing_configs_are_valid_and_say_what_they_serve(
+    tmp_path: Path, example: ModuleType
+) -> None:
     nvml = fake_nvml.dgx_a100_40gb()
 
-    mem, count = load_sharing(tmp_path, nvml, GPUSHARE)
-    [sliced] = load_sharing(tmp_path, nvml, HAMI)
+    mem, count = load_sharing(example, tmp_path, nvml, GPUSHARE)
+    [sliced] = load_sharing(example, tmp_path, nvml, HAMI)
 
     assert (mem.resource_name, count.resource_name) == (MEM, COUNT)
     assert mem.config.memory.unit == "GiB"
@@ -484,10 +442,11 @@ def test_the_sharing_configs_are_valid_and_say_what_they_serve(tmp_path: Path) -
 
 async def test_gpushare_config_binpacks_refuses_45_gib_and_follows_gpu_faults(
     tmp_path: Path,
+    example: ModuleType,
 ) -> None:
     nvml = fake_nvml.dgx_a100_40gb()  # A100x8, 40 GiB each
     health = {"probeInterval": 0.02, "recoveryPeriod": 0}
-    plugins = load_sharing(tmp_path, nvml, GPUSHARE, health=health)
+    plugins = load_sharing(example, tmp_path, nvml, GPUSHARE, health=health)
     index = {g.uuid: g.index for g in nvml.gpus}
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
@@ -529,10 +488,11 @@ async def test_gpushare_config_binpacks_refuses_45_gib_and_follows_gpu_faults(
 
 async def test_hami_config_gives_n_slices_on_n_gpus_with_limits_and_the_interceptor(
     tmp_path: Path,
+    example: ModuleType,
 ) -> None:
     nvml = fake_nvml.dgx_a100_40gb()
     health = {"probeInterval": 0.02, "recoveryPeriod": 0}
-    plugins = load_sharing(tmp_path, nvml, HAMI, health=health)
+    plugins = load_sharing(example, tmp_path, nvml, HAMI, health=health)
 
     async with FakeKubelet() as kubelet, serving(*plugins, settings=kubelet.settings()):
         await kubelet.wait_for_allocatable(GPU, 32)
@@ -607,7 +567,7 @@ async def test_devplugin_run_serves_the_sharing_configs(
             with anyio.fail_after(20):
                 assert await plugin.process.wait() == 0
 
-    messages = [e["message"] for e in plugin.log()]
+    messages = [e["message"] for e in plugin.records()]
     if name == GPUSHARE:
         assert f"{MEM}: discovered 320 devices" in messages
         assert any(

@@ -9,14 +9,11 @@ image, the DaemonSet and the kustomize overlay agreeing on what runs.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +22,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import yaml
+from plugin_process import PluginProcess, spawned
 
 from devplugin_sdk import cli
 from devplugin_sdk.backends.rdma import load_config
@@ -37,20 +35,6 @@ HERE = Path(__file__).parent
 OVERLAY = HERE.parent.parent / "deploy" / "kustomize" / "overlays" / "rdma"
 TARGET = "plugin:RdmaExamplePlugin"
 RESOURCES = ("rdma/roce_vf", "rdma/ib", "rdma/roce_shared")
-
-
-def _example() -> ModuleType:
-    # Examples are not a package (pytest runs with --import-mode=importlib): load by path.
-    spec = importlib.util.spec_from_file_location("rdma_example_plugin", HERE / "plugin.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-example = _example()
 
 
 def config_yaml(host: RdmaHost, *, shares: int | None = None) -> dict[str, Any]:
@@ -99,42 +83,6 @@ def devplugin_command(*args: str) -> tuple[list[str], dict[str, str]]:
     return [sys.executable, "-m", "devplugin_sdk", *args], {**os.environ, "PYTHONPATH": path}
 
 
-class PluginProcess:
-    """A running ``devplugin run``, with its log (stderr) collected line by line."""
-
-    def __init__(self, process: anyio.abc.Process) -> None:
-        self.process = process
-        self.lines: list[str] = []
-        self._changed = anyio.Event()
-
-    async def collect(self) -> None:
-        assert self.process.stderr is not None
-        pending = b""
-        async for chunk in self.process.stderr:
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            self.lines.extend(line.decode(errors="replace") for line in complete)
-            self._changed.set()
-            self._changed = anyio.Event()
-
-    def records(self) -> list[dict[str, Any]]:
-        """The log so far, one JSON object per line (fails on any other line)."""
-        return [json.loads(line) for line in self.lines if line.strip()]
-
-    async def wait_for_record(
-        self, check: Callable[[dict[str, Any]], bool], timeout: float = 10
-    ) -> None:
-        with anyio.fail_after(timeout):
-            while not any(check(record) for record in self.records()):
-                await self._changed.wait()
-
-    async def stop(self, timeout: float = 15) -> int:
-        """SIGTERM, then wait for the exit status."""
-        self.process.send_signal(signal.SIGTERM)
-        with anyio.fail_after(timeout):
-            return await self.process.wait()
-
-
 @asynccontextmanager
 async def devplugin_run(
     config_file: Path, kubelet: FakeKubelet, *args: str
@@ -152,27 +100,8 @@ async def devplugin_run(
         "kubelet",
         *args,
     )
-    process = await anyio.open_process(
-        command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env
-    )
-    plugin = PluginProcess(process)
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(plugin.collect)
-            try:
-                yield plugin
-            finally:
-                with anyio.CancelScope(shield=True):
-                    if process.returncode is None:
-                        process.send_signal(signal.SIGTERM)
-                        with anyio.move_on_after(10):
-                            await process.wait()
-                    if process.returncode is None:
-                        process.kill()
-                        await process.wait()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await process.aclose()
+    async with spawned(command, env=env) as plugin:
+        yield plugin
 
 
 # ----------------------------------------------------------------------------- as the image runs it
@@ -272,7 +201,9 @@ async def test_devplugin_run_refuses_a_bad_config_in_one_line_with_exit_2(tmp_pa
 # ----------------------------------------------------------------------------- faults, in-process
 
 
-async def test_ports_going_down_leave_allocatable_and_come_back(tmp_path: Path) -> None:
+async def test_ports_going_down_leave_allocatable_and_come_back(
+    tmp_path: Path, example: ModuleType
+) -> None:
     host = connectx_host(tmp_path, vfs=0)
     plugins = example.RdmaExamplePlugin.from_config(backend_keys(config_yaml(host)))
 
@@ -293,7 +224,9 @@ async def test_ports_going_down_leave_allocatable_and_come_back(tmp_path: Path) 
         await kubelet.wait_for_allocatable("rdma/roce_shared", 64)
 
 
-async def test_vfs_created_and_destroyed_change_capacity(tmp_path: Path) -> None:
+async def test_vfs_created_and_destroyed_change_capacity(
+    tmp_path: Path, example: ModuleType
+) -> None:
     host = connectx_host(tmp_path, vfs=1)
     plugins = example.RdmaExamplePlugin.from_config(backend_keys(config_yaml(host)))
 

@@ -6,19 +6,15 @@ between resources are checked where they end up, in a ``FakeKubelet``'s view.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
-from anyio.abc import ObjectReceiveStream
 
 from devplugin_sdk.backends import fpga
 from devplugin_sdk.errors import ConfigError
-from devplugin_sdk.testing import FakeKubelet, serving
+from devplugin_sdk.testing import FakeKubelet, serving, watching
 from devplugin_sdk.testing.fpga_trees import (
     DFL_INTERFACE_ID,
     NLB0_AFU_ID,
@@ -28,7 +24,7 @@ from devplugin_sdk.testing.fpga_trees import (
     alveo_u250_host,
     dfl_pac_host,
 )
-from devplugin_sdk.types import Health, HealthEvent, RescanEvent
+from devplugin_sdk.types import Health, RescanEvent
 
 ALL_F = "f" * 32
 
@@ -46,34 +42,6 @@ def only(host: FpgaHost, **config: Any) -> fpga.FpgaPlugin:
     found = plugins(host, **config)
     assert len(found) == 1, [p.resource_name for p in found]
     return found[0]
-
-
-@contextlib.asynccontextmanager
-async def watching(
-    plugin: fpga.FpgaPlugin,
-) -> AsyncIterator[ObjectReceiveStream[HealthEvent | RescanEvent]]:
-    """Run ``plugin.watch()`` in a task; yield once it is waiting, with its events as a stream."""
-    send, receive = anyio.create_memory_object_stream[HealthEvent | RescanEvent](100)
-
-    async def pump() -> None:
-        with send:
-            async with contextlib.aclosing(plugin.watch()) as events:  # type: ignore[type-var]
-                async for event in events:
-                    await send.send(event)
-
-    with receive:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(pump)
-            await anyio.wait_all_tasks_blocked()
-            yield receive
-            tg.cancel_scope.cancel()
-
-
-async def next_event(
-    events: ObjectReceiveStream[HealthEvent | RescanEvent], timeout: float = 5
-) -> HealthEvent | RescanEvent:
-    with anyio.fail_after(timeout):
-        return await events.receive()
 
 
 # ----------------------------------------------------------------------------- XRT
@@ -416,7 +384,7 @@ async def test_watch_asks_for_a_rescan_at_start_and_every_interval_and_nothing_p
     plugin = only(host, family="xrt", healthInterval=0.05)
 
     async with watching(plugin) as events:
-        first, second = await next_event(events), await next_event(events)
+        first, second = await events.next_event(), await events.next_event()
 
     assert isinstance(first, RescanEvent)
     assert isinstance(second, RescanEvent)
@@ -432,10 +400,10 @@ async def test_watch_rescans_on_a_dev_node_change_without_waiting_for_the_interv
     nlb0, _ = plugins(host, family="dfl", healthInterval=60)
 
     async with watching(nlb0) as events:
-        armed = await next_event(events)  # the rescan that follows arming the watch
+        armed = await events.next_event()  # the rescan that follows arming the watch
         (host.dev_root / "ttyS0").touch()  # not an FPGA node: no rescan for it
         cards[0].remove_port_node(0)
-        event = await next_event(events)
+        event = await events.next_event()
 
     assert "periodic" in armed.reason
     assert isinstance(event, RescanEvent)
@@ -449,9 +417,9 @@ async def test_watch_sees_a_render_node_go_in_dev_dri(tmp_path: Path) -> None:
     plugin = only(host, family="xrt", healthInterval=60)
 
     async with watching(plugin) as events:
-        await next_event(events)
+        await events.next_event()
         (host.dev_root / "dri" / boards[1].render_node).unlink()
-        event = await next_event(events)
+        event = await events.next_event()
 
     assert event.reason == f"changed: {boards[1].render_node}"
 

@@ -4,22 +4,20 @@ FakeKubelet."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from anyio.streams.memory import MemoryObjectReceiveStream
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sdk_helpers import first_rescan
 
 from devplugin_sdk.backends import generic
 from devplugin_sdk.backends.generic import GenericPlugin
 from devplugin_sdk.config import load_yaml
 from devplugin_sdk.errors import ConfigError
-from devplugin_sdk.testing import FakeKubelet, serving
+from devplugin_sdk.testing import FakeKubelet, serving, watching
 from devplugin_sdk.types import DeviceNode, Health, HealthEvent, RescanEvent
 
 WIDGET = "example.com/widget"
@@ -39,41 +37,6 @@ def widgets(root: Path, share: int = 1, interval: float = 30) -> GenericPlugin:
     """``/dev/widget*`` under ``root``. The long default interval leaves the work to inotify: no
     periodic rescan can stand in for a missed notification, or add events to a sequence."""
     return GenericPlugin(WIDGET, ["/dev/widget*"], share, root=root, health_interval=interval)
-
-
-@contextlib.asynccontextmanager
-async def watching(
-    plugin: GenericPlugin, initial: int
-) -> AsyncIterator[MemoryObjectReceiveStream[HealthEvent | RescanEvent]]:
-    """Run ``plugin.watch()`` in a task; take the ``initial`` health statements of its first
-    rescan, then yield the stream of further events once the watch is armed."""
-    send, receive = anyio.create_memory_object_stream[HealthEvent | RescanEvent](100)
-
-    async def pump() -> None:
-        with send:
-            async with contextlib.aclosing(plugin.watch()) as events:  # type: ignore[type-var]
-                async for event in events:
-                    if isinstance(event, RescanEvent):
-                        await plugin.discover()  # as the SDK does before asking for more
-                    await send.send(event)
-
-    with receive:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(pump)
-            with anyio.fail_after(5):
-                for _ in range(initial):
-                    event = await receive.receive()
-                    assert isinstance(event, HealthEvent), event
-            await anyio.wait_all_tasks_blocked()
-            yield receive
-            tg.cancel_scope.cancel()
-
-
-async def next_event(
-    events: MemoryObjectReceiveStream[HealthEvent | RescanEvent], timeout: float = 5
-) -> HealthEvent | RescanEvent:
-    with anyio.fail_after(timeout):
-        return await events.receive()
 
 
 # ----------------------------------------------------------------------------- discovery
@@ -151,9 +114,10 @@ async def test_a_root_with_glob_characters_in_its_name_is_taken_literally(tmp_pa
     plugin = widgets(root)
     (device,) = await plugin.discover()
     assert device.device_nodes[0].host_path == str(dev / "widget0")
-    async with watching(plugin, initial=1) as events:
+    async with watching(plugin) as events:
+        await first_rescan(events, 1)
         (dev / "widget0").unlink()
-        assert await next_event(events) == HealthEvent(
+        assert await events.next_event() == HealthEvent(
             "widget0", Health.UNHEALTHY, f"{dev / 'widget0'} disappeared"
         )
 
@@ -195,12 +159,13 @@ async def test_watch_pushes_unhealthy_on_unlink_and_healthy_on_return(tmp_path: 
     dev = make_dev(tmp_path, "widget0", "widget1")
     plugin = widgets(tmp_path)  # inotify only: no periodic rescan can help
     await plugin.discover()
-    async with watching(plugin, initial=2) as events:
+    async with watching(plugin) as events:
+        await first_rescan(events, 2)
         (dev / "widget1").unlink()
-        event = await next_event(events)
+        event = await events.next_event()
         assert event == HealthEvent("widget1", Health.UNHEALTHY, f"{dev / 'widget1'} disappeared")
         (dev / "widget1").touch()
-        event = await next_event(events)
+        event = await events.next_event()
         assert event == HealthEvent("widget1", Health.HEALTHY, f"{dev / 'widget1'} is back")
 
 
@@ -209,8 +174,9 @@ async def test_watch_states_every_known_match_once_armed(tmp_path: Path) -> None
     plugin = widgets(tmp_path)
     await plugin.discover()
     (dev / "widget0").unlink()  # before the watch: only its first rescan can see it
-    async with watching(plugin, initial=0) as events:
-        got = {await next_event(events), await next_event(events)}
+    async with watching(plugin) as events:
+        await first_rescan(events, 0)
+        got = {await events.next_event(), await events.next_event()}
     assert got == {
         HealthEvent("widget0", Health.UNHEALTHY, f"{dev / 'widget0'} is missing"),
         HealthEvent("widget1", Health.HEALTHY, f"{dev / 'widget1'} is present"),
@@ -227,10 +193,11 @@ async def test_the_periodic_rescan_catches_what_no_notification_shows(tmp_path: 
     (dev / "widget0").symlink_to(target)
     plugin = widgets(tmp_path, interval=0.2)
     await plugin.discover()
-    async with watching(plugin, initial=1) as events:
+    async with watching(plugin) as events:
+        await first_rescan(events, 1)
         target.unlink()
         present = HealthEvent("widget0", Health.HEALTHY, f"{dev / 'widget0'} is present")
-        while (event := await next_event(events)) == present:
+        while (event := await events.next_event()) == present:
             pass
     assert event == HealthEvent("widget0", Health.UNHEALTHY, f"{dev / 'widget0'} is missing")
 
@@ -239,10 +206,11 @@ async def test_watch_asks_for_a_rescan_when_a_new_match_appears(tmp_path: Path) 
     dev = make_dev(tmp_path, "widget0")
     plugin = widgets(tmp_path)
     await plugin.discover()
-    async with watching(plugin, initial=1) as events:
+    async with watching(plugin) as events:
+        await first_rescan(events, 1)
         (dev / "gadget0").touch()  # not a match: nothing
         (dev / "widget1").touch()
-        while not isinstance(event := await next_event(events), RescanEvent):
+        while not isinstance(event := await events.next_event(), RescanEvent):
             # The rescan re-states what it knows on the way.
             assert event == HealthEvent("widget0", Health.HEALTHY, f"{dev / 'widget0'} is present")
         assert "widget1" in event.reason
@@ -256,21 +224,22 @@ async def test_watch_follows_new_directories_of_a_deep_glob(tmp_path: Path) -> N
         "example.com/usb", ["/dev/bus/usb/*/*"], root=tmp_path, health_interval=30
     )
     await plugin.discover()
-    async with watching(plugin, initial=1) as events:
+    async with watching(plugin) as events:
+        await first_rescan(events, 1)
         (dev / "bus/usb/002").mkdir()
         (dev / "bus/usb/002/005").touch()
-        while not isinstance(await next_event(events), RescanEvent):
+        while not isinstance(await events.next_event(), RescanEvent):
             pass
         assert [d.id for d in await plugin.discover()] == ["001_001", "002_005"]
         # The new directory is watched now: a removal there is pushed at once.
         while True:
-            event = await next_event(events)
+            event = await events.next_event()
             if isinstance(event, HealthEvent) and event.device_id == "002_005":
                 assert event.health is Health.HEALTHY  # the new watch's first rescan
                 break
         await anyio.wait_all_tasks_blocked()
         (dev / "bus/usb/002/005").unlink()
-        event = await next_event(events)
+        event = await events.next_event()
         assert event == HealthEvent(
             "002_005", Health.UNHEALTHY, f"{dev / 'bus/usb/002/005'} disappeared"
         )
@@ -285,15 +254,15 @@ async def test_a_match_listed_unhealthy_that_returns_is_pushed_healthy_without_a
     (dev / "widget0").unlink()
     (listed,) = await plugin.discover()
     assert listed.health is Health.UNHEALTHY
-    async with watching(plugin, initial=1) as events:
+    async with watching(plugin) as events:
+        await first_rescan(events, 1)
         (dev / "widget0").touch()
-        assert await next_event(events) == HealthEvent(
+        assert await events.next_event() == HealthEvent(
             "widget0", Health.HEALTHY, f"{dev / 'widget0'} is back"
         )
         # The SDK lets a later Healthy report clear discovery's Unhealthy: nothing else comes.
         await anyio.wait_all_tasks_blocked()
-        with pytest.raises(anyio.WouldBlock):
-            events.receive_nowait()
+        assert events.pending() == []
 
 
 # ----------------------------------------------------------------------------- end to end

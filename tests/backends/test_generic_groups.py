@@ -5,24 +5,22 @@ errors of groups, through from_config and end to end against a FakeKubelet."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import stat
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
-from anyio.streams.memory import MemoryObjectReceiveStream
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sdk_helpers import first_rescan
 
 from devplugin_sdk.backends import generic
 from devplugin_sdk.backends.generic import GenericPlugin, Group, PathSpec, UsbSpec
 from devplugin_sdk.errors import ConfigError
-from devplugin_sdk.testing import AdmissionError, FakeKubelet, serving
+from devplugin_sdk.testing import AdmissionError, FakeKubelet, serving, watching
 from devplugin_sdk.testing.device_trees import DeviceHost, amd_gpu_host, solarflare_host, usb_host
 from devplugin_sdk.types import Device, DeviceNode, Health, HealthEvent, Mount, RescanEvent
 
@@ -55,42 +53,6 @@ def by_id(devices: Sequence[Device]) -> dict[str, Device]:
 
 def nodes(*paths: str, permissions: str = "rw") -> tuple[DeviceNode, ...]:
     return tuple(DeviceNode(path, path, permissions) for path in paths)
-
-
-@contextlib.asynccontextmanager
-async def watching(
-    plugin: GenericPlugin, initial: int
-) -> AsyncIterator[MemoryObjectReceiveStream[HealthEvent | RescanEvent]]:
-    """Run ``plugin.watch()`` in a task; take the ``initial`` health statements of its first
-    rescan, then yield the stream of further events once the watch is armed. A RescanEvent is
-    followed by ``discover()``, as the SDK does."""
-    send, receive = anyio.create_memory_object_stream[HealthEvent | RescanEvent](100)
-
-    async def pump() -> None:
-        with send:
-            async with contextlib.aclosing(plugin.watch()) as events:  # type: ignore[type-var]
-                async for event in events:
-                    if isinstance(event, RescanEvent):
-                        await plugin.discover()
-                    await send.send(event)
-
-    with receive:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(pump)
-            with anyio.fail_after(5):
-                for _ in range(initial):
-                    event = await receive.receive()
-                    assert isinstance(event, HealthEvent), event
-            await anyio.wait_all_tasks_blocked()
-            yield receive
-            tg.cancel_scope.cancel()
-
-
-async def next_event(
-    events: MemoryObjectReceiveStream[HealthEvent | RescanEvent], timeout: float = 5
-) -> HealthEvent | RescanEvent:
-    with anyio.fail_after(timeout):
-        return await events.receive()
 
 
 # ----------------------------------------------------------------------------- groups in step
@@ -140,19 +102,20 @@ async def test_an_optional_path_is_listed_with_the_device_while_it_is_there(
     assert first.device_nodes == nodes("/dev/onload", "/dev/onload_epoll")
     dev = host.dev_root
     present = HealthEvent("onload", Health.HEALTHY, f"{dev}/onload, {dev}/onload_epoll are present")
-    async with watching(onload, initial=1) as events:
+    async with watching(onload) as events:
+        await first_rescan(events, 1)
         host.restore_node("sfc_char")
-        assert isinstance(await next_event(events), RescanEvent)
-        assert await next_event(events) == present
+        assert isinstance(await events.next_event(), RescanEvent)
+        assert await events.next_event() == present
         (first, *_) = await onload.discover()
         assert first.device_nodes == nodes("/dev/onload", "/dev/onload_epoll", "/dev/sfc_char")
         # When it goes, that is pushed at once, and the device stays Healthy.
         host.remove_node("sfc_char")
-        assert await next_event(events) == HealthEvent(
+        assert await events.next_event() == HealthEvent(
             "onload", Health.HEALTHY, f"{dev}/sfc_char disappeared (optional)"
         )
-        assert isinstance(await next_event(events), RescanEvent)
-        assert await next_event(events) == present
+        assert isinstance(await events.next_event(), RescanEvent)
+        assert await events.next_event() == present
     (first, *_) = await onload.discover()
     assert first.device_nodes == nodes("/dev/onload", "/dev/onload_epoll")
 

@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
 import pytest
-from anyio.abc import ObjectReceiveStream
 from prometheus_client import CollectorRegistry
 
 from devplugin_sdk.backends.nvidia import NvidiaConfig, NvmlPlugin
 from devplugin_sdk.metrics import PrometheusObserver
-from devplugin_sdk.testing import FakeKubelet, fake_nvml, serving
+from devplugin_sdk.testing import FakeKubelet, fake_nvml, serving, watching
 from devplugin_sdk.testing.fake_nvml import FakeNVML
-from devplugin_sdk.types import Device, Health, HealthEvent, HealthReport, RescanEvent
+from devplugin_sdk.types import Device, Health, HealthEvent, HealthReport
 
 NEVER = 3600.0  # a probe interval that never comes round within a test
 XID_79 = "Xid 79 (GPU has fallen off the bus)"
@@ -45,41 +43,10 @@ def plugin_for(
     return NvmlPlugin(cfg, nvml=nvml, clock=clock or Clock())
 
 
-@asynccontextmanager
-async def watching(
-    plugin: NvmlPlugin, nvml: FakeNVML
-) -> AsyncIterator[ObjectReceiveStream[HealthEvent | RescanEvent]]:
-    """Run ``plugin.watch()`` in the background until its event set is waiting for events."""
-    send, receive = anyio.create_memory_object_stream[HealthEvent | RescanEvent](100)
-
-    async def pump() -> None:
-        async with send:
-            async for event in plugin.watch():
-                await send.send(event)
-
-    async with receive, anyio.create_task_group() as tg:
-        tg.start_soon(pump)
-        assert await anyio.to_thread.run_sync(nvml.wait_for_waiters, 1, 5.0)
-        yield receive
-        tg.cancel_scope.cancel()
-
-
-async def next_event(
-    events: ObjectReceiveStream[HealthEvent | RescanEvent],
-) -> HealthEvent | RescanEvent:
-    with anyio.fail_after(5):
-        return await events.receive()
-
-
-async def until(
-    events: ObjectReceiveStream[HealthEvent | RescanEvent],
-    stop: Callable[[HealthEvent | RescanEvent], bool],
-) -> list[HealthEvent | RescanEvent]:
-    """Events received up to and including the first one ``stop`` accepts."""
-    got = [await next_event(events)]
-    while not stop(got[-1]):
-        got.append(await next_event(events))
-    return got
+async def armed(nvml: FakeNVML) -> None:
+    """Return once ``watch()`` waits in the fake NVML's event set (a thread the event loop does
+    not see)."""
+    assert await anyio.to_thread.run_sync(nvml.wait_for_waiters, 1, 5.0)
 
 
 # ----------------------------------------------------------------------------- pushed events
@@ -90,9 +57,10 @@ async def test_xid_79_is_pushed_the_moment_nvml_reports_it(tmp_path: Path) -> No
     plugin = plugin_for(nvml, tmp_path)
     await plugin.discover()
 
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.xid(3, 79)
-        event = await next_event(events)
+        event = await events.next_event()
 
     assert event == HealthEvent(nvml.gpus[3].uuid, Health.UNHEALTHY, XID_79)
 
@@ -102,11 +70,12 @@ async def test_application_xids_are_ignored_by_default(tmp_path: Path) -> None:
     plugin = plugin_for(nvml, tmp_path)
     await plugin.discover()
 
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         for xid in (13, 31, 43, 45, 68, 109):
             nvml.xid(0, xid)
         nvml.xid(1, 48)
-        event = await next_event(events)
+        event = await events.next_event()
 
     # The first event is the double-bit ECC Xid on GPU 1: none of the six made one.
     assert event == HealthEvent(
@@ -119,10 +88,11 @@ async def test_the_ignored_xid_list_is_configurable(tmp_path: Path) -> None:
     plugin = plugin_for(nvml, tmp_path, ignored_xids=frozenset({79}))
     await plugin.discover()
 
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.xid(0, 79)
         nvml.xid(2, 13)
-        event = await next_event(events)
+        event = await events.next_event()
 
     assert isinstance(event, HealthEvent)
     assert (event.device_id, event.reason) == (
@@ -136,9 +106,10 @@ async def test_double_bit_ecc_event_marks_the_gpu_unhealthy(tmp_path: Path) -> N
     plugin = plugin_for(nvml, tmp_path)
     await plugin.discover()
 
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.ecc_double_bit(6)
-        event = await next_event(events)
+        event = await events.next_event()
 
     assert event == HealthEvent(nvml.gpus[6].uuid, Health.UNHEALTHY, "double-bit ECC error")
 
@@ -148,10 +119,11 @@ async def test_an_xid_from_a_gpu_that_fell_off_the_bus_is_still_attributed(tmp_p
     plugin = plugin_for(nvml, tmp_path)
     await plugin.discover()
 
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.lose(5)  # nvmlDeviceGetUUID on its handle now fails: the handle itself identifies it
         nvml.xid(5, 79)
-        event = await next_event(events)
+        event = await events.next_event()
 
     # Attributed to the Xid itself, not found later by a probe.
     assert event == HealthEvent(nvml.gpus[5].uuid, Health.UNHEALTHY, XID_79)
@@ -163,10 +135,11 @@ async def test_a_failed_event_wait_opens_the_event_set_again(tmp_path: Path) -> 
     await plugin.discover()
     nvml.fail("nvmlEventSetWait_v2", fake_nvml.NVML_ERROR_UNKNOWN)  # the first wait fails
 
-    # `watching` returns once a wait is under way: on a second event set.
-    async with watching(plugin, nvml) as events:
+    # `armed` returns once a wait is under way: on a second event set.
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.xid(2, 79)
-        event = await next_event(events)
+        event = await events.next_event()
 
     assert nvml.calls["nvmlEventSetCreate"] == 2
     assert event == HealthEvent(nvml.gpus[2].uuid, Health.UNHEALTHY, XID_79)
@@ -177,9 +150,10 @@ async def test_a_gpu_wide_xid_reaches_every_replica(tmp_path: Path) -> None:
     plugin = plugin_for(nvml, tmp_path, replicas=4)
     await plugin.discover()
 
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.xid(1, 79)
-        got = [await next_event(events) for _ in range(4)]
+        got = [await events.next_event() for _ in range(4)]
 
     assert got == [
         HealthEvent(f"{nvml.gpus[1].uuid}::{n}", Health.UNHEALTHY, XID_79) for n in range(4)
@@ -191,9 +165,10 @@ async def test_a_gpu_wide_xid_reaches_every_mig_device_of_that_gpu(tmp_path: Pat
     plugin = plugin_for(nvml, tmp_path, mig_strategy="single")
     await plugin.discover()
 
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.xid(0, 79)
-        got = [await next_event(events) for _ in range(3)]
+        got = [await events.next_event() for _ in range(3)]
 
     assert [e.device_id for e in got if isinstance(e, HealthEvent)] == [
         m.uuid for m in nvml.gpus[0].migs
@@ -206,11 +181,12 @@ async def test_an_xid_in_one_mig_instance_marks_only_that_mig_device(tmp_path: P
     devices = await plugin.discover()
     target = nvml.gpus[0].migs[1]
 
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.xid(0, 94, gi=target.gi, ci=target.ci)
-        got = [await next_event(events) for _ in range(2)]
+        got = [await events.next_event() for _ in range(2)]
         nvml.xid(0, 79)  # the next events are the GPU-wide fault's: nothing else came between
-        assert await next_event(events) == HealthEvent(
+        assert await events.next_event() == HealthEvent(
             devices[0].id, Health.UNHEALTHY, "Xid 79 (GPU has fallen off the bus)"
         )
 
@@ -232,14 +208,15 @@ async def test_a_mig_device_stays_unhealthy_while_its_own_fault_lasts_after_its_
     devices = await plugin.discover()
     well, sick = devices
     target = nvml.gpus[0].migs[1]
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.xid(0, 79)  # the GPU first
-        assert [await next_event(events) for _ in range(2)] == [
+        assert [await events.next_event() for _ in range(2)] == [
             HealthEvent(d.id, Health.UNHEALTHY, XID_79) for d in devices
         ]
         clock.now += 30
         nvml.xid(0, 94, gi=target.gi, ci=target.ci)  # then one of its MIG instances
-        assert await next_event(events) == HealthEvent(
+        assert await events.next_event() == HealthEvent(
             sick.id, Health.UNHEALTHY, "Xid 94 (contained ECC error)"
         )
 
@@ -271,10 +248,11 @@ async def test_an_xid_in_another_resources_mig_instance_is_not_ours(tmp_path: Pa
     await plugin.discover()
     other, mine = nvml.gpus[0].migs
 
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.xid(0, 94, gi=other.gi, ci=other.ci)
         nvml.xid(0, 94, gi=mine.gi, ci=mine.ci)
-        event = await next_event(events)
+        event = await events.next_event()
 
     assert isinstance(event, HealthEvent)
     assert event.device_id == mine.uuid
@@ -317,9 +295,10 @@ async def test_a_gpu_recovers_after_probing_clean_for_the_recovery_period(tmp_pa
     plugin = plugin_for(nvml, tmp_path, clock, recovery_period=60)
     devices = await plugin.discover()
     uuid = nvml.gpus[3].uuid
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.xid(3, 79)
-        await next_event(events)
+        await events.next_event()
 
     clock.now += 59
     assert (await plugin.check_health(devices))[uuid] is Health.UNHEALTHY
@@ -367,10 +346,11 @@ async def test_the_probe_is_polled_on_the_probe_interval_and_never_run_by_watch(
     await plugin.discover()
     probes = nvml.calls["nvmlDeviceGetMemoryInfo"]
 
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.lose(3)
         nvml.xid(0, 79)
-        event = await next_event(events)
+        event = await events.next_event()
 
     assert plugin.health_interval == 0.01
     assert event == HealthEvent(nvml.gpus[0].uuid, Health.UNHEALTHY, XID_79)
@@ -404,11 +384,12 @@ async def test_a_gpu_that_could_not_register_for_events_registers_once_back(
     uuid = nvml.gpus[1].uuid
     nvml.lose(1)
 
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.recover(1)
         assert await anyio.to_thread.run_sync(nvml.wait_for_waiters, 1, 5.0, 1)
         nvml.xid(1, 79)
-        event = await next_event(events)
+        event = await events.next_event()
 
     assert event == HealthEvent(uuid, Health.UNHEALTHY, XID_79)
 
@@ -435,10 +416,11 @@ async def test_gpus_without_event_support_are_still_probed(tmp_path: Path) -> No
     plugin = plugin_for(nvml, tmp_path)
     devices = await plugin.discover()
 
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.xid(0, 79)  # not delivered: GPU 0 could not register
         nvml.xid(1, 79)
-        event = await next_event(events)
+        event = await events.next_event()
     nvml.lose(0)
 
     assert isinstance(event, HealthEvent)
@@ -464,10 +446,11 @@ async def test_one_failed_gpu_leaves_allocation_of_the_others_untouched(
     nvml = fake_nvml.dgx_a100()
     plugin = plugin_for(nvml, tmp_path)
     devices = await plugin.discover()
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.xid(4, xid)
         nvml.lose(4)
-        await next_event(events)
+        await events.next_event()
     others = [d for d in devices if d.attributes["index"] != 4]
 
     chosen = await plugin.preferred_allocation(others, [], 4)
@@ -503,10 +486,11 @@ async def test_an_xid_with_rising_ecc_is_not_declared_healthy_while_the_ecc_rise
     devices = await plugin.discover()
     gpu3 = nvml.gpus[3].uuid
     await probe(plugin, devices)  # the ECC baseline
-    async with watching(plugin, nvml) as events:
+    async with watching(plugin) as events:
+        await armed(nvml)
         nvml.xid(3, 79)
         nvml.ecc_uncorrected(3, 2)
-        assert await next_event(events) == HealthEvent(gpu3, Health.UNHEALTHY, XID_79)
+        assert await events.next_event() == HealthEvent(gpu3, Health.UNHEALTHY, XID_79)
 
     for _ in range(5):  # well past the recovery period, the GPU still answers every query
         clock.now += RECOVERY * 2

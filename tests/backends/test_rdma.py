@@ -6,24 +6,21 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
-from anyio.abc import ObjectReceiveStream
 
 from devplugin_sdk.backends import rdma
 from devplugin_sdk.errors import ConfigError
-from devplugin_sdk.testing import FakeKubelet, serving
+from devplugin_sdk.testing import FakeKubelet, serving, watching
 from devplugin_sdk.testing.rdma_trees import (
     RdmaHost,
     connectx_host,
     connectx_ib_host,
     connectx_roce_host,
 )
-from devplugin_sdk.types import Device, Health, HealthEvent, RescanEvent
+from devplugin_sdk.types import Device, Health, RescanEvent
 
 
 def roots(host: RdmaHost) -> dict[str, str]:
@@ -43,33 +40,6 @@ def only(host: RdmaHost, **resource: Any) -> rdma.RdmaPlugin:
 def info(host: RdmaHost, name: str) -> rdma.RdmaDeviceInfo:
     (found,) = [d for d in rdma.scan(host.sysfs_root) if d.name == name]
     return found
-
-
-@contextlib.asynccontextmanager
-async def watching(
-    plugin: rdma.RdmaPlugin,
-) -> AsyncIterator[ObjectReceiveStream[HealthEvent | RescanEvent]]:
-    """Run ``plugin.watch()`` in a task, with its events as a stream."""
-    send, receive = anyio.create_memory_object_stream[HealthEvent | RescanEvent](100)
-
-    async def pump() -> None:
-        with send:
-            async with contextlib.aclosing(plugin.watch()) as events:  # type: ignore[type-var]
-                async for event in events:
-                    await send.send(event)
-
-    with receive:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(pump)
-            yield receive
-            tg.cancel_scope.cancel()
-
-
-async def next_event(
-    events: ObjectReceiveStream[HealthEvent | RescanEvent], timeout: float = 5
-) -> HealthEvent | RescanEvent:
-    with anyio.fail_after(timeout):
-        return await events.receive()
 
 
 def paths(device: Device) -> list[str]:
@@ -455,7 +425,7 @@ async def test_watch_asks_for_a_rescan_every_health_interval(tmp_path: Path) -> 
     (plugin,) = plugins(host, {"resourceName": "rdma/ib"}, healthInterval=0.05)
 
     async with watching(plugin) as events:
-        first, second, third = [await next_event(events) for _ in range(3)]
+        first, second, third = [await events.next_event() for _ in range(3)]
 
     assert all(isinstance(e, RescanEvent) for e in (first, second, third))
     assert "periodic" in third.reason
@@ -468,9 +438,9 @@ async def test_dev_node_change_asks_for_a_rescan_without_waiting_for_the_interva
     (plugin,) = plugins(host, {"resourceName": "rdma/ib"}, healthInterval=600)
 
     async with watching(plugin) as events:
-        armed = await next_event(events)  # the watch is armed before this rescan
+        armed = await events.next_event()  # the watch is armed before this rescan
         host.remove_dev_node("uverbs1")  # driver unloading: udev removes the node
-        changed = await next_event(events, timeout=10)
+        changed = await events.next_event(timeout=10)
 
     assert isinstance(armed, RescanEvent)
     assert isinstance(changed, RescanEvent)
@@ -483,7 +453,7 @@ async def test_vfs_appearing_and_disappearing_ask_for_a_rescan(tmp_path: Path) -
     (plugin,) = plugins(host, {"resourceName": "rdma/vf"}, healthInterval=600)
 
     async with watching(plugin) as events:
-        await next_event(events)
+        await events.next_event()
         host.add_function(
             "0000:3b:00.3",
             ibdev="mlx5_3",
@@ -491,10 +461,10 @@ async def test_vfs_appearing_and_disappearing_ask_for_a_rescan(tmp_path: Path) -
             device="0x101e",
             physfn="0000:3b:00.0",
         )
-        assert isinstance(await next_event(events, timeout=10), RescanEvent)
+        assert isinstance(await events.next_event(timeout=10), RescanEvent)
         assert [d.id for d in await plugin.discover()][-1] == "mlx5_3"
         host.remove_function("0000:3b:00.2")
-        assert isinstance(await next_event(events, timeout=10), RescanEvent)
+        assert isinstance(await events.next_event(timeout=10), RescanEvent)
 
     assert [d.id for d in await plugin.discover()] == ["mlx5_0", "mlx5_1", "mlx5_3"]
 

@@ -121,7 +121,7 @@ async def test_permanent_rejection_stops_with_a_clear_error(kubelet: FakeKubelet
     )
     with pytest.raises(RegistrationRejectedError, match="is not supported by kubelet"):
         async with serving(StaticPlugin(RESOURCE, widgets(1)), settings=kubelet.settings()):
-            await anyio.sleep(5)  # serving raises long before
+            await anyio.sleep_forever()  # serving raises
     assert len(kubelet.registrations) == 1
     assert kubelet.registrations[0].error is not None
     assert kubelet.connections(RESOURCE) == 0  # rejected before any dial-back
@@ -197,7 +197,7 @@ async def test_discovery_failure_at_start_stops_serving(kubelet: FakeKubelet) ->
 
     with pytest.raises(RuntimeError, match="no driver loaded"):
         async with serving(Broken(), settings=kubelet.settings()):
-            await anyio.sleep(5)
+            await anyio.sleep_forever()  # discover() fails: the block never runs
     assert kubelet.registrations == []
 
 

@@ -194,7 +194,7 @@ async def test_refuses_to_steal_a_live_socket(kubelet: FakeKubelet) -> None:
         await kubelet.wait_for_allocatable(RESOURCE, 2)
         with pytest.raises(SocketInUseError, match="another live process"):
             async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=settings):
-                await anyio.sleep(5)
+                await anyio.sleep_forever()  # serving raises
         assert kubelet.is_registered(RESOURCE)
         assert len(kubelet.successful_registrations(RESOURCE)) == 1
         await kubelet.allocate(RESOURCE, 1)

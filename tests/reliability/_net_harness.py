@@ -1,17 +1,15 @@
 """A plugin process for the network-fault tests, and the outside views a node offers of it.
 
-``plugin_process`` runs ``_net_plugin_main.py`` as a real process (SIGTERM, a bounded wait and a
-kill in a ``finally`` when the test ends); ``http_get`` is one request as the kubelet's httpGet
-probe makes it (a short timeout, a fresh connection); ``fd_count`` and ``FdPeak`` read
-``/proc``, as an operator would.
+``plugin_process`` runs ``_net_plugin_main.py`` as a real process (``plugin_process.spawned``:
+SIGTERM, a bounded wait and a kill when the test ends); ``http_get`` is one request as the
+kubelet's httpGet probe makes it (a short timeout, a fresh connection); ``fd_count`` and
+``FdPeak`` read ``/proc``, as an operator would.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,41 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.abc
-from process_output import ProcessOutput
+from plugin_process import PluginProcess, spawned
 
 PLUGIN_MAIN = Path(__file__).with_name("_net_plugin_main.py")
 RESOURCE = "reliability.example.com/dev"
 SOCKET = "reliability.example.com_dev.sock"
 
 
-class PluginProcess(ProcessOutput):
-    """A running ``_net_plugin_main.py``, its output collected line by line."""
+class NetPlugin(PluginProcess):
+    """A running ``_net_plugin_main.py``: its HTTP port and what ``/proc`` shows of it."""
 
-    def __init__(self, process: anyio.abc.Process) -> None:
-        super().__init__(process)
-        self.http_port = 0
-
-    async def wait_for_line(self, lines: list[str], text: str, timeout: float = 10.0) -> str:
-        """Wait for a line of ``lines`` (``self.stdout`` or ``self.stderr``) containing ``text``."""
-        with anyio.fail_after(timeout):
-            while True:
-                for line in lines:
-                    if text in line:
-                        return line
-                if self.process.returncode is not None:
-                    raise AssertionError(f"the plugin exited; stderr:\n{self.error_output}")
-                await self._changed.wait()
-
-    async def wait_for_lines(
-        self, lines: list[str], text: str, count: int, timeout: float = 10.0
-    ) -> None:
-        """Wait until ``count`` lines of ``lines`` contain ``text``."""
-        with anyio.fail_after(timeout):
-            while sum(text in line for line in lines) < count:
-                if self.process.returncode is not None:
-                    raise AssertionError(f"the plugin exited; stderr:\n{self.error_output}")
-                await self._changed.wait()
+    @property
+    def http_port(self) -> int:
+        [line] = self.lines("http-port ", "stdout")  # printed once serving: "http-port N"
+        return int(line.split()[1])
 
     def fds(self) -> int:
         """Open file descriptors of the plugin process."""
@@ -79,46 +56,20 @@ class PluginProcess(ProcessOutput):
         document: dict[str, Any] = json.loads(reply[1])
         return document
 
-    async def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM, then wait (bounded) for the exit status."""
-        if self.process.returncode is None:
-            self.signal(signal.SIGTERM)
-        with anyio.fail_after(timeout):
-            return await self.process.wait()
-
 
 @asynccontextmanager
-async def plugin_process(*args: str) -> AsyncIterator[PluginProcess]:
+async def plugin_process(*args: str) -> AsyncIterator[NetPlugin]:
     """Start ``_net_plugin_main.py`` with ``args``; yield it once its HTTP port is known.
 
     On exit a process still running gets SIGTERM and a bounded wait, then SIGKILL.
     """
-    process = await anyio.open_process(
-        [sys.executable, str(PLUGIN_MAIN), *args], stdin=subprocess.DEVNULL
-    )
-    plugin = PluginProcess(process)
-    assert process.stdout is not None
-    assert process.stderr is not None
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(plugin.collect, process.stdout, plugin.stdout)
-            tg.start_soon(plugin.collect, process.stderr, plugin.stderr)
-            try:
-                line = await plugin.wait_for_line(plugin.stdout, "http-port ", timeout=15.0)
-                plugin.http_port = int(line.split()[1])
-                yield plugin
-            finally:
-                with anyio.CancelScope(shield=True):
-                    if process.returncode is None:
-                        process.send_signal(signal.SIGTERM)
-                        with anyio.move_on_after(10):
-                            await process.wait()
-                    if process.returncode is None:
-                        process.kill()
-                    await process.wait()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await process.aclose()
+    async with spawned(
+        [sys.executable, str(PLUGIN_MAIN), *args],
+        ready="http-port ",
+        ready_stream="stdout",
+        handle=NetPlugin,
+    ) as plugin:
+        yield plugin
 
 
 async def http_get(port: int, path: str, timeout: float = 1.0) -> tuple[int, str] | None:

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
-import anyio.abc
 import pytest
 import yaml
+from plugin_process import PluginProcess, spawned
 
 from devplugin_sdk.testing import FakeKubelet
 
@@ -135,52 +134,8 @@ def figures(row: str, **values: Any) -> None:
 # ----------------------------------------------------------------------------- the process
 
 
-class Plugin:
-    """A running plugin process; its stderr (the log) collected line by line."""
-
-    def __init__(self, process: anyio.abc.Process) -> None:
-        self.process = process
-        self.log: list[str] = []
-        self._changed = anyio.Event()
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    async def collect(self, stream: anyio.abc.ByteReceiveStream) -> None:
-        pending = b""
-        async for chunk in stream:
-            pending += chunk
-            *complete, pending = pending.split(b"\n")
-            self.log.extend(line.decode(errors="replace") for line in complete)
-            self._wake()
-        if pending:
-            self.log.append(pending.decode(errors="replace"))
-        self._wake()
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
-
-    async def wait_for_log(self, text: str, timeout: float = 20.0) -> str:
-        """Wait for a log line containing ``text``; return it."""
-        with anyio.fail_after(timeout):
-            while True:
-                for line in self.log:
-                    if text in line:
-                        return line
-                if self.process.returncode is not None:
-                    raise AssertionError(f"exited {self.process.returncode} without {text!r}")
-                await self._changed.wait()
-
-    async def wait_exit(self, timeout: float = 20.0) -> int:
-        with anyio.fail_after(timeout):
-            return await self.process.wait()
-
-    async def stop(self, timeout: float = 20.0) -> int:
-        """SIGTERM, then a bounded wait for the exit status."""
-        self.process.send_signal(signal.SIGTERM)
-        return await self.wait_exit(timeout)
+class Plugin(PluginProcess):
+    """A running plugin process, with what ``/proc`` shows of it."""
 
     def proc(self, name: str) -> dict[str, int]:
         """A /proc/PID file of ``key: number`` lines (status, io) as numbers."""
@@ -192,34 +147,13 @@ class Plugin:
                 values[key] = int(with_unit[0])
         return values
 
-    @property
-    def text(self) -> str:
-        return "\n".join(self.log)
-
 
 @asynccontextmanager
 async def running(command: Sequence[str]) -> AsyncIterator[Plugin]:
     """Run ``command`` for the body of the block; kill it at the end if it still runs."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # no .pyc write under a file-size limit
-    process = await anyio.open_process(
-        list(command), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env
-    )
-    plugin = Plugin(process)
-    assert process.stderr is not None
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(plugin.collect, process.stderr)
-            try:
-                yield plugin
-            finally:
-                with anyio.CancelScope(shield=True):
-                    if process.returncode is None:
-                        process.kill()
-                    with anyio.fail_after(20):
-                        await process.wait()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await process.aclose()
+    async with spawned(command, env=env, leave_with=signal.SIGKILL, handle=Plugin) as plugin:
+        yield plugin
 
 
 def devplugin(
@@ -243,16 +177,16 @@ async def test_a_refused_second_instance_leaves_the_first_ones_spec_alone(node: 
             config = node.write_config(share=share, path=node.root / f"second-{share}.yaml")
             started = time.monotonic()
             async with running(devplugin(node, config=config)) as second:
-                assert await second.wait_exit(timeout=30) != 0
+                assert await second.exited(timeout=30) != 0
             exits.append(time.monotonic() - started)
-            assert "served by another live process" in second.text
-            assert "owned by another live plugin" in second.text
+            assert "served by another live process" in second.error_output
+            assert "owned by another live plugin" in second.error_output
             assert spec.read_bytes() == before
             assert spec.stat().st_ino == inode
         # The first instance serves on, and its names resolve in the spec the runtime reads.
         got = await node.kubelet.allocate(RESOURCE, 2)
         assert set(got.allocation.cdi_devices) == names(*got.device_ids) <= spec_names(spec)
-        assert await first.stop() == 0
+        assert await first.stop(20) == 0
     assert sorted(os.listdir(node.cdi)) == []  # its spec and lock, removed by their owner
     figures(
         "row 5",
@@ -276,7 +210,7 @@ async def test_a_write_killed_midway_leaves_a_temporary_file_the_next_start_remo
         hard = resource.prlimit(doomed.pid, resource.RLIMIT_FSIZE)[1]
         resource.prlimit(doomed.pid, resource.RLIMIT_FSIZE, (100, hard))
         node.add_widget(2)
-        assert await doomed.wait_exit() == -signal.SIGXFSZ
+        assert await doomed.exited(20) == -signal.SIGXFSZ
     left = sorted(p.name for p in node.cdi.iterdir())
     stale = [name for name in left if name.endswith(".tmp")]
     assert len(stale) == 1, left
@@ -288,17 +222,17 @@ async def test_a_write_killed_midway_leaves_a_temporary_file_the_next_start_remo
     async with running(devplugin(node)) as second:
         await node.kubelet.wait_for_allocatable(RESOURCE, 3, timeout=30)
         serving = time.monotonic() - started
-        assert "removed 1 temporary files an interrupted write left" in second.text
+        assert "removed 1 temporary files an interrupted write left" in second.error_output
         assert sorted(os.listdir(node.cdi)) == [LOCK, SPEC]
         assert spec_names(spec) == names("widget0", "widget1", "widget2")
         # A real SIGKILL: the lock dies with its holder and never blocks the next start.
         second.process.send_signal(signal.SIGKILL)
-        assert await second.wait_exit() == -signal.SIGKILL
+        assert await second.exited(20) == -signal.SIGKILL
     async with running(devplugin(node)) as third:
         await node.kubelet.wait_for_registrations(RESOURCE, 3, timeout=30)
         await node.kubelet.wait_for_allocatable(RESOURCE, 3, timeout=30)
-        assert "owned by another live plugin" not in third.text
-        assert await third.stop() == 0
+        assert "owned by another live plugin" not in third.error_output
+        assert await third.stop(20) == 0
     assert os.listdir(node.cdi) == []
     figures("row 8", stale_temporary_files=1, left_after_restart=0, serving_after_restart_s=serving)
 
@@ -351,11 +285,11 @@ async def test_spec_path_that_is_a_fifo_a_device_or_huge_is_replaced_unread(
         await node.kubelet.wait_for_allocatable(RESOURCE, 3, timeout=30)
         assert stat.S_ISREG(os.lstat(spec).st_mode)
         assert spec_names(spec) == names("widget0", "widget1", "widget2")
-        assert "not a regular file" in plugin.text or fault is gib_file
+        assert "not a regular file" in plugin.error_output or fault is gib_file
         read = plugin.proc("io")["rchar"]
         peak = plugin.proc("status")["VmHWM"]
         stopping = time.monotonic()
-        assert await plugin.stop() == 0  # a FIFO once hung it in openat, deaf to SIGTERM
+        assert await plugin.stop(20) == 0  # a FIFO once hung it in openat, deaf to SIGTERM
         stopped = time.monotonic() - stopping
     assert os.listdir(node.cdi) == []
     assert read < READ_BOUND
@@ -470,9 +404,9 @@ async def test_devices_of_a_failed_spec_write_are_advertised_once_a_retry_writes
         fault.fill()
         node.add_widget(2)  # the generic backend sees it at once and rewrites the spec
         failed = f"cannot write CDI spec {node.cdi / SPEC}: {fault.failure}"
-        await plugin.wait_for_log(failed)
+        await plugin.wait_for_line(failed, timeout=20)
         # Retried with backoff (0.25 s, then 0.5 s, ...), each attempt failing while it is full.
-        await plugin.wait_for_log("attempt 3)")
+        await plugin.wait_for_line("attempt 3)", timeout=20)
         # The kubelet is never told of widget2 while its name does not resolve; the devices
         # of the old spec keep serving.
         assert set(node.kubelet.devices(RESOURCE)) == {"widget0", "widget1"}
@@ -484,12 +418,12 @@ async def test_devices_of_a_failed_spec_write_are_advertised_once_a_retry_writes
         await node.kubelet.wait_for_allocatable(RESOURCE, 3, timeout=30)
         recovered = time.monotonic() - freed
         assert spec_names(spec) == names("widget0", "widget1", "widget2")
-        written = await plugin.wait_for_log("written after")
+        written = await plugin.wait_for_line("written after", timeout=20)
         attempts = int(written.split("written after ")[1].split()[0])
         assert attempts >= 3
-        assert sum(failed in line for line in plugin.log) == attempts  # logged at error once
+        assert sum(failed in line for line in plugin.stderr) == attempts  # logged at error once
         assert not [p for p in os.listdir(fault.cdi()) if p.endswith(".tmp")]
-        assert await plugin.stop() == 0
+        assert await plugin.stop(20) == 0
     figures(
         f"row 13 {fault.failure}",
         failed_attempts=attempts,

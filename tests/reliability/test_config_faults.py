@@ -22,7 +22,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from cli_process import Running, devplugin, error_line, running
+from cli_process import devplugin, error_line, running
+from plugin_process import PluginProcess
 
 from devplugin_sdk.config import MAX_FILE_BYTES, MAX_NODES
 from devplugin_sdk.testing import FakeKubelet
@@ -228,7 +229,7 @@ async def test_a_bad_config_never_stalls_allocate_nor_grows_the_plugin(
 
 
 async def _attempt(
-    kubelet: FakeKubelet, plugin: Running, config: Path, devices: Path, fault: Fault
+    kubelet: FakeKubelet, plugin: PluginProcess, config: Path, devices: Path, fault: Fault
 ) -> dict[str, float]:
     allocations = Allocations(kubelet)
     memory = Memory(plugin.process.pid)

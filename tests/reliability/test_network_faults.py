@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import stat
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import anyio.to_thread
 import grpc
 import pytest
 from anyio.abc import SocketStream
+from plugin_process import spawned
 from reliability._net_harness import (
     RESOURCE,
     SOCKET,
@@ -114,9 +114,9 @@ async def test_http_accept_errors_at_the_fd_limit_are_logged_and_retried() -> No
     ):
         await kubelet.wait_for_allocatable(RESOURCE, 4, timeout=20)
         plugin.signal(signal.SIGUSR2)  # every free descriptor taken, as by a leaking backend
-        await plugin.wait_for_line(plugin.stdout, "hogging")
+        await plugin.wait_for_line("hogging", stream="stdout")
         starved = [await http_get(plugin.http_port, "/healthz") for _ in range(3)]
-        await plugin.wait_for_line(plugin.stdout, "released fds")
+        await plugin.wait_for_line("released fds", stream="stdout")
         released = time.perf_counter()
         await healthz_until(plugin.http_port, 200)
         back = time.perf_counter() - released
@@ -143,48 +143,27 @@ async def test_a_lost_kubelet_stream_is_replaced_while_devplugin_probe_watch_is_
         plugin_process("--dir", str(kubelet.directory)) as plugin,
     ):
         await kubelet.wait_for_allocatable(RESOURCE, 4, timeout=20)
-        probe = await anyio.open_process(
-            [
-                sys.executable,
-                "-m",
-                "devplugin_sdk",
-                "probe",
-                "--socket",
-                str(kubelet.directory / SOCKET),
-                "--watch",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
+        socket_path = str(kubelet.directory / SOCKET)
+        async with spawned(
+            [sys.executable, "-m", "devplugin_sdk", "probe", "--socket", socket_path, "--watch"]
+        ):
             # The probe opens a stream for its report, ends it, then opens the one it watches:
             # the second is the extra client that stays.
-            await plugin.wait_for_lines(plugin.stderr, "a client's ListAndWatch stream opened", 2)
+            await plugin.wait_for("a client's ListAndWatch stream opened", count=2)
             assert (await plugin.status())["plugins"][0]["streams"] == 2
             assert (await http_get(plugin.http_port, "/healthz")) == (200, "ok\n")
 
             dropped = time.perf_counter()
             assert await kubelet.drop_streams(RESOURCE) == 1  # the kubelet's own stream only
-            await plugin.wait_for_line(plugin.stderr, "the kubelet's ListAndWatch stream ended")
+            await plugin.wait_for_line("the kubelet's ListAndWatch stream ended")
             during = await http_get(plugin.http_port, "/healthz")
-            await plugin.wait_for_line(plugin.stderr, "no ListAndWatch stream from the kubelet")
+            await plugin.wait_for_line("no ListAndWatch stream from the kubelet")
             noticed = time.perf_counter() - dropped
             await kubelet.wait_for_registrations(RESOURCE, 2, timeout=10)
             await kubelet.wait_for_allocatable(RESOURCE, 4)
             recovered = time.perf_counter() - dropped
             await healthz_until(plugin.http_port, 200)
             live_again = time.perf_counter() - dropped
-        finally:
-            with anyio.CancelScope(shield=True):
-                if probe.returncode is None:
-                    probe.terminate()
-                    with anyio.move_on_after(5):
-                        await probe.wait()
-                if probe.returncode is None:
-                    probe.kill()
-                await probe.wait()
-                await probe.aclose()
     assert during is not None
     assert during[0] == 503
     assert "no ListAndWatch stream from the kubelet; 1 from other clients" in during[1]
@@ -222,7 +201,7 @@ async def test_a_client_that_never_reads_while_devices_flap_leaves_healthz_live(
         async with grpc.aio.insecure_channel(f"unix:{socket_path}", options=options) as channel:
             call = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty())  # never read
             await call.initial_metadata()
-            await plugin.wait_for_line(plugin.stderr, "a client's ListAndWatch stream opened")
+            await plugin.wait_for_line("a client's ListAndWatch stream opened")
             before = kubelet.messages(RESOURCE)
             plugin.signal(signal.SIGUSR1)
             answers: list[int | None] = []
@@ -276,8 +255,8 @@ async def test_device_ids_with_control_characters_cannot_forge_log_lines() -> No
                 ]
             )
             preferred = await stub.GetPreferredAllocation(prefer)
-        allocate_line = await plugin.wait_for_line(plugin.stderr, "Allocate refused")
-        prefer_line = await plugin.wait_for_line(plugin.stderr, "GetPreferredAllocation named")
+        allocate_line = await plugin.wait_for_line("Allocate refused")
+        prefer_line = await plugin.wait_for_line("GetPreferredAllocation named")
         assert await plugin.stop() == 0
     assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "\n" not in (refused.value.details() or "")

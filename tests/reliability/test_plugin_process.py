@@ -7,17 +7,15 @@ as a real process against a FakeKubelet in the test process.
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
-import anyio.abc
 import grpc
 import pytest
-from process_output import ProcessOutput
+from plugin_process import PluginProcess, spawned
 
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
@@ -31,69 +29,25 @@ pytestmark = pytest.mark.timeout(60)
 PLUGIN_MAIN = Path(__file__).with_name("_plugin_main.py")
 
 
-class PluginProcess(ProcessOutput):
-    """A running ``_plugin_main.py``, with its output collected line by line."""
-
-    async def wait_for_stdout(self, prefix: str, timeout: float = 10.0) -> str:
-        """Wait for a stdout line starting with ``prefix``; return it."""
-        with anyio.fail_after(timeout):
-            while True:
-                for line in self.stdout:
-                    if line.startswith(prefix):
-                        return line
-                await self._changed.wait()
-
-    async def wait_exit(self, timeout: float = 10.0) -> int:
-        """Wait for the process to end (output collected); return its exit status."""
-        with anyio.fail_after(timeout):
-            return await self.process.wait()
-
-
-SpawnPlugin = Callable[..., AbstractAsyncContextManager[PluginProcess]]
-
-
-@pytest.fixture
-def spawn_plugin() -> SpawnPlugin:
-    """Start ``_plugin_main.py`` with the given arguments for the body of an ``async with``.
+@asynccontextmanager
+async def spawn_plugin(*args: str) -> AsyncIterator[PluginProcess]:
+    """Run ``_plugin_main.py`` with ``args`` for the body of an ``async with``.
 
     On exit a process still running is killed; its output stays readable on the object.
     """
-
-    @asynccontextmanager
-    async def spawn(*args: str) -> AsyncIterator[PluginProcess]:
-        process = await anyio.open_process(
-            [sys.executable, str(PLUGIN_MAIN), *args], stdin=subprocess.DEVNULL
-        )
-        plugin = PluginProcess(process)
-        assert process.stdout is not None
-        assert process.stderr is not None
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(plugin.collect, process.stdout, plugin.stdout)
-                tg.start_soon(plugin.collect, process.stderr, plugin.stderr)
-                try:
-                    yield plugin
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        if process.returncode is None:
-                            process.kill()
-                        await process.wait()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await process.aclose()
-
-    return spawn
+    async with spawned(
+        [sys.executable, str(PLUGIN_MAIN), *args], leave_with=signal.SIGKILL
+    ) as plugin:
+        yield plugin
 
 
-async def test_sigkilled_plugin_is_started_again_over_its_stale_socket_and_registers(
-    spawn_plugin: SpawnPlugin,
-) -> None:
+async def test_sigkilled_plugin_is_started_again_over_its_stale_socket_and_registers() -> None:
     async with FakeKubelet() as kubelet:
         socket_path = kubelet.directory / SOCKET
         async with spawn_plugin("--dir", str(kubelet.directory)) as first:
             await kubelet.wait_for_allocatable(RESOURCE, 4, timeout=20)
             first.signal(signal.SIGKILL)
-            assert await first.wait_exit() == -signal.SIGKILL
+            assert await first.exited() == -signal.SIGKILL
         # The kubelet saw the stream break; the dead process's socket file stays behind.
         await kubelet.wait_for_allocatable(RESOURCE, 0)
         assert socket_path.exists()
@@ -104,18 +58,18 @@ async def test_sigkilled_plugin_is_started_again_over_its_stale_socket_and_regis
             await kubelet.wait_for_allocatable(RESOURCE, 4)
             got = await kubelet.allocate(RESOURCE, 2)
             assert len(got.device_ids) == 2
-            assert await second.wait_for_stdout("allocating")
+            assert await second.wait_for_line("allocating", stream="stdout")
             assert kubelet.connections(RESOURCE) == 1
             assert "served by another live process" not in second.error_output
 
 
-async def test_second_process_for_the_same_resource_exits_with_a_message_and_first_serves_on(
-    spawn_plugin: SpawnPlugin,
-) -> None:
+async def test_second_process_for_the_same_resource_exits_with_a_message_and_first_serves_on() -> (
+    None
+):
     async with FakeKubelet() as kubelet, spawn_plugin("--dir", str(kubelet.directory)) as first:
         await kubelet.wait_for_allocatable(RESOURCE, 4, timeout=20)
         async with spawn_plugin("--dir", str(kubelet.directory)) as second:
-            status = await second.wait_exit(timeout=20)
+            status = await second.exited(timeout=20)
         assert status != 0
         assert "SocketInUseError" in second.error_output
         assert "served by another live process" in second.error_output
@@ -128,9 +82,7 @@ async def test_second_process_for_the_same_resource_exits_with_a_message_and_fir
         assert first.process.returncode is None
 
 
-async def test_sigterm_with_streams_and_an_allocation_in_flight_ends_cleanly(
-    spawn_plugin: SpawnPlugin,
-) -> None:
+async def test_sigterm_with_streams_and_an_allocation_in_flight_ends_cleanly() -> None:
     async with (
         FakeKubelet() as kubelet,
         spawn_plugin("--dir", str(kubelet.directory), "--allocate-delay", "0.3") as plugin,
@@ -162,9 +114,9 @@ async def test_sigterm_with_streams_and_an_allocation_in_flight_ends_cleanly(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch_until_end)
                 tg.start_soon(allocate)
-                await plugin.wait_for_stdout("allocating d1,d3")
+                await plugin.wait_for_line("allocating d1,d3", stream="stdout")
                 plugin.signal(signal.SIGTERM)
-                assert await plugin.wait_exit(timeout=20) == 0
+                assert await plugin.exited(timeout=20) == 0
 
         # The allocation in flight got the stop grace and its answer; streams ended cleanly.
         assert [[d.host_path for d in r.devices] for r in responses[0].container_responses] == [

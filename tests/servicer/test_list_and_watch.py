@@ -64,8 +64,11 @@ async def test_unchanged_lists_are_not_resent(kubelet: FakeKubelet) -> None:
         before = kubelet.messages(RESOURCE)
         plugin.set_devices(widgets(2))  # same devices
         plugin.set_health("w0", Health.HEALTHY)  # already healthy
-        await anyio.sleep(0.1)
-        assert kubelet.messages(RESOURCE) == before
+        # Both handled (the plugin's tasks all wait again); a message either caused is on its way.
+        await anyio.wait_all_tasks_blocked()
+        plugin.set_health("w1", Health.UNHEALTHY)  # a change: its message comes after any such
+        await kubelet.wait_for_health(RESOURCE, "w1", "Unhealthy")
+        assert kubelet.messages(RESOURCE) == before + 1
 
 
 class _Polled(DevicePlugin):
@@ -194,4 +197,4 @@ async def test_duplicate_ids_from_discover_are_refused_at_start(kubelet: FakeKub
         async with serving(
             StaticPlugin(RESOURCE, [*widgets(1), *widgets(1)]), settings=kubelet.settings()
         ):
-            await anyio.sleep(5)
+            await anyio.sleep_forever()  # discover() refuses them: the block never runs

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from sdk_helpers import widgets
+from sdk_helpers import ROOT, widgets
 
 from devplugin_sdk import Health
 from devplugin_sdk.testing import FakeKubelet, StaticPlugin, serving
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = ROOT / "README.md"
 
 
 async def test_serves_several_resources_at_once(kubelet: FakeKubelet) -> None:

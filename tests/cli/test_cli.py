@@ -27,23 +27,6 @@ from devplugin_sdk.cli.demo import run_demo
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.testing import FakeKubelet
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _spawn(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "devplugin_sdk", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=cwd,
-    )
-
 
 async def test_demo_shows_every_step_of_the_lifecycle() -> None:
     out = io.StringIO()
@@ -92,7 +75,7 @@ async def test_run_generic_registers_and_cleans_up_on_sigterm(
     config.write_text(
         f"resources:\n  - resourceName: example.com/serial\n    paths: ['{devices}/tty*']\n"
     )
-    proc = _spawn(
+    async with running(
         "--log-format",
         "json",
         "run",
@@ -101,37 +84,29 @@ async def test_run_generic_registers_and_cleans_up_on_sigterm(
         str(config),
         "--device-plugin-dir",
         str(kubelet.directory),
-    )
-    try:
+    ) as proc:
         await kubelet.wait_for_allocatable("example.com/serial", 3, timeout=15)
         got = await kubelet.allocate("example.com/serial", 1)
         assert got.allocation.device_nodes[0].host_path.startswith(str(devices))
-        proc.send_signal(signal.SIGTERM)
-        # Wait off the event loop: the kubelet must keep running to see the stream end.
-        _, stderr = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=15))
-    finally:
-        proc.kill()
-        proc.communicate()
-    assert proc.returncode == 0, stderr
+        code = await proc.stop()
+    assert code == 0, proc.error_output
     assert not (kubelet.directory / "example.com_serial.sock").exists()
     # A clean end of ListAndWatch: the kubelet disconnects the plugin at once.
     await kubelet.wait_for_allocatable("example.com/serial", 0)
-    lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in proc.stderr if line.startswith("{")]
     assert any(
         e.get("resource") == "example.com/serial" and "registered" in e["message"] for e in lines
     )
 
 
 async def test_run_module_class_target(kubelet: FakeKubelet) -> None:
-    proc = _spawn("run", "cli_target:TwoWidgets", "--device-plugin-dir", str(kubelet.directory))
-    try:
+    async with running(
+        "run", "cli_target:TwoWidgets", "--device-plugin-dir", str(kubelet.directory)
+    ) as proc:
         await kubelet.wait_for_allocatable("acme.com/widget", 2, timeout=15)
-        proc.send_signal(signal.SIGINT)
-        await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=15))
-    finally:
-        proc.kill()
-        proc.communicate()
-    assert proc.returncode == 0
+        proc.signal(signal.SIGINT)
+        code = await proc.exited()
+    assert code == 0, proc.error_output
 
 
 def test_bad_config_names_the_key_and_exits_2(
@@ -215,7 +190,7 @@ async def test_run_with_metrics_port_serves_healthz(kubelet: FakeKubelet) -> Non
     with socket_module.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    proc = _spawn(
+    async with running(
         "run",
         "cli_target:TwoWidgets",
         "--device-plugin-dir",
@@ -226,8 +201,7 @@ async def test_run_with_metrics_port_serves_healthz(kubelet: FakeKubelet) -> Non
         str(port),
         "--metrics-host",
         "127.0.0.1",
-    )
-    try:
+    ) as proc:
         await kubelet.wait_for_allocatable("acme.com/widget", 2, timeout=15)
         stream = await anyio.connect_tcp("127.0.0.1", port)
         async with stream:
@@ -240,12 +214,8 @@ async def test_run_with_metrics_port_serves_healthz(kubelet: FakeKubelet) -> Non
                 except anyio.EndOfStream:
                     pass
         assert reply.startswith(b"HTTP/1.1 200"), reply
-        proc.send_signal(signal.SIGTERM)
-        await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=15))
-    finally:
-        proc.kill()
-        proc.communicate()
-    assert proc.returncode == 0
+        code = await proc.stop()
+    assert code == 0, proc.error_output
 
 
 async def test_run_takes_everything_from_one_config_file_and_reloads_it(
@@ -263,8 +233,7 @@ async def test_run_takes_everything_from_one_config_file_and_reloads_it(
         f"resources:\n  - resourceName: example.com/serial\n    paths: ['{devices}/tty*']\n"
     )
     config.write_text(base)
-    proc = _spawn("run", "--config", str(config))
-    try:
+    async with running("run", "--config", str(config)) as proc:
         await kubelet.wait_for_allocatable("example.com/serial", 1, timeout=15)
         tmp = config.with_name("new.yaml")
         tmp.write_text(
@@ -274,13 +243,9 @@ async def test_run_takes_everything_from_one_config_file_and_reloads_it(
         os.replace(tmp, config)
         await kubelet.wait_for_allocatable("example.com/fuse", 4, timeout=15)
         assert len(kubelet.successful_registrations("example.com/serial")) == 1
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=15))
-    finally:
-        proc.kill()
-        proc.communicate()
-    assert proc.returncode == 0, stderr
-    assert any('"reloaded (' in line for line in stderr.splitlines())
+        code = await proc.stop()
+    assert code == 0, proc.error_output
+    assert any('"reloaded (' in line for line in proc.stderr)
 
 
 async def test_run_with_cdi_config_hands_out_cdi_names(
@@ -297,8 +262,7 @@ async def test_run_with_cdi_config_hands_out_cdi_names(
         f"cdi: {{directory: {cdi_dir}}}\n"
         f"resources:\n  - resourceName: example.com/serial\n    paths: ['{devices}/tty*']\n"
     )
-    proc = _spawn("run", "--config", str(config))
-    try:
+    async with running("run", "--config", str(config)) as proc:
         await kubelet.wait_for_allocatable("example.com/serial", 1, timeout=15)
         got = await kubelet.allocate("example.com/serial", 1)
         assert got.allocation.cdi_devices == ("example.com/serial=tty0",)
@@ -308,12 +272,8 @@ async def test_run_with_cdi_config_hands_out_cdi_names(
         (device,) = spec["devices"]
         assert device["name"] == "tty0"
         assert device["containerEdits"]["deviceNodes"][0]["path"] == str(devices / "tty0")
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=15))
-    finally:
-        proc.kill()
-        proc.communicate()
-    assert proc.returncode == 0, stderr
+        code = await proc.stop()
+    assert code == 0, proc.error_output
     assert list(cdi_dir.glob("*.json")) == []  # removed on shutdown
 
 

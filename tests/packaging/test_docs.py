@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sdk_helpers import ROOT
 
 import devplugin_sdk
 import devplugin_sdk.cdi
@@ -36,7 +37,6 @@ from devplugin_sdk.backends import fpga, generic, nvidia, rdma
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.testing import FakeKubelet, serving
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
 MARKDOWN = [*PAGES, ROOT / "README.md"]

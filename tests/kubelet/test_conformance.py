@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import io
 import json
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
 
 import anyio
 import pytest
@@ -22,6 +20,7 @@ from broken_plugins import (
     serve_not_grpc,
     serving_raw,
 )
+from sdk_helpers import EXAMPLES, ROOT, load_example
 
 from devplugin_sdk import Device, DeviceNode, DevicePlugin, Mount, Settings
 from devplugin_sdk.kubelet import _cli_probe
@@ -38,11 +37,10 @@ from devplugin_sdk.kubelet.conformance import (
 from devplugin_sdk.testing import FakeKubelet, serving
 
 RESOURCE = "acme.com/widget"
-EXAMPLES = Path(__file__).parents[1] / "examples"
 # Short waits for the faults that make a check wait for a message that never comes.
 LIMITS = Limits(timeout=1.0, settle=0.0, restart_timeout=5.0)
 SOCKET_CHECKS = [c.name for c in CHECKS if not c.register_only]
-DOCS = Path(__file__).parents[1] / "docs"
+DOCS = ROOT / "docs"
 # What the line of each fault's target check must say.
 FAULT_MESSAGES = {
     "slow-options": "over 200.0 ms; the kubelet calls it inside Register",
@@ -300,18 +298,6 @@ async def test_register_dir_refuses_a_directory_a_live_kubelet_serves(short_dir:
 # ------------------------------------------------------------------------------------------ backends
 
 
-def _load_example(name: str) -> ModuleType:
-    # Examples are not a package (pytest runs with --import-mode=importlib): load by path.
-    path = EXAMPLES / name / "plugin.py"
-    spec = importlib.util.spec_from_file_location(f"{name}_example_for_conformance", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _generic_backend(root: Path) -> list[DevicePlugin]:
     from devplugin_sdk.backends import generic
 
@@ -347,7 +333,7 @@ def _fpga_example(root: Path, config: str) -> list[DevicePlugin]:
     make_host = fpga_trees.alveo_u250_host if config == "config.yaml" else fpga_trees.dfl_pac_host
     host, _ = make_host(root / "host")
     options = load_yaml(EXAMPLES / "fpga" / config)
-    plugins: list[DevicePlugin] = _load_example("fpga").FpgaExamplePlugin.from_config(
+    plugins: list[DevicePlugin] = load_example("fpga").FpgaExamplePlugin.from_config(
         {**options, "sysfsRoot": str(host.sysfs_root), "devRoot": str(host.dev_root)}
     )
     return plugins
@@ -378,7 +364,7 @@ def _rdma_example(root: Path) -> list[DevicePlugin]:
     # What `devplugin run plugin:RdmaExamplePlugin --config config.yaml` serves, re-rooted.
     config = parse_run_config(load_yaml(EXAMPLES / "rdma" / "config.yaml")).backend_options
     roots = {"sysfsRoot": str(host.sysfs_root), "devRoot": str(host.dev_root)}
-    plugins: list[DevicePlugin] = _load_example("rdma").RdmaExamplePlugin.from_config(
+    plugins: list[DevicePlugin] = load_example("rdma").RdmaExamplePlugin.from_config(
         {**config, **roots}
     )
     return plugins
@@ -403,7 +389,7 @@ def _nvidia_example(root: Path) -> list[DevicePlugin]:
     roots = fake.write_host(root / "host")
     config = yaml.safe_load((EXAMPLES / "nvidia" / "config.yaml").read_text())
     with fake.installed():
-        plugins: list[DevicePlugin] = _load_example("nvidia").SiteGpuPlugin.from_config(
+        plugins: list[DevicePlugin] = load_example("nvidia").SiteGpuPlugin.from_config(
             {**config, **roots.config()}
         )
     return plugins
@@ -448,7 +434,7 @@ async def test_gpu_sharing_configs_pass_with_the_refused_combination_as_a_warnin
     roots = fake.write_host(short_dir / "host")
     data = yaml.safe_load((EXAMPLES / "nvidia" / config).read_text())
     with fake.installed():
-        plugins = _load_example("nvidia").SiteGpuPlugin.from_config({**data, **roots.config()})
+        plugins = load_example("nvidia").SiteGpuPlugin.from_config({**data, **roots.config()})
     limits = Limits(timeout=LIMITS.timeout, expect=len(plugins), settle=0.0, restart_timeout=5.0)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_serve_forever, plugins, settings(short_dir / "dp"))

@@ -24,8 +24,8 @@ from pathlib import Path
 import anyio.to_thread
 import pytest
 from cli_process import running
+from sdk_helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "quickstart.md"
 SECTION = "## Run it against a fake kubelet"
 

@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from sdk_helpers import ROOT
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = (ROOT / "pyproject.toml").read_text()
 LINT = tomllib.loads(PYPROJECT)["tool"]["ruff"]["lint"]
 RUFF = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")

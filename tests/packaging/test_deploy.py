@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 import yaml
+from sdk_helpers import ROOT, load_example
 
 from devplugin_sdk import backends
 from devplugin_sdk.cli.runfile import parse_run_config
 from devplugin_sdk.config import load_yaml
 
-ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "deploy" / "kustomize"
 OVERLAYS = sorted(p.name for p in (KUSTOMIZE / "overlays").iterdir() if p.is_dir())
 EXAMPLES = sorted(p.parent.name for p in ROOT.glob("examples/*/daemonset.yaml"))
@@ -217,13 +217,8 @@ def image_target(example: str) -> str | None:
 
 
 def load_with_entry_point(overlay: str, config_file: Path) -> list[Any]:
-    example = ROOT / "examples" / overlay / "plugin.py"
-    if example.exists():
-        spec = importlib.util.spec_from_file_location(f"deploy_{overlay}_plugin", example)
-        assert spec is not None
-        assert spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    if (ROOT / "examples" / overlay / "plugin.py").exists():
+        module = load_example(overlay)
         # What the image does: `devplugin run plugin:CLASS --config FILE`, i.e.
         # CLASS.from_config(the file less the SDK's keys).
         target = image_target(overlay)

@@ -9,7 +9,8 @@ import pkgutil
 import subprocess
 import sys
 import types
-from pathlib import Path
+
+from sdk_helpers import ROOT
 
 import devplugin_sdk
 
@@ -17,8 +18,6 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_top_level_all_is_short_sorted_and_complete() -> None:

@@ -88,7 +88,9 @@ class Built:
 def build(text: str, where: Path) -> list[Built]:
     """Carry out every stage of the Dockerfile ``text`` under ``where``; the last is the image."""
     # Docker would filter the context through it; this builder does not know how.
-    assert not (ROOT / ".dockerignore").exists(), "teach tests/test_images.py .dockerignore"
+    assert not (ROOT / ".dockerignore").exists(), (
+        "teach tests/packaging/test_images.py .dockerignore"
+    )
     stages = dockerfile.parse(text)
     built: list[Built] = []
     for index, stage in enumerate(stages):
@@ -168,7 +170,9 @@ def _run(instruction: dockerfile.Instruction, stage: Built) -> None:
                     path.unlink(missing_ok=True)
             continue
         else:
-            raise instruction.fail(f"tests/test_images.py does not know how to run {words}")
+            raise instruction.fail(
+                f"tests/packaging/test_images.py does not know how to run {words}"
+            )
         if result.returncode != 0:
             raise StepFailed(instruction, result.stdout + result.stderr)
 
