@@ -83,6 +83,9 @@ class DraStatus:
         pending_seconds: How long the newest device set has waited to be published.
         prepared_claims: Claims prepared on this node (the checkpoint's entries).
         last_error: The Kubernetes API's latest refusal while publishing, until one works.
+        recovered_claims: Prepared claims known only by the CDI spec kept for them, because the
+            checkpoint could not be read at start; each is recorded in full when the kubelet
+            prepares it again, and leaves when it unprepares it.
     """
 
     driver: str
@@ -94,3 +97,4 @@ class DraStatus:
     pending_seconds: float
     prepared_claims: int
     last_error: str | None
+    recovered_claims: int = 0

@@ -4,7 +4,9 @@ The kubelet may ask again for a claim it has already had prepared (after its own
 ours) and asks to unprepare claims long after they were prepared, when the ResourceClaim may be
 gone from the API. So what each prepared claim got (its devices, its CDI spec file) is written
 down before NodePrepareResources answers, and read back when the plugin starts: a restart
-neither loses a prepared claim nor prepares it twice.
+neither loses a prepared claim nor prepares it twice. The file is read like any file from
+outside (regular files only, a size cap, never blocking), lives in a directory only we can
+write, and a file that fails any check is set aside rather than trusted or deleted.
 """
 
 from __future__ import annotations
@@ -14,27 +16,77 @@ import json
 import logging
 import os
 import secrets
+import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedDevice
+from devplugin_sdk.config import read_file
+from devplugin_sdk.errors import ConfigError
 
-__all__ = ["Checkpoint", "Entry"]
+__all__ = ["MAX_CHECKPOINT_BYTES", "Checkpoint", "Entry", "Loaded", "private_directory"]
 
 log = logging.getLogger("devplugin_sdk")
 
 _FORMAT = 1
+#: The largest checkpoint read: a prepared claim takes about 300 bytes, and a node has a few
+#: hundred pods at most; a bigger file is not ours.
+MAX_CHECKPOINT_BYTES = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One prepared claim: who it is, what the kubelet got for it, and its CDI spec file."""
+    """One prepared claim: who it is, what the kubelet got for it, and its CDI spec file.
+
+    ``recovered`` entries were rebuilt from a CDI spec file when the checkpoint could not be
+    read: the claim's UID and spec are known, its devices are not. The spec is kept until the
+    kubelet unprepares the claim, or prepares it again (which records it in full).
+    """
 
     claim: ClaimRef
     devices: tuple[PreparedDevice, ...]
     spec_file: str | None = None
+    recovered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """What ``Checkpoint.load`` found: the entries, and why the file was not used, if it was not
+    (then it was moved to ``aside``)."""
+
+    entries: dict[str, Entry] = field(default_factory=dict)
+    problem: str | None = None
+    aside: Path | None = None
+
+
+def private_directory(path: Path) -> None:
+    """Make ``path`` (and its missing parents) a directory only its owner can write.
+
+    New directories get 0700 whatever the umask (``mkdir``'s mode is filtered by it); an
+    existing one loses group and other write permission, so no other user can rename a forged
+    checkpoint over ours.
+    """
+    missing = []
+    for parent in (path, *path.parents):
+        if parent.exists():
+            break
+        missing.append(parent)
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir()
+            # The parents are the kubelet's (/var/lib/kubelet/plugins): readable, as it makes them.
+            directory.chmod(0o700 if directory == path else 0o755)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o022:
+        path.chmod(mode & ~0o022)
+        log.warning(
+            "the DRA plugin directory %s was writable by others (%s); now %s",
+            path,
+            oct(mode),
+            oct(mode & ~0o022),
+        )
 
 
 class Checkpoint:
@@ -47,33 +99,47 @@ class Checkpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def load(self) -> dict[str, Entry]:
+    def load(self) -> Loaded:
         """The prepared claims by UID; none when the file is missing.
 
-        A file that cannot be read or parsed is logged and moved aside (``.corrupt``): the
-        kubelet then prepares those claims again, and unpreparing a claim works without it.
+        A file that cannot be trusted (unreadable, not a regular file, larger than
+        ``MAX_CHECKPOINT_BYTES``, not valid, of another format, writable by others) is moved
+        aside (``.corrupt``) and reported in ``Loaded.problem``; the caller decides what the
+        CDI specs on disk still prove.
         """
+        name = str(self.path)
         try:
-            text = self.path.read_text(encoding="utf-8")
+            os.lstat(name)
         except FileNotFoundError:
-            return {}
+            return Loaded()
         except OSError as exc:
-            # Expected trouble on a node (permissions, I/O): the message, not a traceback.
-            log.error("cannot read the DRA checkpoint %s: %s", self.path, exc)  # noqa: TRY400
-            return {}
+            return self._aside(f"cannot read it: {exc.strerror or exc}")
         try:
-            return _parse(text)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            aside = self.path.with_name(self.path.name + ".corrupt")
-            log.error(  # noqa: TRY400 - a damaged file is explained, not traced
-                "the DRA checkpoint %s is not valid (%s); moved to %s, starting empty",
-                self.path,
-                exc,
-                aside,
+            data = read_file(name, MAX_CHECKPOINT_BYTES)
+            owner = os.stat(name)
+        except (ConfigError, OSError) as exc:
+            reason = exc.reason if isinstance(exc, ConfigError) else exc.strerror or str(exc)
+            return self._aside(reason)
+        if owner.st_uid != os.geteuid() or owner.st_mode & 0o022:
+            return self._aside(
+                f"another user could have written it (owner {owner.st_uid}, "
+                f"mode {oct(stat.S_IMODE(owner.st_mode))})"
             )
-            with contextlib.suppress(OSError):
-                os.replace(self.path, aside)
-            return {}
+        try:
+            return Loaded(_parse(data))
+        except RecursionError:
+            return self._aside("nested too deep")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return self._aside(str(exc))
+
+    def _aside(self, problem: str) -> Loaded:
+        aside = self.path.with_name(self.path.name + ".corrupt")
+        try:
+            os.replace(self.path, aside)  # an older quarantined file is replaced
+        except OSError as exc:
+            problem += f" (and it could not be moved aside: {exc.strerror or exc})"
+            return Loaded(problem=problem)
+        return Loaded(problem=problem, aside=aside)
 
     def save(self, entries: Mapping[str, Entry]) -> None:
         """Replace the file with ``entries`` atomically (a reader sees the old or the new one).
@@ -86,10 +152,12 @@ class Checkpoint:
             "claims": {uid: _raw(entry) for uid, entry in sorted(entries.items())},
         }
         payload = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.parent.is_dir():
+            private_directory(self.path.parent)
         tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
+            os.fchmod(fd, 0o600)  # whatever the umask
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)
                 f.flush()
@@ -118,10 +186,12 @@ class Checkpoint:
         return removed
 
 
-def _parse(text: str) -> dict[str, Entry]:
+def _parse(text: bytes) -> dict[str, Entry]:
     data = json.loads(text)
+    if not isinstance(data, dict):
+        raise TypeError(f"a JSON object was expected, not {type(data).__name__}")
     if data.get("format") != _FORMAT:
-        raise ValueError(f"unknown format {data.get('format')!r}")
+        raise ValueError(f"unknown format {data.get('format')!r} (this version writes {_FORMAT})")
     return {uid: _entry(uid, raw) for uid, raw in data["claims"].items()}
 
 
@@ -130,6 +200,7 @@ def _raw(entry: Entry) -> dict[str, Any]:
         "namespace": entry.claim.namespace,
         "name": entry.claim.name,
         "specFile": entry.spec_file,
+        **({"recovered": True} if entry.recovered else {}),
         "devices": [
             {
                 "requests": list(d.request_names),
@@ -157,4 +228,5 @@ def _entry(uid: str, raw: Mapping[str, Any]) -> Entry:
         ClaimRef(str(raw["namespace"]), uid, str(raw["name"])),
         devices,
         str(spec) if spec else None,
+        recovered=raw.get("recovered") is True,
     )

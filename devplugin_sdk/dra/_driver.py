@@ -18,7 +18,7 @@ from devplugin_sdk._engine.handle import Strategy
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._wire.dra_service import handlers as dra_handlers
 from devplugin_sdk.dra import Dra, kube_api
-from devplugin_sdk.dra._checkpoint import Checkpoint
+from devplugin_sdk.dra._checkpoint import Checkpoint, private_directory
 from devplugin_sdk.dra._plugins import Plugins
 from devplugin_sdk.dra._prepare import Preparer
 from devplugin_sdk.dra._publisher import Publisher
@@ -89,7 +89,7 @@ class DraDriver:
         """
         api: ResourceApi = self.options.api or kube_api(self.options.kubeconfig)
         try:
-            self.plugin_dir.mkdir(parents=True, exist_ok=True)
+            private_directory(self.plugin_dir)  # 0700: no one else renames a checkpoint in
             self.settings.plugins_registry_dir.mkdir(parents=True, exist_ok=True)
             self.publisher = Publisher(api, self.options.driver, self.registrar.node_name)
             self.preparer = Preparer(
@@ -128,4 +128,5 @@ class DraDriver:
             pending_seconds=publisher.pending_seconds if publisher is not None else 0.0,
             prepared_claims=len(preparer.prepared) if preparer is not None else 0,
             last_error=publisher.last_error if publisher is not None else None,
+            recovered_claims=preparer.recovered() if preparer is not None else 0,
         )

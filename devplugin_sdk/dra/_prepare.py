@@ -7,6 +7,10 @@ one CDI spec per claim and returns the CDI device IDs per request. Every claim s
 on its own. What a claim got is checkpointed before the answer, so a repeated call (after a
 kubelet or plugin restart) returns it again without redoing the work. Calls are serialised, as
 Kubernetes' kubeletplugin helper does by default; the API reads happen before the lock.
+
+The checkpoint and the specs change together: a prepare whose record cannot be written removes
+the spec it wrote, an unprepare removes the record before the spec, and a checkpoint that cannot
+be read deletes no spec (the kubelet may still hold its CDI IDs): each becomes a recovered entry.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +30,7 @@ import anyio.to_thread
 from devplugin_sdk import cdi
 from devplugin_sdk._logging import printable
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim, PreparedDevice
-from devplugin_sdk.dra._checkpoint import Checkpoint, Entry
+from devplugin_sdk.dra._checkpoint import Checkpoint, Entry, Loaded
 from devplugin_sdk.dra.resources import AllocatedDevice, ResourceApi, ResourceClaim
 from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.types import Allocation, Device, Health
@@ -50,6 +55,14 @@ class Found:
 
 #: Finds a device of this driver's pool by its name in the slices.
 Lookup = Callable[[str], Found | None]
+
+# Kubernetes object UIDs are UUIDs; the UID names the claim's CDI spec file and CDI devices.
+_UID = re.compile(r"[0-9A-Za-z-]{1,64}")
+
+
+def _shown(ref: ClaimRef) -> str:
+    """A claim as logs and messages show it: the kubelet's strings, escaped."""
+    return printable(str(ref))
 
 
 class _ClaimError(Exception):
@@ -115,11 +128,17 @@ class Preparer:
         """Read the checkpoint; remove temporary files and CDI specs of unprepared claims.
 
         A spec without a checkpoint entry was written by a prepare that never answered (the
-        plugin died in between): no container uses it, and the kubelet asks again.
+        plugin died in between): no container uses it, and the kubelet asks again. That holds
+        only when the checkpoint was read: if it was not, every spec is kept, recorded as a
+        recovered entry until the kubelet prepares or unprepares its claim.
         """
-        self.prepared = await anyio.to_thread.run_sync(self.checkpoint.load)
-        removed = await anyio.to_thread.run_sync(self._clean_cdi_dir)
+        loaded = await anyio.to_thread.run_sync(self.checkpoint.load)
+        self.prepared = loaded.entries
         await anyio.to_thread.run_sync(self.checkpoint.remove_temporaries)
+        if loaded.problem is not None:
+            await self._recover(loaded)
+            return
+        removed = await anyio.to_thread.run_sync(self._clean_cdi_dir)
         log.info(
             "DRA %s: %d prepared claims in %s%s",
             self.driver,
@@ -128,7 +147,48 @@ class Preparer:
             f"; removed {removed} CDI files of unfinished prepares" if removed else "",
         )
 
-    def _clean_cdi_dir(self) -> int:
+    async def _recover(self, loaded: Loaded) -> None:
+        kept = await anyio.to_thread.run_sync(self._keep_specs)
+        await anyio.to_thread.run_sync(partial(self._clean_cdi_dir, specs=False))
+        try:
+            await anyio.to_thread.run_sync(self.checkpoint.save, self.prepared)
+            saved = ""
+        except OSError as exc:
+            saved = f"; the new checkpoint cannot be written either: {exc.strerror or exc}"
+        log.error(
+            "DRA %s: the checkpoint %s cannot be used: %s; %s; kept %d CDI spec%s of claims the "
+            "kubelet may still hold, until it prepares or unprepares them%s",
+            self.driver,
+            self.checkpoint.path,
+            printable(loaded.problem or ""),
+            f"moved to {loaded.aside}" if loaded.aside else "left in place",
+            kept,
+            "" if kept == 1 else "s",
+            saved,
+        )
+
+    def _keep_specs(self) -> int:
+        """Record every claim spec of ours in the CDI directory as a recovered entry."""
+        kept = 0
+        try:
+            names = sorted(p.name for p in self.cdi_dir.iterdir())
+        except OSError:
+            return 0
+        for name in names:
+            match = self._spec_name.fullmatch(name)
+            if match is None or match["uid"] in self.prepared:
+                continue
+            uid = match["uid"]
+            self.prepared[uid] = Entry(ClaimRef("", uid, ""), (), name, recovered=True)
+            kept += 1
+        return kept
+
+    def recovered(self) -> int:
+        """Claims known only by the CDI spec kept for them (the checkpoint was unreadable)."""
+        return sum(entry.recovered for entry in self.prepared.values())
+
+    def _clean_cdi_dir(self, *, specs: bool = True) -> int:
+        """Remove temporary files and (with ``specs``) the specs no entry names."""
         known = {entry.spec_file for entry in self.prepared.values()}
         removed = 0
         try:
@@ -137,7 +197,7 @@ class Preparer:
             return 0
         for name in names:
             stale = self._temp_name.fullmatch(name) or (
-                self._spec_name.fullmatch(name) and name not in known
+                specs and self._spec_name.fullmatch(name) and name not in known
             )
             if stale:
                 with contextlib.suppress(FileNotFoundError):
@@ -152,7 +212,7 @@ class Preparer:
         # The API reads come first, outside the lock, as kubeletplugin does them.
         claims: dict[str, ResourceClaim | Exception] = {}
         for ref in refs:
-            if ref.uid in self.prepared or ref.uid in claims:
+            if self._done(ref.uid) or ref.uid in claims:
                 continue
             try:
                 claims[ref.uid] = await self._read(ref)
@@ -164,50 +224,66 @@ class Preparer:
                 results[ref.uid] = await self._prepare_one(ref, claims.get(ref.uid))
         return results
 
+    def _done(self, uid: str) -> bool:
+        entry = self.prepared.get(uid)
+        return entry is not None and not entry.recovered
+
     async def _read(self, ref: ClaimRef) -> ResourceClaim:
         if not (ref.uid and ref.namespace and ref.name):
-            raise _ClaimError(f"the request names claim {ref} without namespace, name or UID")
+            raise _ClaimError(
+                f"the request names claim {_shown(ref)} without namespace, name or UID"
+            )
+        if not _UID.fullmatch(ref.uid):
+            raise _ClaimError(f"claim {_shown(ref)}: the UID is not a Kubernetes UID")
+        shown = printable(f"{ref.namespace}/{ref.name}")
         try:
             claim = await self.api.read_claim(ref.namespace, ref.name)
         except KubeApiError as exc:
-            raise _ClaimError(
-                f"cannot read ResourceClaim {ref.namespace}/{ref.name}: {exc}"
-            ) from exc
+            raise _ClaimError(f"cannot read ResourceClaim {shown}: {exc}") from exc
         if claim.uid != ref.uid:
             raise _ClaimError(
-                f"ResourceClaim {ref.namespace}/{ref.name} was replaced: its UID is {claim.uid}, "
+                f"ResourceClaim {shown} was replaced: its UID is {printable(claim.uid)}, "
                 f"the kubelet asked for {ref.uid}"
             )
         if not claim.allocated:
-            raise _ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
+            raise _ClaimError(f"ResourceClaim {shown} is not allocated")
         return claim
 
     async def _prepare_one(
         self, ref: ClaimRef, claim: ResourceClaim | Exception | None
     ) -> PreparedClaim:
         entry = self.prepared.get(ref.uid)
-        if entry is not None:  # prepared before: the same answer, no work repeated
-            return PreparedClaim(entry.devices)
+        if entry is not None and not entry.recovered:
+            return PreparedClaim(entry.devices)  # prepared before: the same answer, no work
         try:
             entry = await self._do_prepare(ref, _claim_or_raise(claim))
         except _ClaimError as exc:
             log.warning(
-                "DRA %s: cannot prepare claim %s: %s", self.driver, ref, printable(str(exc))
+                "DRA %s: cannot prepare claim %s: %s", self.driver, _shown(ref), printable(str(exc))
             )
             return PreparedClaim(error=str(exc))
         except Exception as exc:
-            log.exception("DRA %s: preparing claim %s failed", self.driver, ref)
+            log.exception("DRA %s: preparing claim %s failed", self.driver, _shown(ref))
             return PreparedClaim(error=f"preparing failed: {type(exc).__name__}: {exc}")
         log.info(
             "DRA %s: prepared claim %s: %s",
             self.driver,
-            ref,
-            ", ".join(d.device for d in entry.devices) or "no devices of this driver",
+            _shown(ref),
+            printable(", ".join(d.device for d in entry.devices)) or "no devices of this driver",
         )
         return PreparedClaim(entry.devices)
 
     async def _do_prepare(self, ref: ClaimRef, claim: ResourceClaim) -> Entry:
         ours = [r for r in claim.results if r.driver == self.driver]
+        seen: dict[tuple[str, str], str] = {}
+        for result in ours:
+            first = seen.get((result.pool, result.device))
+            if first is not None:
+                raise _ClaimError(
+                    f"the claim lists device {printable(result.device)} twice (requests "
+                    f"{printable(first)} and {printable(result.request)})"
+                )
+            seen[(result.pool, result.device)] = result.request
         by_request: dict[str, list[tuple[AllocatedDevice, Found]]] = {}
         for result in ours:
             found = self._check(result, ref)
@@ -227,6 +303,7 @@ class Preparer:
                 for result, _ in members
             ]
         spec_file = spec_file_name(self.driver, ref.uid) if spec_devices else None
+        previous = self.prepared.get(ref.uid)  # a recovered entry, whose spec may be in use
         if spec_file is not None:
             spec = cdi.CdiSpec(self.kind, spec_devices)
             try:
@@ -238,9 +315,26 @@ class Preparer:
         try:
             await anyio.to_thread.run_sync(self.checkpoint.save, self.prepared)
         except OSError as exc:
-            del self.prepared[ref.uid]
+            # The record and the spec change together: no spec stays that no record names.
+            if previous is None:
+                del self.prepared[ref.uid]
+                if spec_file is not None:
+                    await self._remove_spec(spec_file)
+            else:
+                self.prepared[ref.uid] = previous
             raise _ClaimError(f"cannot write the checkpoint {self.checkpoint.path}: {exc}") from exc
+        if previous is not None and previous.spec_file not in (None, spec_file):
+            await self._remove_spec(previous.spec_file)
         return entry
+
+    async def _remove_spec(self, name: str | None) -> None:
+        if name is None or not self._spec_name.fullmatch(name):
+            return
+        try:
+            await anyio.to_thread.run_sync(cdi.remove_spec, self.cdi_dir / name)
+        except OSError as exc:
+            # The next start removes a spec no record names.
+            log.warning("DRA %s: cannot remove CDI spec %s: %s", self.driver, name, exc)
 
     def _check(self, result: AllocatedDevice, ref: ClaimRef) -> Found:
         if result.pool != self.pool:
@@ -306,7 +400,7 @@ class Preparer:
                 except OSError as exc:
                     # A file system refusing (permissions, I/O): the message, not a traceback.
                     log.error(  # noqa: TRY400
-                        "DRA %s: cannot unprepare claim %s: %s", self.driver, ref, exc
+                        "DRA %s: cannot unprepare claim %s: %s", self.driver, _shown(ref), exc
                     )
                     errors[ref.uid] = f"cannot unprepare: {exc}"
                 else:
@@ -314,20 +408,22 @@ class Preparer:
         return errors
 
     async def _unprepare_one(self, ref: ClaimRef) -> None:
+        # The record goes first: if it cannot, the spec stays with it (the kubelet retries). A
+        # spec whose removal fails after it is removed again by the retry, or the next start.
         entry = self.prepared.get(ref.uid)
+        if entry is not None:
+            del self.prepared[ref.uid]
+            try:
+                await anyio.to_thread.run_sync(self.checkpoint.save, self.prepared)
+            except OSError:
+                self.prepared[ref.uid] = entry
+                raise
         # The spec may exist without an entry (a prepare that never answered): remove it too.
         spec_file = spec_file_name(self.driver, ref.uid) if ref.uid else None
         if spec_file is not None and self._spec_name.fullmatch(spec_file):
             await anyio.to_thread.run_sync(cdi.remove_spec, self.cdi_dir / spec_file)
-        if entry is None:
-            return
-        del self.prepared[ref.uid]
-        try:
-            await anyio.to_thread.run_sync(self.checkpoint.save, self.prepared)
-        except OSError:
-            self.prepared[ref.uid] = entry
-            raise
-        log.info("DRA %s: unprepared claim %s", self.driver, ref)
+        if entry is not None:
+            log.info("DRA %s: unprepared claim %s", self.driver, _shown(ref))
 
     def in_use(self) -> set[str]:
         """Names of the devices prepared for some claim."""

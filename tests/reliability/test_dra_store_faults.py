@@ -1,0 +1,361 @@
+"""The DRA driver's prepared-claims store under faults (issue 25, rows 1, 8, 9, 14, 15 and 16).
+
+The checkpoint and the per-claim CDI specs are one unit: a damaged checkpoint never costs a spec
+the kubelet still uses, a hostile file at the checkpoint path is refused without being read, a
+failed write leaves the spec and the record as they were. Each test runs a real driver (real
+gRPC on unix sockets, real files) against FakeKubelet's DRA side and the in-memory API; the
+hostile files are read in a child process, so that a read that never ends or takes gigabytes
+fails the test instead of the machine. Figures are printed on lines starting with ``figures``
+(``pytest -s`` shows them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from dra_helpers import DRIVER, dra_options
+from sdk_helpers import RESOURCE
+
+from devplugin_sdk import Device, DeviceNode
+from devplugin_sdk.dra import Dra
+from devplugin_sdk.kubelet.fake_dra import PodPreparationError
+from devplugin_sdk.runner import Running
+from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
+
+pytestmark = pytest.mark.timeout(60)
+
+# A child process that reads a checkpoint must stay under these; today's unbounded read takes
+# 650 MiB (a 300 MB file) to gigabytes (/dev/zero), or never ends (a FIFO).
+READ_SECONDS = 10.0
+RSS_BOUND_KIB = 150 << 10
+
+
+def widgets(count: int = 4) -> list[Device]:
+    return [
+        Device(f"w{i}", device_nodes=(DeviceNode(f"/dev/widget{i}"),), env={"WIDGET": f"w{i}"})
+        for i in range(count)
+    ]
+
+
+@asynccontextmanager
+async def driver(kubelet: FakeKubelet, api: MemoryApi, options: Dra) -> AsyncIterator[Running]:
+    plugin = StaticPlugin(RESOURCE, widgets())
+    async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options) as running:
+        await kubelet.wait_for(
+            lambda: running.dra is not None and running.dra.registered, what="DRA registration"
+        )
+        await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
+        yield running
+
+
+def specs(options: Dra) -> list[str]:
+    return sorted(p.name for p in options.cdi_dir.glob(f"k8s.{DRIVER}-claim_*.json"))
+
+
+def checkpoint(options: Dra) -> Path:
+    assert options.plugin_dir is not None
+    return options.plugin_dir / "checkpoint.json"
+
+
+# ----------------------------------------------------------------------------- row 1
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _unreadable(path: Path) -> None:
+    # Tests run as root on CI, where a mode bit stops no read: a directory cannot be read as a
+    # file by anyone.
+    path.unlink()
+    path.mkdir()
+
+
+def _newer(path: Path) -> None:
+    data = json.loads(path.read_text())
+    data["format"] = 99  # a later version wrote it, then the driver was rolled back
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("damage", [_truncate, _unreadable, _newer], ids=lambda f: f.__name__)
+async def test_a_damaged_checkpoint_deletes_no_spec_the_kubelet_holds(
+    damage: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api)
+        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
+        async with driver(kubelet, api, options):
+            api.allocate("ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
+            first = await kubelet.dra.prepare(pod)
+        held = specs(options)
+        assert len(held) == 1
+        assert callable(damage)
+        damage(checkpoint(options))
+
+        caplog.clear()
+        caplog.set_level(logging.INFO, logger="devplugin_sdk")
+        started = time.monotonic()
+        async with driver(kubelet, api, options) as running:
+            start = time.monotonic() - started
+            # The kubelet still holds the claim prepared: its CDI ID must keep resolving.
+            assert specs(options) == held, "a spec the kubelet holds was deleted"
+            assert running.dra is not None
+            assert running.dra.prepared_claims == 1
+            assert running.dra.recovered_claims == 1
+            aside = [p.name for p in checkpoint(options).parent.iterdir() if "corrupt" in p.name]
+            assert aside == ["checkpoint.json.corrupt"]
+            said = [
+                r.getMessage()
+                for r in caplog.records
+                if "checkpoint" in r.getMessage() and r.levelno >= logging.WARNING
+            ]
+            assert len(said) == 1, said
+            assert "\n" not in said[0]
+            assert "kept 1 CDI spec" in said[0], said[0]
+
+            # A restart before the kubelet asks anything still keeps it (the kept spec is
+            # recorded in the new checkpoint).
+        async with driver(kubelet, api, options):
+            assert specs(options) == held
+
+            # The kubelet asks again (its own restart): the same CDI IDs, a complete record.
+            kubelet.dra._claims.clear()
+            again = await kubelet.dra.prepare(pod)
+            assert again.claims == first.claims
+            await kubelet.dra.unprepare(pod)
+            assert specs(options) == []
+        print(f"figures row 1 {damage.__name__}: specs kept 1 of 1, start {start * 1000:.0f} ms")
+
+
+# ----------------------------------------------------------------------------- row 8
+
+
+_READER = """
+import resource, sys, time
+from pathlib import Path
+from devplugin_sdk.dra._checkpoint import Checkpoint
+started = time.monotonic()
+loaded = Checkpoint(Path(sys.argv[1])).load()
+took = time.monotonic() - started
+print(len(loaded.entries), loaded.problem is not None, f"{took:.3f}",
+      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _dev_zero(path: Path) -> None:
+    path.symlink_to("/dev/zero")
+
+
+def _deep(path: Path) -> None:
+    path.write_text('{"format": 1, "claims": ' + "[" * 100_000 + "]" * 100_000 + "}")
+
+
+def _huge(path: Path) -> None:
+    with path.open("wb") as f:  # sparse: 300 MB of zeros that take no disk
+        f.truncate(300_000_000)
+
+
+def _limit_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+
+@pytest.mark.parametrize("hostile", [_fifo, _dev_zero, _deep, _huge], ids=lambda f: f.__name__)
+def test_a_hostile_checkpoint_is_refused_unread(hostile: object, short_dir: Path) -> None:
+    path = short_dir / "checkpoint.json"
+    assert callable(hostile)
+    hostile(path)
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _READER, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=READ_SECONDS * 3,
+            preexec_fn=_limit_memory,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"reading {hostile.__name__} did not end in {READ_SECONDS * 3:g} s")
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-2000:]
+    entries, problem, seconds, rss_kib = done.stdout.split()
+    assert (entries, problem) == ("0", "True")
+    assert float(seconds) < READ_SECONDS
+    assert int(rss_kib) < RSS_BOUND_KIB, f"{int(rss_kib) >> 10} MiB"
+    # The hostile file is set aside, never left where the next start trips on it.
+    assert not path.exists()
+    assert not path.is_symlink()
+    assert (short_dir / "checkpoint.json.corrupt").exists() or (
+        short_dir / "checkpoint.json.corrupt"
+    ).is_symlink()
+    print(
+        f"figures row 8 {hostile.__name__}: read {float(seconds) * 1000:.1f} ms, "
+        f"child {took:.2f} s, RSS {int(rss_kib) >> 10} MiB"
+    )
+
+
+# ----------------------------------------------------------------------------- row 9
+
+
+async def test_the_plugin_directory_and_checkpoint_are_private_under_umask_000() -> None:
+    api = MemoryApi(nodes=["node-1"])
+    old = os.umask(0)
+    try:
+        async with FakeKubelet(dra_api=api) as kubelet:
+            options = dra_options(kubelet, api)
+            pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
+            async with driver(kubelet, api, options):
+                api.allocate(
+                    "ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid]
+                )
+                await kubelet.dra.prepare(pod)
+                assert options.plugin_dir is not None
+                directory = stat.S_IMODE(options.plugin_dir.stat().st_mode)
+                record = stat.S_IMODE(checkpoint(options).stat().st_mode)
+    finally:
+        os.umask(old)
+    assert (oct(directory), oct(record)) == ("0o700", "0o600")
+    print(f"figures row 9: umask 000: directory {oct(directory)}, checkpoint {oct(record)}")
+
+
+async def test_a_checkpoint_others_could_write_is_not_trusted() -> None:
+    """A checkpoint group or others could have replaced is set aside, as a damaged one is."""
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api)
+        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
+        async with driver(kubelet, api, options):
+            api.allocate("ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
+            await kubelet.dra.prepare(pod)
+        held = specs(options)
+        checkpoint(options).chmod(0o666)
+        async with driver(kubelet, api, options) as running:
+            assert specs(options) == held
+            assert running.dra is not None
+            assert running.dra.recovered_claims == 1
+
+
+# ----------------------------------------------------------------------------- row 14
+
+
+async def test_unprepare_with_an_unwritable_checkpoint_keeps_spec_and_record() -> None:
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api)
+        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
+        async with driver(kubelet, api, options) as running:
+            api.allocate("ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
+            first = await kubelet.dra.prepare(pod)
+            held = specs(options)
+            path = checkpoint(options)
+            saved = path.read_bytes()
+            path.unlink()
+            path.mkdir()  # the next write's rename fails, for root too
+            with pytest.raises(PodPreparationError, match="cannot unprepare"):
+                await kubelet.dra.unprepare(pod)
+            assert specs(options) == held, "the spec went while its claim stayed recorded"
+            assert running.dra is not None
+            assert running.dra.prepared_claims == 1
+            # The record and the spec still agree: asking again answers IDs that resolve.
+            kubelet.dra._claims.clear()
+            assert (await kubelet.dra.prepare(pod)).claims == first.claims
+            path.rmdir()
+            path.write_bytes(saved)
+            await kubelet.dra.unprepare(pod)
+            assert specs(options) == []
+            assert running.dra.prepared_claims == 0
+
+
+async def test_a_prepare_that_cannot_be_recorded_leaves_no_spec() -> None:
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api)
+        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
+        async with driver(kubelet, api, options) as running:
+            api.allocate("ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
+            path = checkpoint(options)
+            path.unlink(missing_ok=True)
+            path.mkdir()
+            with pytest.raises(PodPreparationError, match="cannot write the checkpoint"):
+                await kubelet.dra.prepare(pod)
+            assert specs(options) == [], "a spec no record names was left behind"
+            assert running.dra is not None
+            assert running.dra.prepared_claims == 0
+            path.rmdir()
+            await kubelet.dra.prepare(pod)
+            assert len(specs(options)) == 1
+
+
+# ----------------------------------------------------------------------------- rows 15, 16
+
+
+async def test_claim_names_with_control_characters_are_escaped_in_logs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api = MemoryApi(nodes=["node-1"])
+    forged = "c1\n2026-01-01 00:00:00 INFO devplugin_sdk: forged \x1b[31mred"
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api)
+        caplog.set_level(logging.DEBUG, logger="devplugin_sdk")
+        async with driver(kubelet, api, options):
+            pod = kubelet.dra.pod("ns\x1b[2J", "pod-a", [forged])
+            api.add_claim("ns\x1b[2J", forged, uid="u\n1\x1b")
+            api.allocate(
+                "ns\x1b[2J", forged, {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid]
+            )
+            with pytest.raises(PodPreparationError, match="UID"):
+                await kubelet.dra.prepare(pod)
+            good = kubelet.dra.pod("ns\x1b[2J", "pod-b", ["c2\nforged"])
+            api.allocate(
+                "ns\x1b[2J",
+                "c2\nforged",
+                {"r": ["w2"]},
+                driver=DRIVER,
+                pool="node-1",
+                pods=[good.uid],
+            )
+            await kubelet.dra.prepare(good)
+            await kubelet.dra.unprepare(good)
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("devplugin_sdk")]
+    claims = [m for m in ours if "claim" in m and "ns" in m]
+    assert len(claims) >= 3, ours
+    for message in ours:
+        assert message.isprintable(), repr(message)
+
+
+async def test_a_claim_listing_one_device_twice_fails_alone() -> None:
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api)
+        async with driver(kubelet, api, options) as running:
+            twice = kubelet.dra.pod("ns", "pod-a", ["c1"])
+            api.allocate(
+                "ns", "c1", {"r": ["w3", "w3"]}, driver=DRIVER, pool="node-1", pods=[twice.uid]
+            )
+            with pytest.raises(PodPreparationError, match="w3 twice"):
+                await kubelet.dra.prepare(twice)
+            assert specs(options) == []
+            api.deallocate("ns", "c1")
+            fine = kubelet.dra.pod("ns", "pod-b", ["c2"])
+            api.allocate("ns", "c2", {"r": ["w3"]}, driver=DRIVER, pool="node-1", pods=[fine.uid])
+            assert (await kubelet.dra.prepare(fine)).claims
+            assert running.dra is not None
+            assert running.dra.prepared_claims == 1
