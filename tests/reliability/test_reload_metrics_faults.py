@@ -33,6 +33,7 @@ from kube_apiserver import FakeApiServer
 from prometheus_client import CollectorRegistry
 
 from devplugin_sdk import Device, DeviceNode, DevicePlugin, Health
+from devplugin_sdk._engine.held import held_devices
 from devplugin_sdk.config import ConfigReader
 from devplugin_sdk.metrics import MAX_UNHEALTHY_DEVICE_SERIES
 from devplugin_sdk.runner import Http, Reload
@@ -301,3 +302,28 @@ async def test_a_second_dra_instance_exits_2_with_one_line(tmp_path: Path, api: 
     assert lines[0].count("is served by another live process") == (2 if api == "both" else 1)
     assert first.returncode == 0
     figures(f"row 13 ({api})", rc=second.returncode, stderr_lines=len(lines), exit_s=exit_s)
+
+
+# ----------------------------------------------------------------------------- row 7: the books
+
+
+def test_the_kubelet_checkpoint_is_read_bounded_and_proves_nothing_when_unreadable(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "kubelet_internal_checkpoint"
+    assert held_devices(path, ACME)[1] is None  # missing: nothing is proved released
+    entries = [
+        {"ResourceName": ACME, "DeviceIDs": {"-1": ["acme0"], "1": ["acme3"]}},
+        {"ResourceName": "other.com/x", "DeviceIDs": {"-1": ["acme1"]}},
+        {"ResourceName": ACME, "DeviceIDs": ["acme5"]},  # before Kubernetes 1.20
+    ]
+    path.write_text(json.dumps({"Data": {"PodDeviceEntries": entries}, "Checksum": 1}))
+    assert held_devices(path, ACME)[1] == {"acme0", "acme3", "acme5"}
+    for damaged in ("{", "[]", '{"Data": {}}', "[" * 100_000):
+        path.write_text(damaged)
+        assert held_devices(path, ACME)[1] is None, damaged
+    path.unlink()
+    os.mkfifo(path)  # would block an open() for good
+    started = time.monotonic()
+    assert held_devices(path, ACME)[1] is None
+    assert time.monotonic() - started < 1.0
