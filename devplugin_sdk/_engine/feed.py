@@ -60,10 +60,14 @@ class DeviceFeed:
         self.inherited = dict(inherited or {})
         self.checkpoint = checkpoint
         self._own: list[Device] = []
+        self._before: held.Stamp = None  # the kubelet's checkpoint when this plugin started
         self._extra = {"resource": self.resource}
 
     async def discover(self) -> None:
         """The first discovery. Its errors propagate: a plugin that cannot start stops."""
+        if self.inherited and self.checkpoint is not None:
+            # Before this plugin registers: the first write after it has seen its list.
+            self._before = await anyio.to_thread.run_sync(held.stamp, self.checkpoint)
         devices = await self.plugin.discover()
         self._set(devices)
         log.info("%s: discovered %d devices", self.resource, len(devices), extra=self._extra)
@@ -112,12 +116,15 @@ class DeviceFeed:
         says: one written after this plugin started (the kubelet writes it after every device
         list and allocation, so it has seen this plugin's list with the inherited devices), and
         readable (otherwise nothing is proved released and they stay)."""
-        started = await anyio.to_thread.run_sync(held.stamp, checkpoint)
+        seen = self._before
         while self.inherited:
-            written, holding = await anyio.to_thread.run_sync(
+            if await anyio.to_thread.run_sync(held.stamp, checkpoint) == seen:
+                await anyio.sleep(self.health_interval)  # not written again: nothing new
+                continue
+            seen, holding = await anyio.to_thread.run_sync(
                 held.held_devices, checkpoint, self.resource
             )
-            if holding is not None and written != started:
+            if holding is not None:
                 released = [i for i in self.inherited if i not in holding]
                 if released:
                     for device_id in released:
