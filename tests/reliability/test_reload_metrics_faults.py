@@ -21,7 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ import yaml
 from kube_apiserver import FakeApiServer
 from prometheus_client import CollectorRegistry
 
-from devplugin_sdk import Device, DeviceNode, DevicePlugin, Health
+from devplugin_sdk import Device, DeviceNode, DevicePlugin, Health, HealthEvent, RescanEvent
 from devplugin_sdk._engine.held import held_devices
 from devplugin_sdk.config import ConfigReader
 from devplugin_sdk.metrics import MAX_UNHEALTHY_DEVICE_SERIES
@@ -147,6 +147,56 @@ async def test_a_reload_that_moves_dev_root_never_makes_the_old_devices_healthy(
         old_devices_healthy=0,
         released_device_left_s=leave_s,
     )
+
+
+class PushingPlugin(DevicePlugin):
+    """Devices ``ids`` of one parent ``card``; ``watch`` pushes Healthy about every ID in
+    ``told`` and about the parent, over and over (a backend that re-states health)."""
+
+    resource_name = ACME
+
+    def __init__(self, ids: Sequence[str], told: Sequence[str], rounds: list[int]) -> None:
+        super().__init__()
+        self.ids = list(ids)
+        self._told = told
+        self._rounds = rounds
+
+    async def discover(self) -> Sequence[Device]:
+        return [Device(id=i, parent="card") for i in self.ids]
+
+    async def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
+        while True:
+            for device_id in [*self._told, "card"]:
+                yield HealthEvent(device_id, Health.HEALTHY, "re-stated")
+            self._rounds.append(len(self.ids))
+            await anyio.sleep(0.01)
+
+
+async def test_pushed_health_about_a_retired_device_or_its_parent_leaves_it_out(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "ids.yaml"
+    config.write_text("[w0, w1]")
+    told = ["w0", "w1", "w2"]
+    rounds: list[int] = []
+
+    async def load() -> list[DevicePlugin]:
+        ids = await anyio.to_thread.run_sync(yaml.safe_load, config.read_text())
+        return [PushingPlugin(ids, told, rounds)]
+
+    reload = Reload(load, config_path=config, sighup=False)
+    async with FakeKubelet() as kubelet:
+        async with serving(*await load(), settings=kubelet.settings(), reload=reload):
+            await kubelet.wait_for_allocatable(ACME, 2)
+            held = await kubelet.allocate(ACME, 1, pod="holder")
+            [held_id] = held.device_ids
+            config.write_text("[w2]")
+            await kubelet.wait_for_health(ACME, "w2", "Healthy")
+            await kubelet.wait_for(lambda: rounds.count(1) >= 20, what="20 rounds of pushes")
+            assert kubelet.devices(ACME)[held_id].health == "Unhealthy"
+            assert kubelet.allocatable(ACME) == 1
+            kubelet.release(held)
+            await kubelet.wait_for(lambda: set(kubelet.devices(ACME)) == {"w2"}, what="w2 only")
 
 
 # ----------------------------------------------------------------------------- row 11
