@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ALLOCATION_BUCKETS",
     "MAX_HEALTH_REASONS",
+    "MAX_UNHEALTHY_DEVICE_SERIES",
     "REGISTRATION_BUCKETS",
     "PrometheusObserver",
     "health_reason",
@@ -64,6 +65,12 @@ _HEALTH_STATES = ("Healthy", "Unhealthy")
 #: number of series without bound.
 MAX_HEALTH_REASONS = 32
 _HEALTH_REASON_CHARS = 48
+
+#: At most this many ``devplugin_device_unhealthy`` series per resource; further Unhealthy
+#: devices are counted in ``devplugin_devices_unhealthy_unlabelled`` (and get a series of their
+#: own when one frees up), so that a node with tens of thousands of devices out (shared
+#: replicas) renders a scrape of kilobytes, not megabytes, on the event loop.
+MAX_UNHEALTHY_DEVICE_SERIES = 256
 
 
 def reregister_reason(reason: str) -> str:
@@ -158,12 +165,14 @@ class PrometheusObserver:
     ``devplugin_kubelet_restarts_total``, ``devplugin_list_and_watch_sends_total``,
     ``devplugin_devices{health}``, ``devplugin_allocations_total``,
     ``devplugin_allocation_seconds``, ``devplugin_allocation_errors_total{code}``,
-    ``devplugin_rpc_errors_total{rpc,code}``, ``devplugin_health_changes_total{health,reason}``
-    and ``devplugin_device_unhealthy{device,reason}`` (1 per device out, and why; see
-    ``health_reason``). A resource's series appear, at zero, on its first
-    event, so ``rate()`` works from the start. State series, read from each plugin's status when
-    scraped: ``devplugin_registered``, ``devplugin_list_and_watch_streams`` and
-    ``devplugin_list_pending_seconds``, for the plugins of the runner this observer serves
+    ``devplugin_rpc_errors_total{rpc,code}``, ``devplugin_health_changes_total{health,reason}``,
+    ``devplugin_device_unhealthy{device,reason}`` (1 per device out, and why; see
+    ``health_reason``; at most ``MAX_UNHEALTHY_DEVICE_SERIES`` per resource) and
+    ``devplugin_devices_unhealthy_unlabelled`` (the devices out beyond it). A resource's
+    series appear, at zero, on its first event, so ``rate()`` works from the start. State
+    series, read from each plugin's status when scraped: ``devplugin_registered``,
+    ``devplugin_list_and_watch_streams`` and ``devplugin_list_pending_seconds``, for the
+    plugins of the runner this observer serves
     (the runner calls ``serving`` when it starts).
 
     Args:
@@ -260,8 +269,18 @@ class PrometheusObserver:
             ["resource", "device", "reason"],
             registry=reg,
         )
+        self._unlabelled = prom.Gauge(
+            "devplugin_devices_unhealthy_unlabelled",
+            "Unhealthy listed devices without a devplugin_device_unhealthy series of their own"
+            f" (that one is capped at {MAX_UNHEALTHY_DEVICE_SERIES} series per resource).",
+            ["resource"],
+            registry=reg,
+        )
         self._seen: set[str] = set()
         self._out: dict[tuple[str, str], str] = {}  # (resource, device) -> reason label
+        self._labelled: dict[str, int] = {}  # resource -> devices in self._out
+        # resource -> {device: reason label}, Unhealthy beyond the cap, oldest first
+        self._beyond: dict[str, dict[str, str]] = {}
         self._reasons: dict[str, set[str]] = {}  # resource -> reason labels used
 
     def _touch(self, resource: str) -> None:
@@ -282,6 +301,7 @@ class PrometheusObserver:
             self._reregistrations.labels(resource, reason)
         for health in _HEALTH_STATES:
             self._devices.labels(resource, health)
+        self._unlabelled.labels(resource)
 
     def serving(self, statuses: Callable[[], Sequence[PluginStatus]]) -> None:
         """Read the state series from ``statuses`` (the runner's plugins) from now on."""
@@ -327,15 +347,24 @@ class PrometheusObserver:
         """Count a device's health change by its cause, and keep the unhealthy-device gauge."""
         self._touch(resource)
         label = self._reason_label(resource, reason)
+        beyond = self._beyond.setdefault(resource, {})
         previous = self._out.pop((resource, device), None)
         if previous is not None:
             self._unhealthy.remove(resource, device, previous)
-        if health is None:  # the device left the list
-            return
-        self._health_changes.labels(resource, Health(health).value, label).inc()
-        if health is Health.UNHEALTHY:
-            self._unhealthy.labels(resource, device, label).set(1)
-            self._out[(resource, device)] = label
+            self._labelled[resource] -= 1
+        else:
+            beyond.pop(device, None)
+        if health is not None:  # None: the device left the list
+            self._health_changes.labels(resource, Health(health).value, label).inc()
+            if health is Health.UNHEALTHY:
+                beyond[device] = label
+        # Series for the oldest Unhealthy devices without one, up to the cap.
+        while beyond and self._labelled.get(resource, 0) < MAX_UNHEALTHY_DEVICE_SERIES:
+            out = next(iter(beyond))
+            self._unhealthy.labels(resource, out, beyond[out]).set(1)
+            self._out[(resource, out)] = beyond.pop(out)
+            self._labelled[resource] = self._labelled.get(resource, 0) + 1
+        self._unlabelled.labels(resource).set(len(beyond))
 
     def _reason_label(self, resource: str, reason: str) -> str:
         label = health_reason(reason)

@@ -93,7 +93,9 @@ class Reload:
     """Reload the served plugins on SIGHUP and when ``config_path`` changes.
 
     A resource whose plugin is unchanged (same ``DevicePlugin.fingerprint``) keeps running; a
-    changed one is stopped before its replacement registers; a removed one stops. An error from
+    changed one is stopped before its replacement registers, and the devices the replacement
+    lacks stay listed Unhealthy until the kubelet's checkpoint says no container holds them; a
+    removed one stops. An error from
     ``load`` keeps the running plugins and is logged.
 
     ``load`` runs on the event loop, beside the plugins' gRPC calls: a blocking ``load`` stalls

@@ -2,7 +2,10 @@
 
 It runs beside the registration loop for the plugin's whole life, so health keeps flowing into
 the state across kubelet restarts. Devices a previous plugin of the same resource had (before a
-configuration reload) and this one lacks stay listed as Unhealthy: containers may still hold them.
+configuration reload) and this one lacks stay listed as Unhealthy, whatever is reported about
+them, while containers may still hold them: until the kubelet's checkpoint, written after this
+plugin's first list, no longer records them as allocated (``held``). Only this plugin's own
+devices go to its ``check_health``.
 """
 
 from __future__ import annotations
@@ -10,10 +13,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import anyio
+import anyio.to_thread
 
+from devplugin_sdk._engine import held
 from devplugin_sdk._engine.state import DeviceState
+from devplugin_sdk.errors import summarize_ids
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.types import Device, Health, HealthEvent, RescanEvent
 
@@ -34,6 +41,8 @@ class DeviceFeed:
         health_interval: Seconds between ``check_health`` polls (the plugin's own
             ``health_interval`` wins).
         inherited: Devices of the resource's previous plugin, by ID.
+        checkpoint: The kubelet's checkpoint file, which says which inherited devices
+            containers still hold (None: they stay for the plugin's life).
     """
 
     def __init__(
@@ -42,23 +51,32 @@ class DeviceFeed:
         state: DeviceState,
         health_interval: float,
         inherited: Mapping[str, Device] | None = None,
+        checkpoint: Path | None = None,
     ) -> None:
         self.plugin = plugin
         self.state = state
         self.resource = plugin.resource_name
         self.health_interval = plugin.health_interval or health_interval
         self.inherited = dict(inherited or {})
+        self.checkpoint = checkpoint
+        self._own: list[Device] = []
+        self._before: held.Stamp = None  # the kubelet's checkpoint when this plugin started
         self._extra = {"resource": self.resource}
 
     async def discover(self) -> None:
         """The first discovery. Its errors propagate: a plugin that cannot start stops."""
+        if self.inherited and self.checkpoint is not None:
+            # Before this plugin registers: the first write after it has seen its list.
+            self._before = await anyio.to_thread.run_sync(held.stamp, self.checkpoint)
         devices = await self.plugin.discover()
-        self.state.set_devices(self._with_inherited(devices))
+        self._set(devices)
         log.info("%s: discovered %d devices", self.resource, len(devices), extra=self._extra)
 
     async def run(self) -> None:
         """Poll and consume pushed events until cancelled (each only if the plugin has it)."""
         async with anyio.create_task_group() as tg:
+            if self.inherited and self.checkpoint is not None:
+                tg.start_soon(self._release_inherited, self.checkpoint)
             if self.plugin.overrides("check_health"):
                 tg.start_soon(self._poll_health)
             if self.plugin.overrides("watch"):
@@ -68,7 +86,7 @@ class DeviceFeed:
         """Call ``discover()`` again; keep the previous list if it fails."""
         try:
             devices = await self.plugin.discover()
-            if self.state.set_devices(self._with_inherited(devices)):
+            if self._set(devices):
                 log.info(
                     "%s: device list changed on rescan%s: %d devices",
                     self.resource,
@@ -83,21 +101,50 @@ class DeviceFeed:
                 extra=self._extra,
             )
 
-    def _with_inherited(self, devices: Sequence[Device]) -> list[Device]:
+    def _set(self, devices: Sequence[Device]) -> bool:
+        """Put this plugin's ``devices`` and the inherited ones still held into the state."""
+        self._own = list(devices)
         if not self.inherited:
-            return list(devices)
-        known = {d.id for d in devices}
-        kept = [
-            dataclasses.replace(d, health=Health.UNHEALTHY)
-            for device_id, d in self.inherited.items()
-            if device_id not in known
-        ]
-        return [*devices, *kept]
+            return self.state.set_devices(self._own)
+        for device in self._own:  # the ID is this plugin's now, for good
+            self.inherited.pop(device.id, None)
+        kept = [dataclasses.replace(d, health=Health.UNHEALTHY) for d in self.inherited.values()]
+        return self.state.set_devices([*self._own, *kept], retired=self.inherited.keys())
+
+    async def _release_inherited(self, checkpoint: Path) -> None:
+        """Drop each inherited device once no container holds it, as the kubelet's checkpoint
+        says: one written after this plugin started (the kubelet writes it after every device
+        list and allocation, so it has seen this plugin's list with the inherited devices), and
+        readable (otherwise nothing is proved released and they stay)."""
+        seen = self._before
+        while self.inherited:
+            if await anyio.to_thread.run_sync(held.stamp, checkpoint) == seen:
+                await anyio.sleep(self.health_interval)  # not written again: nothing new
+                continue
+            seen, holding = await anyio.to_thread.run_sync(
+                held.held_devices, checkpoint, self.resource
+            )
+            if holding is not None:
+                released = [i for i in self.inherited if i not in holding]
+                if released:
+                    for device_id in released:
+                        del self.inherited[device_id]
+                    self._set(self._own)
+                    log.info(
+                        "%s: %d devices of the previous configuration released (no container"
+                        " holds them, says the kubelet's checkpoint), removed from the list: %s",
+                        self.resource,
+                        len(released),
+                        summarize_ids(released),
+                        extra=self._extra,
+                    )
+            await anyio.sleep(self.health_interval)
 
     async def _poll_health(self) -> None:
         while True:
             try:
-                result = await self.plugin.check_health(self.state.devices)
+                # Only this plugin's devices: an inherited one is out whatever its old path says.
+                result = await self.plugin.check_health(list(self._own))
                 self.state.report_health(result, "polled")
             except Exception:
                 log.exception(

@@ -21,6 +21,7 @@ from devplugin_sdk._engine.link import Link
 from devplugin_sdk._engine.servicer import DevicePluginServicer
 from devplugin_sdk._engine.state import DeviceState
 from devplugin_sdk._engine.streams import Streams
+from devplugin_sdk.api.constants import CHECKPOINT_NAME
 from devplugin_sdk.observe import PluginStatus
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.settings import Settings
@@ -70,7 +71,15 @@ class ServedPlugin:
             prestart_timeout=settings.prestart_timeout,
         )
         self.handle = PluginHandle(plugin, self.state, self.streams, self.link, servicer)
-        self.feed = DeviceFeed(plugin, self.state, settings.health_interval, inherited)
+        self.feed = DeviceFeed(
+            plugin,
+            self.state,
+            settings.health_interval,
+            inherited,
+            # The kubelet's books of which container holds which device (a reload's retired
+            # devices leave when they say so).
+            checkpoint=settings.device_plugin_dir / CHECKPOINT_NAME,
+        )
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Discover (then report started), feed health and keep registered until cancelled.

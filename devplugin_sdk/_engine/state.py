@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -53,6 +53,8 @@ class DeviceState:
     * Discovery reports a device's health when what discovery says about it changes (for a
       new device: when discovery says Unhealthy), so a rescan that still sees a device as
       Healthy leaves a pushed fault in place.
+    * A retired device (``set_devices(retired=...)``: a previous configuration's, listed only
+      because a container may still hold it) is Unhealthy whatever any report says.
 
     Each change of a device's health is logged once, with the reason of the report that made
     it, and handed to the observer (``Observer.health_changed``).
@@ -88,20 +90,27 @@ class DeviceState:
         self._listed: Callable[[Device], bool] | None = None
         self._allocatable: Mapping[str, Device] = {}
         self._listeners: list[Callable[[], None]] = []
+        self._retired: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------------ writers
 
-    def set_devices(self, devices: Sequence[Device]) -> bool:
+    def set_devices(self, devices: Sequence[Device], *, retired: Collection[str] = ()) -> bool:
         """Replace the discovered devices; return whether the list the kubelet sees changed.
 
         A device's discovered health is a report when it differs from what the previous
         discovery said about that ID (Healthy for a new ID).
+
+        Args:
+            devices: The devices.
+            retired: IDs among them that stay Unhealthy whatever is reported (a previous
+                configuration's devices that containers may still hold).
 
         Raises:
             BackendError: if an entry is not a ``Device`` or two devices share an ID (the
                 kubelet would double-count them); nothing changes.
         """
         by_id = self._index(devices)
+        self._retired = frozenset(retired)
         old_devices = self._devices
         old_effective = self._effective
         for device in by_id.values():
@@ -202,7 +211,7 @@ class DeviceState:
         # reports, as their sequence numbers say).
         affected: dict[str, str] = {}
         for key, reported in health.items():
-            if key not in self._devices and key not in self._children:
+            if key in self._retired or (key not in self._devices and key not in self._children):
                 continue
             if not self._record(key, Health(reported)):
                 continue
@@ -232,7 +241,7 @@ class DeviceState:
         self._listed = listed
         self._entries = {}
         self._devices_version += 1  # what Allocate may hand out changed
-        self.set_devices(list(self._devices.values()))
+        self.set_devices(list(self._devices.values()), retired=self._retired)
         self._bump()
 
     def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
@@ -309,6 +318,8 @@ class DeviceState:
         return True
 
     def _compute(self, device: Device) -> Health:
+        if device.id in self._retired:
+            return Health.UNHEALTHY
         own = self._reports.get(device.id)
         parent = self._reports.get(device.parent) if device.parent is not None else None
         latest = max((r for r in (own, parent) if r is not None), default=None)

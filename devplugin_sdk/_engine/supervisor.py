@@ -4,7 +4,7 @@ The runner hands it the initial plugins and, on every configuration reload, the 
 resource whose plugin is unchanged keeps running untouched; a changed one is stopped before its
 replacement starts, so one resource never has two registrations; the devices it had and the new
 plugin lacks stay listed as Unhealthy, so containers holding them keep a plugin that knows their
-IDs.
+IDs, until the kubelet's checkpoint says no container holds them (``feed``).
 """
 
 from __future__ import annotations

@@ -477,14 +477,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"devplugin: error: {exc}", file=sys.stderr)
         return 2
     except ExceptionGroup as group:
-        # Several plugins failed at once (runner.raise_errors): one line each, or the traceback
-        # of what is not an expected error.
+        # Several failed at once (runner.raise_errors: a second instance of a DRA driver with
+        # api both finds both its sockets served): one line that says each, or the traceback of
+        # what is not an expected error.
         expected = (DevicePluginError, ValueError, OSError)
         matched, rest = group.split(expected)
         if rest is not None:
             raise
-        for error in _leaves(matched):
-            print(f"devplugin: error: {error}", file=sys.stderr)
+        errors = list(dict.fromkeys(str(error) for error in _leaves(matched)))
+        print(f"devplugin: error: {'; '.join(errors)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # pragma: no cover
         return 130

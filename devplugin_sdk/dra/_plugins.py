@@ -62,12 +62,14 @@ class Plugins:
 
     async def run(self) -> None:
         """Keep the devices of stopped plugins published for ``DETACH_GRACE``, until cancelled."""
-        try:
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
                 await anyio.sleep_forever()
-        finally:
-            self._tg = None
+            finally:
+                # Forgotten before the group starts to exit: a plugin stopped by the same
+                # failure (a refused start) detaches at once instead of starting a task in it.
+                self._tg = None
 
     def publish_to(self, want: Callable[[Sequence[SliceDevice]], None]) -> None:
         """Hand the pool to ``want`` (the publisher's) once ready and on every change."""
