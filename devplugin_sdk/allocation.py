@@ -37,6 +37,7 @@ __all__ = [
     "TopologyScorer",
     "UnitOf",
     "check_list_size",
+    "check_share_count",
     "complete_preference",
     "list_entry_bytes",
     "list_message_bytes",
@@ -631,3 +632,22 @@ def most_that_fit(size_of: Callable[[int], int], upper: int) -> int:
     """The largest count up to ``upper`` whose list ``size_of(count)`` fits the kubelet's limit
     (for a message that says what would fit; ``size_of`` must grow with the count)."""
     return bisect.bisect_right(range(upper + 1), constants.MAX_MESSAGE_BYTES, key=size_of) - 1
+
+
+def check_share_count(key: str, count: int) -> None:
+    """Refuse a count of shares per device (``share``, ``shares``, a group's ``count``) so large
+    that even one device's list could not reach the kubelet, before any device is known (a
+    one-character ID: the smallest list ``count`` shares can make). Check the list of the devices
+    found again at discovery.
+
+    Raises:
+        ConfigError: on ``key``, with the size.
+    """
+    check_list_size(
+        key,
+        numbered_list_bytes("x::", count),
+        f"{count:,} shares",
+        "lower it",
+        where="for one device",
+        at_least=True,
+    )

@@ -16,7 +16,7 @@ import pytest
 from devplugin_sdk._wire import convert
 from devplugin_sdk.allocation import check_list_size, most_that_fit, numbered_list_bytes
 from devplugin_sdk.api import constants
-from devplugin_sdk.backends import generic
+from devplugin_sdk.backends import generic, rdma
 from devplugin_sdk.backends.generic import GenericPlugin
 from devplugin_sdk.backends.nvidia import NvmlPlugin, from_config
 from devplugin_sdk.errors import ConfigError
@@ -160,3 +160,11 @@ async def test_shares_of_what_discovery_finds_are_refused_and_a_rescan_keeps_the
     with pytest.raises(ConfigError) as caught:
         await plugin.discover()
     assert caught.value.key == "resources[0].share"
+
+
+def test_rdma_shares_no_device_could_list_are_refused_on_their_key() -> None:
+    config = {"resources": [{"resourceName": "rdma/x", "mode": "shared", "shares": 10**9}]}
+    with pytest.raises(ConfigError) as caught:
+        rdma.from_config(config)
+    assert caught.value.key == "resources[0].shares"
+    assert caught.value.reason.startswith("1,000,000,000 shares make a ListAndWatch list of at")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from devplugin_sdk.allocation import check_list_size, numbered_list_bytes
+from devplugin_sdk.allocation import check_share_count
 from devplugin_sdk.backends.generic.groups import (
     _HEX_ID,
     GROUP_BY,
@@ -98,18 +98,10 @@ def from_config(config: Mapping[str, Any]) -> list[DevicePlugin]:
 
 
 def _shares(reader: ConfigReader, name: str) -> int:
-    """A count of containers per device (``share``, a group's ``count``), refused when even one
-    device's list, with the shortest ID, could not reach the kubelet: the list of what is found
-    is checked again at discovery, when the devices are known."""
+    """A count of containers per device (``share``, a group's ``count``); the list of what is
+    found is checked again at discovery, when the devices are known."""
     count = reader.integer(name, 1, minimum=1)
-    check_list_size(
-        reader.key(name),
-        numbered_list_bytes("x::", count),
-        f"{count:,} shares",
-        "lower it",
-        where="for one device",
-        at_least=True,
-    )
+    check_share_count(reader.key(name), count)
     return count
 
 
