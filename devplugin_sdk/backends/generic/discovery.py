@@ -254,6 +254,8 @@ class Scanner:
         def size_of(n: int) -> int:
             return others + _shares_bytes(units, n)
 
+        if size_of(1) > constants.MAX_MESSAGE_BYTES:
+            return  # too many devices even unshared: not this count's doing (the SDK logs it)
         where = self._where(len(units), [g for g, k in enumerate(self.count_keys) if k == key])
         allocation.check_list_size(
             key,
@@ -264,7 +266,7 @@ class Scanner:
         )
 
     def _where(self, matched: int, groups: Sequence[int]) -> str:
-        """``16 matches`` (the shorthand) or ``3 devices of groups[0]``, for messages."""
+        """``16 matches`` (the shorthand) or ``3 grouped devices``, for messages."""
         if all(len(self.groups[g].paths) == 1 and not self.groups[g].shared for g in groups):
             return f"{matched:,} match{'es' if matched != 1 else ''}"
         return f"{matched:,} grouped device{'s' if matched != 1 else ''}"

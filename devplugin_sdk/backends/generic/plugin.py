@@ -235,10 +235,9 @@ class GenericPlugin(DevicePlugin):
             return
         self._oversized = str(error)
         log.error(
-            "%s: %s; keeping the %d devices listed",
+            "%s: %s; keeping the devices already listed",
             self.resource_name,
             error,
-            len(self._listed),
             extra={"resource": self.resource_name},
         )
 
