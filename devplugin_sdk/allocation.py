@@ -12,18 +12,22 @@ For devices that are *shares* of a unit (memory units or slices of a GPU), ``pla
 keeps one container's shares on one unit (binpack or spread) and ``spread_apart`` puts them on
 different units; both compute what is free from the kubelet's ``available`` list only, so they
 stay right across plugin and kubelet restarts, and their ``Placement`` reports the free shares
-per unit (the largest free block) for error messages. ``list_entry_bytes`` and
-``list_message_bytes`` size a ListAndWatch message the way it is encoded, to check a device
-count against the kubelet's 4 MiB limit before advertising it.
+per unit (the largest free block) for error messages. ``list_entry_bytes``,
+``list_message_bytes`` and ``numbered_list_bytes`` size a ListAndWatch message the way it is
+encoded, and ``check_list_size`` refuses a configuration whose list would pass the kubelet's 4 MiB
+limit, before a device is built (every backend's shares: replicas, memory units, ``share``).
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from devplugin_sdk.api import constants
+from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.types import Device, Health
 
 __all__ = [
@@ -32,10 +36,14 @@ __all__ = [
     "Placement",
     "TopologyScorer",
     "UnitOf",
+    "check_list_size",
+    "check_share_count",
     "complete_preference",
     "list_entry_bytes",
     "list_message_bytes",
     "matrix_score",
+    "most_that_fit",
+    "numbered_list_bytes",
     "place_together",
     "spread_apart",
 ]
@@ -566,4 +574,80 @@ def list_message_bytes(devices: Iterable[Device], health: Health | None = None) 
     return sum(
         list_entry_bytes(d.id, d.numa_nodes, d.health if health is None else health)
         for d in devices
+    )
+
+
+def numbered_list_bytes(
+    prefix: str, count: int, numa_nodes: Sequence[int] = (), health: Health = Health.UNHEALTHY
+) -> int:
+    """Bytes the ``count`` devices ``<prefix>0`` to ``<prefix><count - 1>`` add to a ListAndWatch
+    message, counted without building them: the shares of one unit (replicas ``<id>::<n>``,
+    memory units ``<key>-<n>``), however many.
+
+    An entry's size depends on the ID's length only, so the sum has one term per number of
+    digits. The default health is the longer ``Unhealthy``: the largest the list gets, and that
+    list must reach the kubelet too.
+    """
+    size = 0
+    first, digits = 0, 1
+    while first < count:
+        end = min(10**digits, count)
+        size += (end - first) * list_entry_bytes(f"{prefix}{first}", numa_nodes, health)
+        first, digits = end, digits + 1
+    return size
+
+
+def check_list_size(
+    key: str, size: int, made_by: str, fix: str, *, where: str = "here", at_least: bool = False
+) -> None:
+    """Refuse a configuration whose ListAndWatch list would pass the kubelet's 4 MiB limit.
+
+    The kubelet's grpc-go client refuses any ListAndWatch message over
+    ``devplugin_sdk.api.constants.MAX_MESSAGE_BYTES``: the resource would register and never
+    list a device. Backends call this when they read their configuration, with the size from
+    ``numbered_list_bytes`` (no device built), so a huge share count costs nothing.
+
+    Args:
+        key: The dotted key that makes the list (``sharing.timeSlicing.replicas``).
+        size: The list's size in bytes.
+        made_by: The subject of the message (``"20,000 replicas"``, ``"MiB units"``).
+        fix: What to do instead.
+        where: Which devices the size is for (``"here (160,000 devices on 8 GPUs)"``).
+        at_least: ``size`` is a lower bound (the devices are not known yet).
+
+    Raises:
+        ConfigError: on ``key``, one line with the size and the limit.
+    """
+    if size <= constants.MAX_MESSAGE_BYTES:
+        return
+    bound = "at least" if at_least else "up to"
+    raise ConfigError(
+        key,
+        f"{made_by} make a ListAndWatch list of {bound} {size:,} bytes {where}, over the kubelet's"
+        f" limit of {constants.MAX_MESSAGE_BYTES:,} bytes (4 MiB); {fix}",
+    )
+
+
+def most_that_fit(size_of: Callable[[int], int], upper: int) -> int:
+    """The largest count up to ``upper`` whose list ``size_of(count)`` fits the kubelet's limit
+    (for a message that says what would fit; ``size_of`` must grow with the count)."""
+    return bisect.bisect_right(range(upper + 1), constants.MAX_MESSAGE_BYTES, key=size_of) - 1
+
+
+def check_share_count(key: str, count: int) -> None:
+    """Refuse a count of shares per device (``share``, ``shares``, a group's ``count``) so large
+    that even one device's list could not reach the kubelet, before any device is known (a
+    one-character ID: the smallest list ``count`` shares can make). Check the list of the devices
+    found again at discovery.
+
+    Raises:
+        ConfigError: on ``key``, with the size.
+    """
+    check_list_size(
+        key,
+        numbered_list_bytes("x::", count),
+        f"{count:,} shares",
+        "lower it",
+        where="for one device",
+        at_least=True,
     )

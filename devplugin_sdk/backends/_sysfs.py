@@ -1,19 +1,31 @@
-"""Small helpers for backends that read sysfs (FPGA, RDMA, NVML's NUMA lookup).
+"""Small helpers for backends that read sysfs (generic, FPGA, RDMA, NVML's NUMA lookup).
 
 Every function takes the sysfs root as a parameter so tests can point it at a fake tree.
-Reads are blocking: call them from ``anyio.to_thread.run_sync``.
+Reads are blocking: call them from ``anyio.to_thread.run_sync``. They are bounded: an attribute
+is read only if it is a regular file of at most a page (``config.read_file``), so a FIFO or a huge
+file where an attribute should be (a tampered or mistaken ``sysfsRoot``) never blocks a worker
+thread nor costs memory.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from pathlib import Path
 
+from devplugin_sdk.config import read_file
+from devplugin_sdk.errors import ConfigError
+
 # A PCI root bus in the device path, e.g. /sys/devices/pci0000:3a/0000:3a:02.0/0000:3b:00.0.
 _ROOT_BUS = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 
+#: The largest attribute read, in bytes: the kernel formats a sysfs attribute into one page
+#: (``sysfs_emit``), 4096 bytes on x86-64, 64 KiB on some arm64 and ppc64 kernels.
+MAX_ATTR_BYTES = max(4096, mmap.PAGESIZE)
+
 __all__ = [
+    "MAX_ATTR_BYTES",
     "list_dir",
     "numa_node",
     "pci_device_dir",
@@ -24,12 +36,15 @@ __all__ = [
 ]
 
 
-def read_attr(path: Path) -> str | None:
-    """Read a sysfs attribute without surrounding whitespace; None if missing or unreadable."""
+def read_attr(path: Path, limit: int = MAX_ATTR_BYTES) -> str | None:
+    """Read a sysfs attribute without surrounding whitespace; None if missing, unreadable, not
+    a regular file (checked before opening, and opened non-blocking) or over ``limit`` bytes
+    (checked before reading; never more than ``limit`` + 1 bytes read)."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
+        data = read_file(path, limit)
+    except ConfigError:
         return None
+    return data.decode("utf-8", errors="replace").strip()
 
 
 def read_int(path: Path, base: int = 0) -> int | None:

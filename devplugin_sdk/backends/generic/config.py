@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from devplugin_sdk.allocation import check_share_count
 from devplugin_sdk.backends.generic.groups import (
     _HEX_ID,
     GROUP_BY,
@@ -90,9 +91,18 @@ def from_config(config: Mapping[str, Any]) -> list[DevicePlugin]:
                 sysfs_root=sysfs_root,
                 dev_root=dev_root,
                 health_interval=interval,
+                config_key=entry.prefix,
             )
         )
     return plugins
+
+
+def _shares(reader: ConfigReader, name: str) -> int:
+    """A count of containers per device (``share``, a group's ``count``); the list of what is
+    found is checked again at discovery, when the devices are known."""
+    count = reader.integer(name, 1, minimum=1)
+    check_share_count(reader.key(name), count)
+    return count
 
 
 def _devices(entry: ConfigReader) -> tuple[Sequence[str], int, list[Group]]:
@@ -114,7 +124,7 @@ def _devices(entry: ConfigReader) -> tuple[Sequence[str], int, list[Group]]:
         problem = _pattern_problem(pattern)
         if problem is not None:
             raise ConfigError(f"{entry.key('paths')}[{number}]", f"{problem}, got {shown(pattern)}")
-    return paths, entry.integer("share", 1, minimum=1), []
+    return paths, _shares(entry, "share"), []
 
 
 def _group(reader: ConfigReader) -> Group:
@@ -149,7 +159,7 @@ def _group(reader: ConfigReader) -> Group:
                     f"{reader.key('pciVendors')}[{i}]",
                     f"must be a PCI vendor ID of 1 to 4 hex digits, got {shown(vendor)}",
                 )
-    count = reader.integer("count", 1, minimum=1)
+    count = _shares(reader, "count")
     return Group(paths, usb, shared, group_by, pci_vendors, count)
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devplugin_sdk import allocation
+from devplugin_sdk.api import constants
 from devplugin_sdk.backends import _generic_host as host
 from devplugin_sdk.backends.generic.groups import Group, PathSpec
 from devplugin_sdk.backends.generic.health import _device, _Member, _state, _Unit
@@ -148,6 +150,7 @@ class Scanner:
         root: Re-roots every path onto this tree (see ``GenericPlugin``), or None.
         sysfs_root: Where sysfs is read.
         dev_root: Where paths under /dev are read.
+        count_keys: The key of each group's count in the configuration, for errors.
     """
 
     def __init__(
@@ -157,9 +160,12 @@ class Scanner:
         root: Path | None,
         sysfs_root: Path,
         dev_root: Path,
+        *,
+        count_keys: tuple[str, ...],
     ) -> None:
         self.resource_name = resource_name
         self.groups = groups
+        self.count_keys = count_keys
         self.root = root
         self.sysfs_root = sysfs_root
         self.dev_root = dev_root
@@ -193,18 +199,25 @@ class Scanner:
         self.view = _View()
 
     def scan(self) -> _Snapshot:
-        """Read the host, learn what is new, and state every device (in a worker thread)."""
+        """Read the host, learn what is new, and state every device (in a worker thread).
+
+        Raises:
+            ConfigError: the shares of what is found would make a list the kubelet refuses
+                (on the count's key, with the size); nothing is built.
+        """
         with self._lock:
             plugged = host.usb_devices(self.sysfs_root) if self.usb_groups else []
-            units: list[_Unit] = []
+            found: list[list[_Unit]] = []
             for g, group in enumerate(self.groups):
                 shared, missing = self._scan_shared(g, group)
                 if group.usb:
-                    units += self._scan_usb(g, group, plugged, shared, missing)
+                    found.append(self._scan_usb(g, group, plugged, shared, missing))
                 elif group.group_by is not None:
-                    units += self._scan_cards(g, group, shared, missing)
+                    found.append(self._scan_cards(g, group, shared, missing))
                 else:
-                    units += self._scan_steps(g, group, shared, missing)
+                    found.append(self._scan_steps(g, group, shared, missing))
+            self._check_list_size(found)
+            units = [unit for units_of_group in found for unit in units_of_group]
             units.sort(key=lambda unit: host.natural_key(unit.id))
             view = _build_view(units, frozenset(self._node_dirs))
             self.view = view
@@ -219,6 +232,44 @@ class Scanner:
             for d in devices
         )
         return _Snapshot(view, tuple(devices), health, signature)
+
+    def _check_list_size(self, found: Sequence[Sequence[_Unit]]) -> None:
+        """Refuse shares whose list would pass the kubelet's 4 MiB limit, before building it:
+        the count whose devices weigh most is named, with the most that would fit."""
+        by_key: dict[str, list[_Unit]] = {}
+        rest: list[_Unit] = []
+        for key, units in zip(self.count_keys, found, strict=True):
+            shared = [u for u in units if u.count > 1]
+            by_key.setdefault(key, []).extend(shared)
+            rest += [u for u in units if u.count == 1]
+        sizes = {key: _shares_bytes(units) for key, units in by_key.items() if units}
+        fixed = _shares_bytes(rest)
+        if not sizes or fixed + sum(sizes.values()) <= constants.MAX_MESSAGE_BYTES:
+            return
+        key = max(sizes, key=lambda k: sizes[k])
+        units = by_key[key]
+        others = fixed + sum(size for k, size in sizes.items() if k != key)
+        count = units[0].count
+
+        def size_of(n: int) -> int:
+            return others + _shares_bytes(units, n)
+
+        if size_of(1) > constants.MAX_MESSAGE_BYTES:
+            return  # too many devices even unshared: not this count's doing (the SDK logs it)
+        where = self._where(len(units), [g for g, k in enumerate(self.count_keys) if k == key])
+        allocation.check_list_size(
+            key,
+            size_of(count),
+            f"{count:,} shares",
+            f"at most {allocation.most_that_fit(size_of, count):,} fit",
+            where=f"here ({sum(u.count for u in units):,} devices of {where})",
+        )
+
+    def _where(self, matched: int, groups: Sequence[int]) -> str:
+        """``16 matches`` (the shorthand) or ``3 grouped devices``, for messages."""
+        if all(len(self.groups[g].paths) == 1 and not self.groups[g].shared for g in groups):
+            return f"{matched:,} match{'es' if matched != 1 else ''}"
+        return f"{matched:,} grouped device{'s' if matched != 1 else ''}"
 
     def _scan_steps(
         self, g: int, group: Group, shared: list[_Member], missing: list[str]
@@ -460,6 +511,19 @@ class Scanner:
         log.warning(
             f"%s: {message}", self.resource_name, *args, extra={"resource": self.resource_name}
         )
+
+
+def _shares_bytes(units: Sequence[_Unit], count: int | None = None) -> int:
+    """The ListAndWatch bytes of ``units`` shared ``count`` ways each (their own count if
+    None), every device Unhealthy (the largest the list gets)."""
+    size = 0
+    for unit in units:
+        n = unit.count if count is None else count
+        if n == 1:
+            size += allocation.list_entry_bytes(unit.id, unit.numa_nodes, Health.UNHEALTHY)
+        else:
+            size += allocation.numbered_list_bytes(f"{unit.id}::", n, unit.numa_nodes)
+    return size
 
 
 def _build_view(units: Sequence[_Unit], include_dirs: frozenset[Path]) -> _View:

@@ -20,9 +20,10 @@ import anyio.to_thread
 
 from devplugin_sdk import fswatch
 from devplugin_sdk.backends import _generic_host as host
-from devplugin_sdk.backends.generic.discovery import Scanner, _Snapshot
+from devplugin_sdk.backends.generic.discovery import Scanner, _Snapshot, log
 from devplugin_sdk.backends.generic.groups import Group, PathSpec, _pattern_problem
 from devplugin_sdk.backends.generic.health import _pushed
+from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.types import Allocation, Device, HealthEvent, RescanEvent
 
@@ -64,6 +65,12 @@ class GenericPlugin(DevicePlugin):
         health_interval: Seconds between full rescans in ``watch()``: re-glob the paths,
             re-read USB devices and re-state every device's health (the safety net under
             inotify, and the only mechanism without it).
+        config_key: Where the resource is in a configuration file (``resources[0]``), to name
+            ``share`` or a group's ``count`` in errors; ``from_config`` sets it.
+
+    Discovery refuses (``ConfigError`` on ``share`` or the group's ``count``, with the size)
+    shares whose ListAndWatch list would pass the kubelet's 4 MiB limit, before building a
+    device; a rescan that finds that many keeps the devices listed and says so once.
 
     Raises:
         ValueError: on a bad resource name, no paths and no groups (or both), a bad pattern,
@@ -89,6 +96,7 @@ class GenericPlugin(DevicePlugin):
         dev_root: Path | str | None = None,
         root: Path | str | None = None,
         health_interval: float = DEFAULT_HEALTH_INTERVAL,
+        config_key: str | None = None,
     ) -> None:
         super().__init__(resource_name=resource_name)
         if not health_interval > 0:
@@ -104,8 +112,18 @@ class GenericPlugin(DevicePlugin):
         self.patterns: tuple[str, ...] = tuple(
             spec.path for group in self.groups for spec in (*group.paths, *group.shared)
         )
+        where = f"{config_key}." if config_key is not None else f"{resource_name}: "
+        count_keys = tuple(
+            f"{where}share" if paths else f"{where}groups[{g}].count"
+            for g in range(len(self.groups))
+        )
         self._scanner = Scanner(
-            resource_name, self.groups, self.root, self.sysfs_root, self.dev_root
+            resource_name,
+            self.groups,
+            self.root,
+            self.sysfs_root,
+            self.dev_root,
+            count_keys=count_keys,
         )
         self._patterns = self._scanner.patterns
         self._usb_groups = self._scanner.usb_groups
@@ -116,6 +134,7 @@ class GenericPlugin(DevicePlugin):
         # What discover() last listed.
         self._listed: frozenset[str] = frozenset()
         self._listed_signature: tuple[Any, ...] | None = None
+        self._oversized: str | None = None  # the list-size refusal last logged
 
     def __repr__(self) -> str:
         if all(len(g.paths) == 1 and not g.shared and g.group_by is None for g in self.groups):
@@ -175,7 +194,13 @@ class GenericPlugin(DevicePlugin):
                         health, reason = _pushed(unit, text)
                         yield HealthEvent(unit.id, health, reason)
                 if unknown:
-                    for event in self._reconcile(await self._scan()):
+                    try:
+                        snapshot = await self._scan()
+                    except ConfigError as exc:
+                        self._too_many(exc)
+                        continue
+                    self._oversized = None
+                    for event in self._reconcile(snapshot):
                         yield event
 
     async def allocate(self, devices: Sequence[Device]) -> Allocation:
@@ -202,6 +227,19 @@ class GenericPlugin(DevicePlugin):
 
     async def _scan(self) -> _Snapshot:
         return await anyio.to_thread.run_sync(self._scanner.scan)
+
+    def _too_many(self, error: ConfigError) -> None:
+        """A rescan found more shares than a list can carry: keep the listed devices, say so
+        once (each rescan would find the same)."""
+        if str(error) == self._oversized:
+            return
+        self._oversized = str(error)
+        log.error(
+            "%s: %s; keeping the devices already listed",
+            self.resource_name,
+            error,
+            extra={"resource": self.resource_name},
+        )
 
     # ------------------------------------------------------------------ watching
 

@@ -50,11 +50,16 @@ def mig_profile_name(
     return f"{ci_slices}c.{gi_slices}g.{gb}gb"
 
 
+# The most of mig-minors read: 135 lines (about 3.5 KB) per GPU the driver lists, more than a
+# sysfs page from the second GPU on; 1 MiB holds hundreds.
+_MIG_MINORS_BYTES = 1 << 20
+
+
 def _read_mig_minors(proc_root: Path) -> dict[str, int]:
     # /proc/driver/nvidia-caps/mig-minors: "gpu<minor>/gi<gi>/ci<ci>/access <cap minor>" per
     # line; the node is /dev/nvidia-caps/nvidia-cap<cap minor> (nvidia-container-toolkit
     # internal/nvcaps, Slurm gpu_nvml.c).
-    text = _sysfs.read_attr(proc_root / "driver" / "nvidia-caps" / "mig-minors")
+    text = _sysfs.read_attr(proc_root / "driver" / "nvidia-caps" / "mig-minors", _MIG_MINORS_BYTES)
     out: dict[str, int] = {}
     for line in (text or "").splitlines():
         name, _, minor = line.strip().partition(" ")

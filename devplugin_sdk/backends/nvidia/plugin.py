@@ -26,7 +26,7 @@ from devplugin_sdk.backends.nvidia.events import XidEvents
 from devplugin_sdk.backends.nvidia.health import GpuHealth
 from devplugin_sdk.backends.nvidia.library import NvmlLibrary, load_nvml
 from devplugin_sdk.backends.nvidia.topology import TopologyCache
-from devplugin_sdk.errors import AllocationError, ConfigError
+from devplugin_sdk.errors import AllocationError, BackendError, ConfigError
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.types import Allocation, Device, Health, HealthEvent, RescanEvent, replicate
 
@@ -176,14 +176,35 @@ class NvmlPlugin(DevicePlugin):
         plugins = [first]
         if config.memory is not None and config.memory.count_resource_name is not None:
             plugins.append(cls(config, serves="count", **kwargs))
-        if config.mig_strategy == "mixed" or config.memory is not None:
+        if config.mig_strategy == "mixed" or config.memory is not None or config.replicas > 1:
             gpus = first._scan_once()
             if config.memory is not None:
                 sharing.check_list_size(config, gpus)
             if config.mig_strategy == "mixed":
                 profiles = sorted({m.profile for g in gpus for m in g.migs})
                 plugins += [cls(config, mig_profile=p, **kwargs) for p in profiles]
+            for plugin in plugins:
+                plugin._check_replicas(gpus)
         return plugins
+
+    def _check_replicas(self, gpus: Sequence[GpuInfo]) -> None:
+        """Refuse replicas whose list could not reach the kubelet (before building one).
+
+        Raises:
+            ConfigError: on ``sharing.timeSlicing.replicas``, with the size.
+        """
+        if self.config.replicas == 1 or self.serves != "gpus" or self._sliced is not None:
+            return
+        try:
+            units = select(gpus, self.config, self.mig_profile, lambda _: Health.UNHEALTHY)
+        except BackendError:
+            return  # a MIG layout the strategy refuses: discovery says so
+        served = "GPU"
+        if self.mig_profile is not None:
+            served = f"{self.mig_profile} MIG device"
+        elif self.config.mig_strategy == "single" and any(g.mig_enabled for g in gpus):
+            served = "MIG device"
+        sharing.check_replicas(self.config, units, served)
 
     # ------------------------------------------------------------------ NVML
 
@@ -265,6 +286,9 @@ class NvmlPlugin(DevicePlugin):
             return units, {}
         if self._sliced is not None:
             return replicate(units, self._sliced.slices), {}
+        if self.config.replicas > 1:
+            # Built without build() (or the GPUs changed since): still never a list past 4 MiB.
+            sharing.check_replicas(self.config, units, "device")
         return replicate(units, self.config.replicas), {}
 
     # ------------------------------------------------------------------ allocation

@@ -9,22 +9,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from devplugin_sdk import allocation
 from devplugin_sdk.allocation import (
     Placement,
-    list_entry_bytes,
     matrix_score,
+    numbered_list_bytes,
     place_together,
     spread_apart,
 )
-from devplugin_sdk.api import constants
 from devplugin_sdk.backends.nvidia.config import MemorySharing, NvidiaConfig, VgpuSharing
 from devplugin_sdk.backends.nvidia.container import _with_limits, container_setup
 from devplugin_sdk.backends.nvidia.discovery import GpuInfo, Inventory
 from devplugin_sdk.backends.nvidia.topology import _NUMA_BONUS, _Topology
-from devplugin_sdk.errors import AllocationError, ConfigError
-from devplugin_sdk.types import Allocation, Device, Health
+from devplugin_sdk.errors import AllocationError
+from devplugin_sdk.types import Allocation, Device
 
-__all__ = ["Shares", "check_list_size", "memory_units"]
+__all__ = ["Shares", "check_list_size", "check_replicas", "memory_units"]
 
 # gpushare's variables (AliyunContainerService/gpushare-device-plugin pkg/gpu/nvidia/const.go):
 # the GPU's index, its memory and the container's share, both in units.
@@ -91,22 +91,43 @@ def check_list_size(config: NvidiaConfig, gpus: Sequence[GpuInfo]) -> None:
         units = (gpu.memory_bytes >> 20) // memory.unit_mib
         numa = () if gpu.numa_node is None else (gpu.numa_node,)
         count += units
-        # An entry's size depends on the ID's length only: one per number of digits. The
-        # largest the list gets is with every unit Unhealthy (a longer health string), and
-        # that list must reach the kubelet too.
-        for digits in range(1, len(str(max(units - 1, 0))) + 1):
-            first, last = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
-            n = min(last, units - 1) - first + 1
-            entry = list_entry_bytes(f"{keys[gpu.uuid]}-{first}", numa, Health.UNHEALTHY)
-            size += n * entry
-    # The kubelet's grpc-go client refuses any ListAndWatch message over 4 MiB.
-    if size > constants.MAX_MESSAGE_BYTES:
-        raise ConfigError(
-            "sharing.memory.unit",
-            f"{memory.unit} units make a ListAndWatch list of up to {size:,} bytes here"
-            f" ({count:,} devices on {len(served)} GPUs), over the kubelet's limit of"
-            f" {constants.MAX_MESSAGE_BYTES:,} bytes (4 MiB); use GiB",
-        )
+        size += numbered_list_bytes(f"{keys[gpu.uuid]}-", units, numa)
+    allocation.check_list_size(
+        "sharing.memory.unit",
+        size,
+        f"{memory.unit} units",
+        "use GiB",
+        where=f"here ({count:,} devices on {len(served)} GPUs)",
+    )
+
+
+def check_replicas(config: NvidiaConfig, units: Sequence[Device], served: str) -> None:
+    """Refuse time-slicing replicas whose ListAndWatch list could pass the kubelet's limit.
+
+    Args:
+        config: Backend settings.
+        units: The GPUs or MIG devices of one resource (each replicated ``config.replicas``
+            times).
+        served: What a unit is, for the message (``GPU``, ``1g.10gb MIG device``).
+
+    Raises:
+        ConfigError: on ``sharing.timeSlicing.replicas``, naming the size.
+    """
+    replicas = config.replicas
+
+    def size(count: int) -> int:
+        return sum(numbered_list_bytes(f"{u.id}::", count, u.numa_nodes) for u in units)
+
+    allocation.check_list_size(
+        "sharing.timeSlicing.replicas",
+        size(replicas),
+        f"{replicas:,} replicas",
+        f"at most {allocation.most_that_fit(size, replicas):,} fit",
+        where=(
+            f"here ({replicas * len(units):,} devices on {len(units)} {served}"
+            f"{'' if len(units) == 1 else 's'})"
+        ),
+    )
 
 
 class Shares:

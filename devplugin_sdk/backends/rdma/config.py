@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from devplugin_sdk import cdi
+from devplugin_sdk.allocation import check_share_count
 from devplugin_sdk.backends.rdma.selection import (
     _ENV_NAME,
     _HEX_ID,
@@ -114,6 +115,7 @@ def _resource(reader: ConfigReader, exclude: tuple[Selector, ...]) -> RdmaResour
         if not reader.has("shares"):
             raise ConfigError(reader.key("shares"), "is required in mode 'shared'")
         shares = reader.integer("shares", 1, minimum=1)
+        check_share_count(reader.key("shares"), shares)
     elif reader.has("shares"):
         raise ConfigError(reader.key("shares"), "only applies to mode 'shared'")
     else:
