@@ -216,21 +216,26 @@ class FakeApiServer:
             return
 
     async def _events(self, stream: anyio.abc.ByteStream, node: str, driver: str) -> None:
-        seen: dict[str, dict[str, Any]] = {}
+        # As the API server without a resourceVersion: the current slices as ADDED, then every
+        # change in order (a slice created and deleted between two reads is two events).
+        generation = self.api.generation
+        for s in await self.api.list_slices(driver, node):
+            await self._event(stream, "ADDED", _slice_json(s))
         while True:
-            generation = self.api.generation
-            now = {s.name: _slice_json(s) for s in await self.api.list_slices(driver, node)}
-            events = [
-                ("ADDED" if n not in seen else "MODIFIED", o)
-                for n, o in now.items()
-                if seen.get(n) != o
-            ]
-            events += [("DELETED", o) for n, o in seen.items() if n not in now]
-            seen = now
-            for kind, obj in events:
-                line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
-                await stream.send(f"{len(line):x}\r\n".encode() + line + b"\r\n")
             await self.api.wait_changed(generation)
+            since = self.api.changes_since(generation)
+            if since is None:  # this watch fell behind the remembered changes: 410 Gone
+                await self._event(stream, "ERROR", _status(410, "too old resource version"))
+                return
+            generation, changes = since
+            for kind, s in changes:
+                if s.driver == driver and s.node_name == node:
+                    await self._event(stream, kind, _slice_json(s))
+
+    @staticmethod
+    async def _event(stream: anyio.abc.ByteStream, kind: str, obj: dict[str, Any]) -> None:
+        line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+        await stream.send(f"{len(line):x}\r\n".encode() + line + b"\r\n")
 
 
 def _selector(query: dict[str, str]) -> tuple[str, str]:

@@ -292,3 +292,39 @@ def test_the_backoff_grows_to_its_cap_with_jitter_below_each_step(first: float) 
     backoff.reset()
     assert backoff.attempts == 0
     assert first / 2 <= backoff.next() <= first
+
+
+async def test_the_loopback_watch_reports_every_change_in_order(tmp_path: Path) -> None:
+    """As the API server's: a slice created and deleted between two reads is two events (a
+    watch that compared snapshots lost them, and with them a republish after a wipe)."""
+    memory = MemoryApi(nodes=[NODE])
+    first = await memory.create_slice(ResourceSlice("", DRIVER, NODE, NODE, 1, 1))
+    async with FakeApiServer(memory).serving() as server:
+        api = LightkubeApi.connect(server.kubeconfig(tmp_path / "kubeconfig"))
+        events = 0
+        changed = anyio.Event()
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def watch() -> None:
+                    nonlocal events, changed
+                    async for _ in api.watch_slices(DRIVER, NODE):
+                        events += 1
+                        changed.set()
+                        changed = anyio.Event()
+
+                tg.start_soon(watch)
+                with anyio.fail_after(5):
+                    while events < 1:  # the existing slice, ADDED: the watch has started
+                        await changed.wait()
+                    made = await memory.create_slice(ResourceSlice("", DRIVER, NODE, NODE, 1, 1))
+                    await memory.delete_slice(made.name)  # before the watch could read
+                    while events < 3:
+                        await changed.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            await api.aclose()
+    assert memory.changes_since(0) == (
+        3,
+        [("ADDED", first), ("ADDED", made), ("DELETED", made)],
+    )
