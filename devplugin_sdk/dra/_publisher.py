@@ -87,7 +87,9 @@ class Publisher:
         self._node_uid: str | None = None
         self._logged: tuple[str, float] = ("", 0.0)
         self._gave_up: tuple[SliceDevice, ...] | None = None  # the content given up on
-        self._wrote = False  # the last sync wrote: the next one sees whether it stuck
+        # The content the last sync wrote (None: it wrote nothing): the next sync of the same
+        # content sees whether it stuck.
+        self._wrote: tuple[SliceDevice, ...] | None = None
         # Slice name -> (its devices as the server stored our write, the devices we sent): a
         # server that defaults or a webhook that adds fields is no reason to write again.
         self._echo: dict[str, tuple[tuple[SliceDevice, ...], tuple[SliceDevice, ...]]] = {}
@@ -121,17 +123,19 @@ class Publisher:
             tg.start_soon(self._watch)
             while True:
                 await self._wait_for_work()
+                content = self._wanted
                 try:
                     wrote = await self._sync()
                 except KubeApiError as exc:
-                    self._wrote = False
+                    self._wrote = None
                     await self._retry_after(str(exc), conflict=exc.conflict)
                     continue
-                if wrote and self._wrote:
-                    # Our last write did not stick: writing again at once is a fight.
+                if wrote and self._wrote == content:
+                    # Our last write of this content did not stick: writing again at once is
+                    # a fight.
                     await self._retry_after(_FOUGHT, conflict=True)
                     continue
-                self._wrote = wrote
+                self._wrote = content if wrote else None
                 if not wrote:
                     self._retry.reset()
                 if self.last_error is not None:
@@ -148,7 +152,7 @@ class Publisher:
                 await self._new_content.wait()
         if self._gave_up is not None:
             self._gave_up = None
-            self._wrote = False
+            self._wrote = None
             self._retry.reset()
         self._dirty = anyio.Event()
 
@@ -293,7 +297,8 @@ class Publisher:
                     raise
         self.generation = generation
         log.log(
-            logging.DEBUG if self._wrote else logging.INFO,  # in a fight, said by _retry_after
+            # In a fight, _retry_after says it.
+            logging.DEBUG if self._wrote == wanted else logging.INFO,
             "DRA %s: published %d devices in %d ResourceSlices (pool %s, generation %d)",
             self.driver,
             len(wanted),
