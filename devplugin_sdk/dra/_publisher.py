@@ -90,6 +90,7 @@ class Publisher:
         # The content the last sync wrote (None: it wrote nothing): the next sync of the same
         # content sees whether it stuck.
         self._wrote: tuple[SliceDevice, ...] | None = None
+        self._undone = 0  # syncs in a row that found our last write undone
         # Slice name -> (its devices as the server stored our write, the devices we sent): a
         # server that defaults or a webhook that adds fields is no reason to write again.
         self._echo: dict[str, tuple[tuple[SliceDevice, ...], tuple[SliceDevice, ...]]] = {}
@@ -127,15 +128,17 @@ class Publisher:
                 try:
                     wrote = await self._sync()
                 except KubeApiError as exc:
-                    self._wrote = None
+                    self._wrote, self._undone = None, 0
                     await self._retry_after(str(exc), conflict=exc.conflict)
                     continue
-                if wrote and self._wrote == content:
-                    # Our last write of this content did not stick: writing again at once is
-                    # a fight.
+                undone = wrote and self._wrote == content
+                self._wrote = content if wrote else None
+                self._undone = self._undone + 1 if undone else 0
+                if self._undone > 1:
+                    # Our write of this content was undone twice in a row: once is the kubelet
+                    # deleting the node's slices as it starts; writing again at once is a fight.
                     await self._retry_after(_FOUGHT, conflict=True)
                     continue
-                self._wrote = content if wrote else None
                 if not wrote:
                     self._retry.reset()
                 if self.last_error is not None:
@@ -152,7 +155,7 @@ class Publisher:
                 await self._new_content.wait()
         if self._gave_up is not None:
             self._gave_up = None
-            self._wrote = None
+            self._wrote, self._undone = None, 0
             self._retry.reset()
         self._dirty = anyio.Event()
 
@@ -298,7 +301,7 @@ class Publisher:
         self.generation = generation
         log.log(
             # In a fight, _retry_after says it.
-            logging.DEBUG if self._wrote == wanted else logging.INFO,
+            logging.DEBUG if self._undone else logging.INFO,
             "DRA %s: published %d devices in %d ResourceSlices (pool %s, generation %d)",
             self.driver,
             len(wanted),

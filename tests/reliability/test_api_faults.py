@@ -253,6 +253,23 @@ async def test_a_mutating_webhook_is_no_reason_to_write_again(tmp_path: Path) ->
     assert stored.devices[0].attributes["zone.example.com/rack"] == "r1"
 
 
+async def test_the_kubelets_wipe_right_after_a_write_is_no_fight(tmp_path: Path) -> None:
+    """A starting kubelet deletes the node's slices, maybe just after the driver wrote them:
+    written again at once, and no warning."""
+    memory = MemoryApi(nodes=[NODE])
+    async with FakeApiServer(memory).serving() as server:
+        with _sdk_log() as log:
+            async with _publishing(tmp_path, server) as pub:
+                await _published(pub, ("w0",))
+                memory.wipe_slices(NODE)  # before the publisher read its write back
+                with anyio.fail_after(5):
+                    while not memory.pool_complete(DRIVER, NODE):
+                        await memory.wait_changed(memory.generation)
+                await anyio.sleep(WINDOW)  # the window in which a warning would come
+    assert not log.at_least(logging.WARNING)
+    assert server.count("POST") == 2
+
+
 async def test_a_second_writer_is_not_fought_at_full_speed(tmp_path: Path) -> None:
     memory = MemoryApi(nodes=[NODE])
 
