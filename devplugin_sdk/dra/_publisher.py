@@ -211,7 +211,7 @@ class Publisher:
                         "DRA %s: the ResourceSlice watch keeps ending (%s); reopening it with "
                         "backoff up to %gs",
                         self.driver,
-                        why or f"ended by the server after {lasted:.2g}s",
+                        why or f"ended by the server after {lasted:.1f}s",
                         backoff.cap,
                     )
                     broken = True
