@@ -4,15 +4,19 @@ uses, over a ``MemoryApi``, so that the real client (lightkube) is tested on the
 It speaks HTTP/1.1 on 127.0.0.1 (keep-alive, chunked watch streams) and serves GET of a
 ResourceClaim and a Node, and list, watch, create, replace and delete of ResourceSlices with
 field selectors, answering errors as the API server does (a ``Status`` with code and message).
+A watch ends after its ``timeoutSeconds``, as the API server's does. Fault hooks: ``watch_fault``
+("end": every watch ends at once, as behind a proxy that closes them; "silent": the connection
+stays open and nothing more arrives, as on a dead TCP connection), ``conflicts`` (every PUT is a
+409), ``mutate`` (a mutating admission webhook: applied to every slice written).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 import anyio
@@ -49,12 +53,30 @@ class FakeApiServer:
 
     Attributes:
         requests: ``(method, path)`` of every request, in order.
+        watch_queries: The query parameters of every watch request, in order.
+        watch_fault: None, "end" or "silent" (see the module's docstring).
+        conflicts: Answer every PUT with 409 Conflict.
+        mutate: Applied to every slice a POST or PUT writes, before it is stored.
     """
 
     def __init__(self, api: MemoryApi) -> None:
         self.api = api
         self.port = 0
         self.requests: list[tuple[str, str]] = []
+        self.watch_queries: list[dict[str, str]] = []
+        self.watch_fault: Literal["end", "silent"] | None = None
+        self.conflicts = False
+        self.mutate: Callable[[ResourceSlice], ResourceSlice] | None = None
+        self._watched = anyio.Event()
+
+    async def wait_for_watches(self, count: int) -> None:
+        """Wait until ``count`` watch requests have arrived."""
+        while len(self.watch_queries) < count:
+            await self._watched.wait()
+
+    def count(self, method: str, path_prefix: str = _SLICES) -> int:
+        """How many ``method`` requests went to paths starting with ``path_prefix``."""
+        return sum(1 for m, p in self.requests if m == method and p.startswith(path_prefix))
 
     def kubeconfig(self, path: Path) -> Path:
         """Write a kubeconfig pointing at this server; return its path."""
@@ -94,7 +116,11 @@ class FakeApiServer:
                 while b"\r\n\r\n" not in buffer:
                     try:
                         chunk = await stream.receive()
-                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    except (
+                        anyio.EndOfStream,
+                        anyio.BrokenResourceError,
+                        anyio.ClosedResourceError,
+                    ):
                         return
                     buffer += chunk
                 head, buffer = buffer.split(b"\r\n\r\n", 1)
@@ -109,8 +135,9 @@ class FakeApiServer:
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
                 self.requests.append((method, url.path))
                 if method == "GET" and url.path == _SLICES and query.get("watch") == "true":
+                    # The connection stays open for the next request once a watch ends.
                     await self._watch(stream, query)
-                    return
+                    continue
                 code, payload = await self._handle(method, url.path, query, body)
                 data = json.dumps(payload).encode()
                 await stream.send(
@@ -146,10 +173,17 @@ class FakeApiServer:
                     "items": items,
                 }
             if path == _SLICES and method == "POST":
-                made = await api.create_slice(_parse_slice(body))
+                made = await api.create_slice(self._admit(_parse_slice(body)))
                 return 201, _slice_json(made)
             if path.startswith(_SLICES + "/") and method == "PUT":
-                replaced = await api.update_slice(_parse_slice(body))
+                if self.conflicts:
+                    name = path.rsplit("/", 1)[1]
+                    return 409, _status(
+                        409,
+                        f'Operation cannot be fulfilled on resourceslices.resource.k8s.io "{name}":'
+                        " the object has been modified",
+                    )
+                replaced = await api.update_slice(self._admit(_parse_slice(body)))
                 return 200, _slice_json(replaced)
             if path.startswith(_SLICES + "/") and method == "DELETE":
                 await api.delete_slice(path.rsplit("/", 1)[1])
@@ -158,30 +192,50 @@ class FakeApiServer:
             return exc.status or 500, _status(exc.status or 500, exc.reason)
         return 404, _status(404, f"the server could not find {method} {path}")
 
+    def _admit(self, s: ResourceSlice) -> ResourceSlice:
+        return self.mutate(s) if self.mutate is not None else s
+
     async def _watch(self, stream: anyio.abc.ByteStream, query: dict[str, str]) -> None:
+        self.watch_queries.append(query)
+        self._watched.set()
+        self._watched = anyio.Event()
         node, driver = _selector(query)
         await stream.send(
             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n"
         )
-        seen: dict[str, dict[str, Any]] = {}
         try:
-            while True:
-                generation = self.api.generation
-                now = {s.name: _slice_json(s) for s in await self.api.list_slices(driver, node)}
-                events = [
-                    ("ADDED" if n not in seen else "MODIFIED", o)
-                    for n, o in now.items()
-                    if seen.get(n) != o
-                ]
-                events += [("DELETED", o) for n, o in seen.items() if n not in now]
-                seen = now
-                for kind, obj in events:
-                    line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
-                    await stream.send(f"{len(line):x}\r\n".encode() + line + b"\r\n")
-                await self.api.wait_changed(generation)
+            if self.watch_fault == "silent":
+                await anyio.sleep_forever()
+            if self.watch_fault != "end":
+                # The API server ends a watch after its timeoutSeconds (or its own limit).
+                with anyio.move_on_after(float(query.get("timeoutSeconds", "inf"))):
+                    await self._events(stream, node, driver)
+            await stream.send(b"0\r\n\r\n")
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             return
+
+    async def _events(self, stream: anyio.abc.ByteStream, node: str, driver: str) -> None:
+        # As the API server without a resourceVersion: the current slices as ADDED, then every
+        # change in order (a slice created and deleted between two reads is two events).
+        generation = self.api.generation
+        for s in await self.api.list_slices(driver, node):
+            await self._event(stream, "ADDED", _slice_json(s))
+        while True:
+            await self.api.wait_changed(generation)
+            since = self.api.changes_since(generation)
+            if since is None:  # this watch fell behind the remembered changes: 410 Gone
+                await self._event(stream, "ERROR", _status(410, "too old resource version"))
+                return
+            generation, changes = since
+            for kind, s in changes:
+                if s.driver == driver and s.node_name == node:
+                    await self._event(stream, kind, _slice_json(s))
+
+    @staticmethod
+    async def _event(stream: anyio.abc.ByteStream, kind: str, obj: dict[str, Any]) -> None:
+        line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+        await stream.send(f"{len(line):x}\r\n".encode() + line + b"\r\n")
 
 
 def _selector(query: dict[str, str]) -> tuple[str, str]:

@@ -25,6 +25,7 @@ from pathlib import Path
 import anyio
 import grpc
 
+from devplugin_sdk._backoff import Backoff
 from devplugin_sdk._engine.handle import PluginHandle
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._engine.servicer import Serving
@@ -88,7 +89,7 @@ class _KubeletSockRegistration:
         self.staging = True  # False once staging failed: serve on the socket path
         self.registered_with: FileId | None = None  # the kubelet.sock we last registered with
         self.stopped_at: float | None = None
-        self.backoff = settings.register_backoff_initial
+        self.backoff = Backoff(settings.register_backoff_initial, settings.register_backoff_max)
 
     async def run(self) -> None:
         remove_staging(self.settings.device_plugin_dir)  # what a killed process left there
@@ -269,18 +270,18 @@ class _KubeletSockRegistration:
             outcome = _registration.Outcome.REGISTERED
         if outcome is not _registration.Outcome.REGISTERED:
             streams.expect_nothing()
+            delay = self.backoff.next()
             log.warning(
                 "%s: Register failed (%s); retrying in %.2gs",
                 self.resource,
                 printable(why),
-                self.backoff,
+                delay,
                 extra={"resource": self.resource},
             )
-            with anyio.move_on_after(self.backoff):
+            with anyio.move_on_after(delay):
                 await self.watcher.wait(attempt)
-            self.backoff = min(self.backoff * 2, self.settings.register_backoff_max)
             return False
-        self.backoff = self.settings.register_backoff_initial
+        self.backoff.reset()
         # The kubelet that answered serves kubelet.sock now: a kubelet that started during the
         # call (and so deleted our socket) is the one we reached, not the one we saw before.
         self.registered_with = file_id(self.settings.kubelet_socket) or kubelet

@@ -21,6 +21,7 @@ from typing import Protocol
 import anyio
 import grpc
 
+from devplugin_sdk._backoff import Backoff
 from devplugin_sdk._engine.handle import PluginHandle
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._logging import printable
@@ -89,9 +90,11 @@ async def serve_until_lost(
 
     Args:
         site: What is served and registered.
-        settings: Lifecycle settings (``register_backoff_initial``).
+        settings: Lifecycle settings (``register_backoff_initial`` and ``_max``: the backoff
+            between sockets deleted as they are bound, and between refused registrations).
         watcher: The process's directory watcher, watching every directory of the site.
-        pause: Seconds to wait after a loss before serving again.
+        pause: Seconds to wait after a loss before serving again (at least the backoff when
+            the kubelet refused the registration).
 
     Raises:
         SocketInUseError: another live server answers on one of the site's sockets.
@@ -99,6 +102,8 @@ async def serve_until_lost(
     status = _Status(site, watcher)
     registration = site.registration(status)
     sockets: list[Socket] = []
+    vanished = Backoff(settings.register_backoff_initial, settings.register_backoff_max)
+    refused = Backoff(settings.register_backoff_initial, settings.register_backoff_max)
     try:
         while True:
             status.failed = False
@@ -106,12 +111,18 @@ async def serve_until_lost(
                 await site.start(registration, sockets)
             except SocketVanishedError:
                 await _stop(sockets)
-                await anyio.sleep(settings.register_backoff_initial)
+                await vanished.sleep()
                 continue
+            vanished.reset()
             reason = await _wait_for_loss(site, sockets, watcher, status)
             site.lost(reason)
             await _stop(sockets)
-            await anyio.sleep(pause)
+            if status.failed:
+                # The kubelet refused it: each fresh socket starts another registration.
+                await anyio.sleep(max(pause, refused.next()))
+            else:
+                refused.reset()
+                await anyio.sleep(pause)
     finally:
         with anyio.CancelScope(shield=True):
             await _stop(sockets)

@@ -2,12 +2,15 @@
 
 lightkube is an async client on httpx, so it runs on the SDK's anyio/asyncio loop without
 threads, and lightkube-models has typed resource.k8s.io/v1 models. This module only converts
-between those models and the SDK's ``dra.resources`` dataclasses and maps errors to
-``KubeApiError``; it is imported only when a DRA driver connects.
+between those models and the SDK's ``dra.resources`` dataclasses, maps errors to
+``KubeApiError``, and bounds the watch (a server-side ``timeoutSeconds`` and a client read
+timeout, so a dead connection is noticed); it is imported only when a DRA driver connects.
 """
 
 from __future__ import annotations
 
+import json
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
@@ -37,6 +40,13 @@ __all__ = ["LightkubeApi", "claim_from_kube", "slice_from_kube", "slice_to_kube"
 _NODE_FIELD = "spec.nodeName"
 _DRIVER_FIELD = "spec.driver"
 _FIELD_MANAGER = "devplugin-sdk"
+# client-go's reflector asks for 5 to 10 minutes per watch (minWatchTimeout, jittered), so that
+# the watches of many nodes do not end in step.
+WATCH_TIMEOUT = 300.0
+# A watch reads nothing while nothing changes: give the server its timeoutSeconds and this
+# much more before the connection counts as dead.
+_READ_GRACE = 30.0
+_CONNECT_TIMEOUT = 10.0
 
 
 class LightkubeApi:
@@ -44,14 +54,33 @@ class LightkubeApi:
 
     Args:
         client: The client (its configuration says which cluster and credentials).
+        watch_timeout: Each watch asks the server to end it after this many seconds, times a
+            random factor in [1, 2).
+        read_timeout: Seconds a watch may read nothing before its connection counts as dead
+            (default: its timeoutSeconds plus 30 s).
     """
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        watch_timeout: float = WATCH_TIMEOUT,
+        read_timeout: float | None = None,
+    ) -> None:
         self._client = client
+        self._watch_timeout = watch_timeout
+        self._read_timeout = read_timeout
 
     @classmethod
-    def connect(cls, kubeconfig: Path | None = None) -> LightkubeApi:
-        """A client from ``kubeconfig``, or from the pod's service account.
+    def connect(
+        cls,
+        kubeconfig: Path | None = None,
+        *,
+        watch_timeout: float = WATCH_TIMEOUT,
+        read_timeout: float | None = None,
+    ) -> LightkubeApi:
+        """A client from ``kubeconfig``, or from the pod's service account (the watch's
+        bounds as in the class).
 
         Raises:
             ValueError: the configuration cannot be loaded.
@@ -67,7 +96,8 @@ class LightkubeApi:
             raise ValueError(
                 f"cannot load the Kubernetes configuration from {where}: {exc}"
             ) from exc
-        return cls(AsyncClient(config=config, field_manager=_FIELD_MANAGER))
+        client = AsyncClient(config=config, field_manager=_FIELD_MANAGER)
+        return cls(client, watch_timeout=watch_timeout, read_timeout=read_timeout)
 
     async def read_claim(self, namespace: str, name: str) -> ResourceClaim:
         with _errors():
@@ -99,11 +129,34 @@ class LightkubeApi:
             await self._client.delete(KubeSlice, name)
 
     async def watch_slices(self, driver: str, node_name: str) -> AsyncIterator[None]:
+        # One watch request, not lightkube's watch(), which opens the next one at once, forever,
+        # whenever the server ends one (621-785 requests/s behind a proxy that ends them at
+        # once): the caller lists, backs off and watches again. Its pieces are lightkube's.
+        seconds = max(1, round(self._watch_timeout * (1 + random.random())))
+        read = self._read_timeout if self._read_timeout is not None else seconds + _READ_GRACE
+        generic: Any = self._client._client  # lightkube's GenericAsyncClient
+        request = generic.prepare_request(
+            "list",
+            res=KubeSlice,
+            watch=True,
+            params={
+                "timeoutSeconds": seconds,
+                "fieldSelector": f"{_NODE_FIELD}={node_name},{_DRIVER_FIELD}={driver}",
+            },
+        )
+        request.timeout = httpx2.Timeout(_CONNECT_TIMEOUT, read=read)
         with _errors():
-            async for _event in self._client.watch(
-                KubeSlice, fields={_NODE_FIELD: node_name, _DRIVER_FIELD: driver}
-            ):
-                yield None
+            response = await generic.send(generic.build_adapter_request(request), stream=True)
+            try:
+                if response.is_error:
+                    await response.aread()
+                    generic.raise_for_status(response)
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        _check_event(line)
+                        yield None
+            finally:
+                await response.aclose()
 
     async def node_uid(self, node_name: str) -> str:
         with _errors():
@@ -112,6 +165,18 @@ class LightkubeApi:
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _check_event(line: str) -> None:
+    """Raise the ``Status`` of a watch's ERROR event (410 Gone: the watch is too old)."""
+    try:
+        event = json.loads(line)
+    except ValueError as exc:
+        raise KubeApiError(0, f"the watch sent a line that is not JSON: {line[:80]!r}") from exc
+    if isinstance(event, dict) and event.get("type") == "ERROR":
+        status = event.get("object")
+        status = status if isinstance(status, dict) else {}
+        raise KubeApiError(int(status.get("code") or 0), str(status.get("message") or line[:200]))
 
 
 class _errors:

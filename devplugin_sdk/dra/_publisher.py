@@ -6,8 +6,11 @@ every change (consumers only trust the slices of the highest generation, and a p
 slice count is not complete). Slices are owned by the Node, so they go with it. Stale slices
 (more than needed, or from a previous run) are updated in place or deleted; slices someone else
 changes or deletes (the kubelet deletes every slice of its node when it starts) are noticed
-through a watch and written again. Slices stay when the plugin stops: the kubelet removes them
-30 s after the driver is gone for good, and a restarted plugin takes them over.
+through a watch, and a periodic resync, and written again. Every retry (a refused write, a
+conflict, a watch that ends at once, a second writer undoing ours) waits a jittered backoff, and
+a write that never sticks is given up, loudly, until the devices change or the next resync.
+Slices stay when the plugin stops: the kubelet removes them 30 s after the driver is gone for
+good, and a restarted plugin takes them over.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import replace
 
 import anyio
 
+from devplugin_sdk._backoff import Backoff
 from devplugin_sdk.dra.resources import (
     MAX_DEVICES_PER_SLICE,
     ResourceApi,
@@ -33,7 +37,15 @@ log = logging.getLogger("devplugin_sdk")
 
 _RETRY_FIRST = 0.5
 _RETRY_MAX = 30.0
+# About 2.5 minutes of retries (0.5 s doubling to 30 s, jittered) before giving up on a content.
+_GIVE_UP_AFTER = 10
+# List and compare this often even if the watch says nothing (a silent watch costs this much).
+_RESYNC = 300.0
 _LOG_AGAIN_AFTER = 60.0
+_FOUGHT = (
+    "someone else keeps changing them back (another writer, or an admission webhook that "
+    "changes what it is given)"
+)
 
 
 class Publisher:
@@ -45,20 +57,43 @@ class Publisher:
         node_name: The node; also the pool's name.
     """
 
-    def __init__(self, api: ResourceApi, driver: str, node_name: str) -> None:
+    def __init__(
+        self,
+        api: ResourceApi,
+        driver: str,
+        node_name: str,
+        *,
+        retry_first: float = _RETRY_FIRST,
+        retry_max: float = _RETRY_MAX,
+        give_up_after: int = _GIVE_UP_AFTER,
+        resync_seconds: float = _RESYNC,
+    ) -> None:
         self.api = api
         self.driver = driver
         self.node_name = node_name
+        self.give_up_after = give_up_after
+        self.resync_seconds = resync_seconds
         self.generation = 0
         self.published: tuple[SliceDevice, ...] | None = None
         self.syncs = 0
         self.last_error: str | None = None
+        self._retry = Backoff(retry_first, retry_max)
+        self._watch_retry = Backoff(retry_first, retry_max)
         self._wanted: tuple[SliceDevice, ...] = ()
         self._wanted_at = time.monotonic()
         self._dirty = anyio.Event()
         self._done = anyio.Event()
+        self._new_content = anyio.Event()
         self._node_uid: str | None = None
         self._logged: tuple[str, float] = ("", 0.0)
+        self._gave_up: tuple[SliceDevice, ...] | None = None  # the content given up on
+        # The content the last sync wrote (None: it wrote nothing): the next sync of the same
+        # content sees whether it stuck.
+        self._wrote: tuple[SliceDevice, ...] | None = None
+        self._undone = 0  # syncs in a row that found our last write undone
+        # Slice name -> (its devices as the server stored our write, the devices we sent): a
+        # server that defaults or a webhook that adds fields is no reason to write again.
+        self._echo: dict[str, tuple[tuple[SliceDevice, ...], tuple[SliceDevice, ...]]] = {}
 
     def want(self, devices: Sequence[SliceDevice]) -> None:
         """Make ``devices`` (sorted by name) the pool's content; published soon after."""
@@ -66,6 +101,8 @@ class Publisher:
         if wanted != self._wanted:
             self._wanted = wanted
             self._wanted_at = time.monotonic()
+            self._new_content.set()
+            self._new_content = anyio.Event()
         self._dirty.set()
 
     @property
@@ -81,55 +118,120 @@ class Publisher:
             await self._done.wait()
 
     async def run(self) -> None:
-        """Publish until cancelled: on every ``want``, and whenever the slices change."""
+        """Publish until cancelled: on every ``want``, whenever the slices change, and every
+        ``resync_seconds``."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch)
-            delay = _RETRY_FIRST
             while True:
-                await self._dirty.wait()
-                self._dirty = anyio.Event()
+                await self._wait_for_work()
+                content = self._wanted
                 try:
-                    await self._sync()
+                    wrote = await self._sync()
                 except KubeApiError as exc:
-                    self._failed(exc, delay)
-                    # A conflict only means someone wrote in between: read and try again now.
-                    await anyio.sleep(0 if exc.conflict else delay)
-                    delay = _RETRY_FIRST if exc.conflict else min(delay * 2, _RETRY_MAX)
-                    self._dirty.set()
-                else:
-                    delay = _RETRY_FIRST
-                    if self.last_error is not None:
-                        log.info("DRA %s: publishing ResourceSlices works again", self.driver)
-                        self.last_error = None
+                    self._wrote, self._undone = None, 0
+                    await self._retry_after(str(exc), conflict=exc.conflict)
+                    continue
+                undone = wrote and self._wrote == content
+                self._wrote = content if wrote else None
+                self._undone = self._undone + 1 if undone else 0
+                if self._undone > 1:
+                    # Our write of this content was undone twice in a row: once is the kubelet
+                    # deleting the node's slices as it starts; writing again at once is a fight.
+                    await self._retry_after(_FOUGHT, conflict=True)
+                    continue
+                if not wrote:
+                    self._retry.reset()
+                if self.last_error is not None:
+                    log.info("DRA %s: publishing ResourceSlices works again", self.driver)
+                    self.last_error = None
+
+    async def _wait_for_work(self) -> None:
+        """Until something may need publishing: a change (the watch, ``want``) or the resync;
+        after giving up, only new content or the resync."""
+        with anyio.move_on_after(self.resync_seconds):
+            if self._gave_up is None:
+                await self._dirty.wait()
+            while self._gave_up == self._wanted:
+                await self._new_content.wait()
+        if self._gave_up is not None:
+            self._gave_up = None
+            self._wrote, self._undone = None, 0
+            self._retry.reset()
+        self._dirty = anyio.Event()
+
+    async def _retry_after(self, why: str, *, conflict: bool) -> None:
+        """A failed attempt: wait the backoff and try again, or give up after the bound."""
+        self.last_error = why
+        delay = self._retry.next()
+        if self._retry.attempts >= self.give_up_after:
+            self._gave_up = self._wanted
+            self._logged = (why, time.monotonic())
+            log.error(
+                "DRA %s: giving up publishing ResourceSlices after %d attempts: %s; trying again "
+                "when the devices change or in %gs",
+                self.driver,
+                self._retry.attempts,
+                why,
+                self.resync_seconds,
+            )
+            return
+        self._failed(why, delay, conflict=conflict)
+        await anyio.sleep(delay)
+        self._dirty.set()
 
     async def _watch(self) -> None:
-        delay = _RETRY_FIRST
+        backoff = self._watch_retry
+        broken = False
+        early = 0  # watches in a row that failed or ended before they had run their course
         while True:
+            started = time.monotonic()
+            why: str | None = None
             try:
                 async for _ in self.api.watch_slices(self.driver, self.node_name):
                     self._dirty.set()
-                    delay = _RETRY_FIRST
             except KubeApiError as exc:
-                log.debug("DRA %s: the ResourceSlice watch ended: %s", self.driver, exc)
-            # The watch ended (a server timeout, an error): changes may have been missed.
+                why = str(exc)
+            lasted = time.monotonic() - started
+            # The watch ended (its timeoutSeconds, a proxy, an error): changes may have been
+            # missed, so list again.
             self._dirty.set()
-            await anyio.sleep(delay)
-            delay = min(delay * 2, _RETRY_MAX)
+            if why is None and lasted >= backoff.cap:
+                # It ran its course: one that outlasts the longest delay is a working watch.
+                if broken:
+                    log.info("DRA %s: the ResourceSlice watch works again", self.driver)
+                broken = False
+                early = 0
+                backoff.reset()
+            else:
+                early += 1
+                # One early end is ordinary (an API server restarting); an error or a second
+                # one in a row is a state, said once.
+                if not broken and (why is not None or early > 1):
+                    log.warning(
+                        "DRA %s: the ResourceSlice watch keeps ending (%s); reopening it with "
+                        "backoff up to %gs",
+                        self.driver,
+                        why or f"ended by the server after {lasted:.1f}s",
+                        backoff.cap,
+                    )
+                    broken = True
+                else:
+                    log.debug("DRA %s: the ResourceSlice watch ended: %s", self.driver, why)
+            await backoff.sleep()
 
-    def _failed(self, exc: KubeApiError, delay: float) -> None:
-        self.last_error = str(exc)
+    def _failed(self, why: str, delay: float, *, conflict: bool) -> None:
         message, at = self._logged
         now = time.monotonic()
         level = logging.DEBUG
-        if str(exc) != message or now - at >= _LOG_AGAIN_AFTER:
-            level = logging.WARNING if exc.conflict else logging.ERROR
-            self._logged = (str(exc), now)
+        if why != message or now - at >= _LOG_AGAIN_AFTER:
+            level = logging.WARNING if conflict else logging.ERROR
+            self._logged = (why, now)
         log.log(
             level,
-            "DRA %s: cannot publish ResourceSlices: %s; retrying in %gs",
+            "DRA %s: cannot publish ResourceSlices: %s; retrying in %.2gs",
             self.driver,
-            exc,
-            0 if exc.conflict else delay,
+            why,
+            delay,
         )
 
     async def _owner(self) -> str:
@@ -147,7 +249,8 @@ class Publisher:
                 self._node_uid = ""
         return self._node_uid
 
-    async def _sync(self) -> None:
+    async def _sync(self) -> bool:
+        """List the pool and write what differs; whether anything was written."""
         wanted = self._wanted
         chunks = [
             wanted[i : i + MAX_DEVICES_PER_SLICE]
@@ -158,13 +261,13 @@ class Publisher:
         if self._matches(current, chunks):
             self.generation = current[0].generation
             self._published(wanted)
-            return
+            return False
         owner = await self._owner()
         generation = max([s.generation for s in current] + [self.generation]) + 1
         count = len(chunks)
         for i, devices in enumerate(chunks):
             if i < len(current):
-                await self.api.update_slice(
+                stored = await self.api.update_slice(
                     replace(
                         current[i],
                         pool=self.node_name,
@@ -175,7 +278,7 @@ class Publisher:
                     )
                 )
             else:
-                await self.api.create_slice(
+                stored = await self.api.create_slice(
                     ResourceSlice(
                         name="",
                         driver=self.driver,
@@ -187,14 +290,18 @@ class Publisher:
                         node_uid=owner,
                     )
                 )
+            self._echo[stored.name] = (tuple(stored.devices), tuple(devices))
         for stale in current[count:]:
+            self._echo.pop(stale.name, None)
             try:
                 await self.api.delete_slice(stale.name)
             except KubeApiError as exc:
                 if not exc.not_found:
                     raise
         self.generation = generation
-        log.info(
+        log.log(
+            # In a fight, _retry_after says it.
+            logging.DEBUG if self._undone else logging.INFO,
             "DRA %s: published %d devices in %d ResourceSlices (pool %s, generation %d)",
             self.driver,
             len(wanted),
@@ -204,6 +311,7 @@ class Publisher:
             extra={"driver": self.driver},
         )
         self._published(wanted)
+        return True
 
     def _published(self, wanted: tuple[SliceDevice, ...]) -> None:
         self.published = wanted
@@ -220,6 +328,12 @@ class Publisher:
             s.generation == generation
             and s.slice_count == len(chunks)
             and s.pool == self.node_name
-            and tuple(s.devices) == tuple(devices)
+            and self._same_devices(s, tuple(devices))
             for s, devices in zip(current, chunks, strict=True)
         )
+
+    def _same_devices(self, stored: ResourceSlice, devices: tuple[SliceDevice, ...]) -> bool:
+        """Whether ``stored`` holds ``devices``: as sent, or as the server stored our write of
+        them (defaulted, or changed by an admission webhook) and nobody changed since."""
+        held = tuple(stored.devices)
+        return held == devices or self._echo.get(stored.name) == (held, devices)

@@ -2,7 +2,8 @@
 
 It implements ``resources.ResourceApi`` with the API server's behaviour that a driver relies on:
 generated names, resource versions and conflicts on stale updates, a watch that reports every
-change (including deletions by someone else), field-selector lists, and the validation a real
+change (including deletions by someone else; ``changes_since`` keeps the recent ones in order,
+as the API server's watch cache does), field-selector lists, and the validation a real
 server applies to slices (names, device count, attribute limits). Tests add claims and allocate
 devices with ``allocate``, playing the scheduler; ``devplugin_sdk.testing`` exports it.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import itertools
 import secrets
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import replace
 
@@ -28,6 +30,10 @@ from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.types import MAX_ATTRIBUTES_AND_CAPACITIES
 
 __all__ = ["MemoryApi"]
+
+# How many slice changes ``changes_since`` remembers (the API server's watch cache keeps a
+# window too; a watcher further behind is told 410 Gone and lists again).
+_HISTORY = 10_000
 
 
 class MemoryApi:
@@ -49,6 +55,8 @@ class MemoryApi:
         self._changed = anyio.Event()
         self._generation = 0
         self._failures: list[tuple[int, str]] = []
+        # (generation, "ADDED" | "MODIFIED" | "DELETED", the slice): the recent changes.
+        self._history: deque[tuple[int, str, ResourceSlice]] = deque(maxlen=_HISTORY)
         for node in nodes:
             self.add_node(node)
 
@@ -155,10 +163,9 @@ class MemoryApi:
             for name, s in self.slices.items()
             if s.node_name == node_name and (driver is None or s.driver == driver)
         ]
-        for name in doomed:
-            del self.slices[name]
-        if doomed:
-            self._notify()
+        gone = [self.slices.pop(name) for name in doomed]
+        if gone:
+            self._notify(*(("DELETED", s) for s in gone))
         return len(doomed)
 
     def fail_next(self, status: int, reason: str, times: int = 1) -> None:
@@ -169,6 +176,16 @@ class MemoryApi:
     def generation(self) -> int:
         """Counts every change to the slices (tests wait on it with ``wait_changed``)."""
         return self._generation
+
+    def changes_since(self, generation: int) -> tuple[int, list[tuple[str, ResourceSlice]]] | None:
+        """The current generation and every slice change after ``generation``, in order
+        (``"ADDED"``, ``"MODIFIED"`` or ``"DELETED"`` with the slice); None when the oldest
+        of them is no longer remembered."""
+        if generation < self._generation and (
+            not self._history or self._history[0][0] > generation + 1
+        ):
+            return None
+        return self._generation, [(kind, s) for g, kind, s in self._history if g > generation]
 
     async def wait_changed(self, generation: int) -> int:
         """Wait until the slices change past ``generation``; return the new generation."""
@@ -203,7 +220,7 @@ class MemoryApi:
             raise KubeApiError(409, f'resourceslices.resource.k8s.io "{name}" already exists')
         stored = replace(resource_slice, name=name, resource_version=str(next(self._versions)))
         self.slices[name] = stored
-        self._notify()
+        self._notify(("ADDED", stored))
         return stored
 
     async def update_slice(self, resource_slice: ResourceSlice) -> ResourceSlice:
@@ -222,14 +239,15 @@ class MemoryApi:
         self._validate(resource_slice)
         stored = replace(resource_slice, resource_version=str(next(self._versions)))
         self.slices[resource_slice.name] = stored
-        self._notify()
+        self._notify(("MODIFIED", stored))
         return stored
 
     async def delete_slice(self, name: str) -> None:
         self._call("delete_slice")
-        if self.slices.pop(name, None) is None:
+        gone = self.slices.pop(name, None)
+        if gone is None:
             raise KubeApiError(404, f'resourceslices.resource.k8s.io "{name}" not found')
-        self._notify()
+        self._notify(("DELETED", gone))
 
     async def watch_slices(self, driver: str, node_name: str) -> AsyncIterator[None]:
         self._call("watch_slices")
@@ -256,8 +274,9 @@ class MemoryApi:
             status, reason = self._failures.pop(0)
             raise KubeApiError(status, reason)
 
-    def _notify(self) -> None:
+    def _notify(self, *changes: tuple[str, ResourceSlice]) -> None:
         self._generation += 1
+        self._history.extend((self._generation, kind, s) for kind, s in changes)
         self._changed.set()
         self._changed = anyio.Event()
 
