@@ -27,6 +27,7 @@ import anyio
 from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from devplugin_sdk._backoff import Backoff
 from devplugin_sdk._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_STUCK_AFTER
 from devplugin_sdk.observe import PluginStatus
 
@@ -283,7 +284,7 @@ class _Server:
         self._crowded = _Trouble(f"{limit} connections open, the limit: {{}} closed the oldest")
 
     async def accept_loop(self, listener: SocketListener, tg: TaskGroup) -> None:
-        delay = _ACCEPT_RETRY_MIN
+        backoff = Backoff(_ACCEPT_RETRY_MIN, _ACCEPT_RETRY_MAX)
         while True:
             try:
                 stream = await listener.accept()
@@ -297,10 +298,9 @@ class _Server:
                     continue
                 # Descriptors held elsewhere (gRPC clients, backends): wait for them, longer
                 # each time, but never stop accepting.
-                await anyio.sleep(delay)
-                delay = min(delay * 2, _ACCEPT_RETRY_MAX)
+                await backoff.sleep()
                 continue
-            delay = _ACCEPT_RETRY_MIN
+            backoff.reset()
             while len(self._open) >= self.limit:
                 self._crowded.happened("a new one")
                 self._close_oldest()

@@ -18,6 +18,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
+from devplugin_sdk._backoff import Backoff
 from devplugin_sdk._engine import held
 from devplugin_sdk._engine.state import DeviceState
 from devplugin_sdk.errors import summarize_ids
@@ -153,7 +154,7 @@ class DeviceFeed:
             await anyio.sleep(self.health_interval)
 
     async def _consume_events(self) -> None:
-        delay = _WATCH_RESTART_FIRST
+        backoff = Backoff(_WATCH_RESTART_FIRST, _WATCH_RESTART_MAX)
         while True:
             try:
                 events = self.plugin.watch()
@@ -177,14 +178,14 @@ class DeviceFeed:
                         with anyio.CancelScope(shield=True):
                             await aclose()
             except Exception:
+                delay = backoff.next()
                 log.exception(
-                    "%s: watch() failed; restarting it in %gs",
+                    "%s: watch() failed; restarting it in %.2gs",
                     self.resource,
                     delay,
                     extra=self._extra,
                 )
                 await anyio.sleep(delay)
-                delay = min(delay * 2, _WATCH_RESTART_MAX)
             else:
                 log.info("%s: watch() finished", self.resource, extra=self._extra)
                 return

@@ -16,6 +16,7 @@ import anyio
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectSendStream
 
+from devplugin_sdk._backoff import Backoff
 from devplugin_sdk.cdi.files import DEFAULT_SPEC_DIR, _SpecFile, _target
 from devplugin_sdk.cdi.spec import CdiSpec
 from devplugin_sdk.errors import BackendError
@@ -41,7 +42,7 @@ class _Retry:
         self.pending: CdiSpec | None = None
         self.attempts = 0  # failed attempts at the pending write
         self._since = 0.0
-        self._delay = _RETRY_FIRST
+        self._backoff = Backoff(_RETRY_FIRST, _RETRY_MAX)
         self._reason = ""
         self._logged = 0.0
         self._wake: anyio.Event | None = None
@@ -51,7 +52,8 @@ class _Retry:
         since the last log)."""
         now = time.monotonic()
         if self.pending is None:
-            self.attempts, self._since, self._delay, self._reason = 0, now, _RETRY_FIRST, ""
+            self.attempts, self._since, self._reason = 0, now, ""
+            self._backoff.reset()
         self.pending = spec
         self.attempts += 1
         if self._wake is not None:
@@ -77,9 +79,7 @@ class _Retry:
         while self.pending is None:
             self._wake = anyio.Event()
             await self._wake.wait()
-        delay = self._delay
-        self._delay = min(delay * 2, _RETRY_MAX)
-        return delay
+        return self._backoff.next()
 
 
 class CdiPlugin(DevicePlugin):
