@@ -216,7 +216,10 @@ class FakeDra:
             return error
         assert chosen is not None
         record = DraRegistration(info.name, info.endpoint, chosen, str(socket), record.at)
-        channel = grpc.aio.insecure_channel(f"unix:{info.endpoint}")
+        # Its own connection, as the kubelet's (see DeviceManager.connect).
+        channel = grpc.aio.insecure_channel(
+            f"unix:{info.endpoint}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         self._plugins.setdefault(info.name, []).append(
             _Plugin(record, channel, DraClient(channel, chosen))
         )

@@ -108,7 +108,12 @@ class DeviceManager:
         Returns:
             None, or the kubelet's error for the registration.
         """
-        channel = grpc.aio.insecure_channel(f"unix:{path}")
+        # A connection of its own, as each grpc-go ClientConn of the kubelet has: grpcio's
+        # global subchannel pool would hand a new registration the connection of the last one,
+        # to the plugin's old server, which ends its streams as it stops.
+        channel = grpc.aio.insecure_channel(
+            f"unix:{path}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         client = Endpoint(resource, path, channel, _client.DevicePluginClient(channel))
         key = self._key(resource, path)
         self._clients[key] = client

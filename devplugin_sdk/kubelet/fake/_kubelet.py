@@ -250,7 +250,7 @@ class FakeKubelet:
         server, self._server = self._server, None
         if server is None:
             return
-        await server.stop(0)
+        await server.stop(0)  # first: no Register may start work that outlives this run
         self._watcher.stop()
         await self._tasks.end()
         await self.dra.stop()
