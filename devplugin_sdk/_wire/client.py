@@ -98,12 +98,14 @@ async def call(awaitable: Awaitable[T]) -> T:
     as its own and lets it escape (in a task group, the group cancels itself and then swallows
     it). And a call cancelled under us (its channel closed) raises that same bare error without
     anyone cancelling the caller. So the call is awaited through a shield: our cancellation
-    cancels the call and is re-raised as it came; the call's own is a CANCELLED
-    ``grpc.aio.AioRpcError``.
+    cancels the call and is re-raised as it came; the call's own, and a call on a channel
+    already closed (grpc.aio's UsageError), is a CANCELLED ``grpc.aio.AioRpcError``.
     """
     inner = asyncio.ensure_future(awaitable)
     try:
         return await asyncio.shield(inner)
+    except grpc.aio.UsageError:  # "Channel is closed": closed before the call began
+        raise _cancelled("the client connection is closed") from None
     except asyncio.CancelledError:
         if not inner.done():  # we are cancelled: so is the call
             inner.cancel()
@@ -118,12 +120,13 @@ async def call(awaitable: Awaitable[T]) -> T:
             ours = anyio.current_effective_deadline() == -math.inf
         if ours:
             raise
-        raise grpc.aio.AioRpcError(
-            grpc.StatusCode.CANCELLED,
-            grpc.aio.Metadata(),
-            grpc.aio.Metadata(),
-            details="the call to the plugin was cancelled",
-        ) from None
+        raise _cancelled("the call to the plugin was cancelled") from None
+
+
+def _cancelled(details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details
+    )
 
 
 def undecodable(message: str, size: int) -> grpc.aio.AioRpcError:

@@ -23,7 +23,7 @@ import pytest
 from cli_process import devplugin, running
 
 from devplugin_sdk import Device
-from devplugin_sdk._wire import dra_convert, dra_service, watcher_registration
+from devplugin_sdk._wire import client, dra_convert, dra_service, watcher_registration
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
@@ -415,3 +415,29 @@ async def test_fake_kubelet_survives_undecodable_answers_on_every_path(
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
     messages = [r.getMessage() for r in caplog.records]
     assert any("ListAndWatch for tools.example.com/dev ended: INTERNAL" in m for m in messages)
+
+
+async def test_a_call_on_a_closed_channel_is_the_kubelets_cancelled_error(short_dir: Path) -> None:
+    """The fake's calls meet a channel closed under them (a v1.32 stream end disconnecting the
+    newest client): a CANCELLED error of the call, never grpc.aio's UsageError or a bare
+    CancelledError."""
+    async with served(short_dir / "p.sock", RawPlugin({"GetDevicePluginOptions": _hang}).handler()):
+        channel = grpc.aio.insecure_channel(f"unix:{short_dir / 'p.sock'}")
+        plugin = client.DevicePluginClient(channel)
+        async with anyio.create_task_group() as tg:
+            errors: list[grpc.aio.AioRpcError] = []
+
+            async def options() -> None:
+                try:
+                    await client.call(plugin.options())
+                except grpc.aio.AioRpcError as exc:
+                    errors.append(exc)
+
+            tg.start_soon(options)
+            await client.ready(channel, 5)
+            await anyio.wait_all_tasks_blocked()
+            await channel.close()
+        with pytest.raises(grpc.aio.AioRpcError) as closed:
+            await client.call(plugin.options())
+    assert [e.code() for e in errors] == [grpc.StatusCode.CANCELLED]
+    assert closed.value.code() is grpc.StatusCode.CANCELLED
