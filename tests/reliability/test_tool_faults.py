@@ -364,6 +364,7 @@ async def test_conformance_register_dir_reports_an_undecodable_plugin_and_finish
     directory = short_dir / "device-plugins"
     plugin = RawPlugin({"GetDevicePluginOptions": _garbage})
     args = ("--register-dir", str(directory), "--wait", "20", "--restart-timeout", "1")
+    args += ("--timeout", "2")  # the raw plugin never lists: list-prompt waits this long
     async with (
         running("conformance", *args) as conformance,
         served(short_dir / "garbage.sock", plugin.handler()) as sock,
@@ -374,6 +375,11 @@ async def test_conformance_register_dir_reports_an_undecodable_plugin_and_finish
     assert "Traceback" not in conformance.text("stderr"), conformance.text("stderr")
     assert code == 1, conformance.text("stdout")  # checks failed: the verdict, not a crash
     assert "not a valid DevicePluginOptions message" in conformance.text("stdout")
+    assert conformance.lines(
+        "FAIL  registration-valid  the kubelet rejected it: failed to get "
+        "device plugin options: rpc error: code = Internal",
+        "stdout",
+    )
     assert " failed" in conformance.stdout[-1]  # the summary: it ran to its end
 
 
