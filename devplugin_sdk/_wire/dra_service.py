@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from devplugin_sdk._wire import dra_convert
+from devplugin_sdk._wire.client import Unary
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim
 from devplugin_sdk._wire.server import unary
 
@@ -78,22 +79,22 @@ class DraClient:
         service: The service to call, ``v1.DRAPlugin`` or ``v1beta1.DRAPlugin`` (what the
             kubelet chose from the plugin's list).
 
-    Errors are grpc.aio's own (``grpc.aio.AioRpcError``).
+    Errors are grpc.aio's own (``grpc.aio.AioRpcError``); an answer that does not parse is an
+    INTERNAL one.
     """
 
     def __init__(self, channel: grpc.aio.Channel, service: str) -> None:
         self.service = service
         pb = dra_convert.VERSIONS[service]
         self._pb = pb
-        self._prepare = channel.unary_unary(
-            method_path(service, "NodePrepareResources"),
-            request_serializer=pb.NodePrepareResourcesRequest.SerializeToString,
-            response_deserializer=pb.NodePrepareResourcesResponse.FromString,
+        # An answer that is not the response message is an INTERNAL error (``Unary``).
+        self._prepare = Unary[Any, Any](
+            channel, method_path(service, "NodePrepareResources"), pb.NodePrepareResourcesResponse
         )
-        self._unprepare = channel.unary_unary(
+        self._unprepare = Unary[Any, Any](
+            channel,
             method_path(service, "NodeUnprepareResources"),
-            request_serializer=pb.NodeUnprepareResourcesRequest.SerializeToString,
-            response_deserializer=pb.NodeUnprepareResourcesResponse.FromString,
+            pb.NodeUnprepareResourcesResponse,
         )
 
     async def prepare(self, claims: Sequence[ClaimRef], timeout: float) -> dict[str, PreparedClaim]:

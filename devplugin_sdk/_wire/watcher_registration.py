@@ -19,7 +19,6 @@ from devplugin_sdk._wire import client
 from devplugin_sdk._wire.server import unary
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2 as preg
-from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2_grpc as preg_grpc
 
 __all__ = ["PluginInfo", "get_info", "handler", "notify_status"]
 
@@ -90,14 +89,16 @@ async def get_info(path: Path, *, dial_timeout: float, timeout: float = 1.0) -> 
 
     Raises:
         TimeoutError: the socket did not accept within ``dial_timeout`` seconds.
-        grpc.aio.AioRpcError: GetInfo failed or took longer than ``timeout`` seconds.
+        grpc.aio.AioRpcError: GetInfo failed, took longer than ``timeout`` seconds, or answered
+            something that is not a PluginInfo (INTERNAL).
     """
     async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
         if not await client.ready(channel, dial_timeout):
             raise TimeoutError
-        info = await preg_grpc.RegistrationStub(channel).GetInfo(
-            preg.InfoRequest(), timeout=timeout
+        get = client.Unary[preg.InfoRequest, preg.PluginInfo](
+            channel, "/pluginregistration.Registration/GetInfo", preg.PluginInfo
         )
+        info = await get(preg.InfoRequest(), timeout=timeout)
     return PluginInfo(
         type=info.type,
         name=info.name,
@@ -113,6 +114,11 @@ async def notify_status(path: Path, registered: bool, error: str, *, timeout: fl
         grpc.aio.AioRpcError: the call failed.
     """
     async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
-        await preg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
+        notify = client.Unary[preg.RegistrationStatus, preg.RegistrationStatusResponse](
+            channel,
+            "/pluginregistration.Registration/NotifyRegistrationStatus",
+            preg.RegistrationStatusResponse,
+        )
+        await notify(
             preg.RegistrationStatus(plugin_registered=registered, error=error), timeout=timeout
         )

@@ -16,15 +16,17 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 import anyio.abc
 import grpc
 
 from devplugin_sdk import _names
+from devplugin_sdk._wire.client import call
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedDevice
 from devplugin_sdk._wire.dra_service import DraClient
 from devplugin_sdk._wire.watcher_registration import PluginInfo
@@ -35,6 +37,8 @@ from devplugin_sdk.kubelet.memory_api import MemoryApi
 __all__ = ["DraPod", "DraRegistration", "FakeDra", "PodPreparationError", "PreparedPod"]
 
 log = logging.getLogger("devplugin_sdk.fake_kubelet")
+
+T = TypeVar("T")
 
 #: What a kubelet of 1.34 or later speaks, most recent first (servicesSupportedByKubelet).
 KUBELET_SERVICES = (constants.DRA_SERVICE_V1, constants.DRA_SERVICE_V1BETA1)
@@ -88,6 +92,25 @@ class _Plugin:
     registration: DraRegistration
     channel: grpc.aio.Channel
     client: DraClient
+    #: Why the kubelet closed the connection (a call in flight then fails with it).
+    gone: str | None = None
+
+    async def close(self, why: str) -> None:
+        self.gone = why
+        await self.channel.close()
+
+    async def call(self, method: str, awaitable: Awaitable[T]) -> T:
+        """Await a call to the plugin; a failure is the pod's ``PodPreparationError``."""
+        try:
+            return await call(awaitable)
+        except grpc.aio.AioRpcError as exc:
+            if self.gone is not None:
+                raise PodPreparationError(
+                    f"{method} failed: {self.gone} while the call was in flight"
+                ) from None
+            raise PodPreparationError(
+                f"{method} failed: rpc error: code = {exc.code().name} desc = {exc.details()}"
+            ) from None
 
 
 @dataclass(eq=False)
@@ -152,7 +175,7 @@ class FakeDra:
         """The kubelet stops: connections close; claim information is kept (checkpointed)."""
         for plugins in self._plugins.values():
             for plugin in plugins:
-                await plugin.channel.close()
+                await plugin.close("the kubelet stopped")
         self._plugins.clear()
         for scope in self._wipes.values():
             scope.cancel()
@@ -193,7 +216,10 @@ class FakeDra:
             return error
         assert chosen is not None
         record = DraRegistration(info.name, info.endpoint, chosen, str(socket), record.at)
-        channel = grpc.aio.insecure_channel(f"unix:{info.endpoint}")
+        # Its own connection, as the kubelet's (see DeviceManager.connect).
+        channel = grpc.aio.insecure_channel(
+            f"unix:{info.endpoint}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         self._plugins.setdefault(info.name, []).append(
             _Plugin(record, channel, DraClient(channel, chosen))
         )
@@ -212,7 +238,7 @@ class FakeDra:
                 if plugin.registration.socket != str(socket):
                     continue
                 plugins.remove(plugin)
-                await plugin.channel.close()
+                await plugin.close(f"DRA driver {driver} deregistered")
                 if not plugins:
                     del self._plugins[driver]
                     self._schedule_wipe(driver)
@@ -242,12 +268,12 @@ class FakeDra:
     def successful_registrations(self, driver: str) -> list[DraRegistration]:
         return [r for r in self.registrations if r.driver == driver and r.error is None]
 
-    def _client(self, driver: str) -> DraClient:
+    def _plugin(self, driver: str) -> _Plugin:
         plugins = self._plugins.get(driver)
         if not plugins:
             raise PodPreparationError(f"DRA driver {driver} is not registered")
         # The most recent registration, as the kubelet picks it.
-        return plugins[-1].client
+        return plugins[-1]
 
     # ------------------------------------------------------------------ pods
 
@@ -273,10 +299,10 @@ class FakeDra:
                 batches.setdefault(driver, []).append(info.claim)
         for driver, refs in batches.items():
             self._record_call("NodePrepareResources", driver, refs)
-            try:
-                results = await self._client(driver).prepare(refs, self.call_timeout)
-            except grpc.aio.AioRpcError as exc:
-                raise _call_failed("NodePrepareResources", exc) from None
+            plugin = self._plugin(driver)
+            results = await plugin.call(
+                "NodePrepareResources", plugin.client.prepare(refs, self.call_timeout)
+            )
             errors = {uid: result.error for uid, result in results.items()}
             for uid, info_for in _answered("NodePrepareResources", refs, infos, errors):
                 info_for.devices[driver] = results[uid].devices
@@ -338,10 +364,10 @@ class FakeDra:
                 batches.setdefault(driver, []).append(info.claim)
         for driver, refs in batches.items():
             self._record_call("NodeUnprepareResources", driver, refs)
-            try:
-                errors = await self._client(driver).unprepare(refs, self.call_timeout)
-            except grpc.aio.AioRpcError as exc:
-                raise _call_failed("NodeUnprepareResources", exc) from None
+            plugin = self._plugin(driver)
+            errors = await plugin.call(
+                "NodeUnprepareResources", plugin.client.unprepare(refs, self.call_timeout)
+            )
             for _uid, info_for in _answered("NodeUnprepareResources", refs, infos, errors):
                 del self._claims[(info_for.claim.namespace, info_for.claim.name)]
         self._notify()
@@ -352,13 +378,6 @@ class FakeDra:
     def prepared_claims(self) -> list[ClaimRef]:
         """The claims the kubelet holds as prepared."""
         return [info.claim for info in self._claims.values() if info.prepared]
-
-
-def _call_failed(method: str, exc: grpc.aio.AioRpcError) -> PodPreparationError:
-    """The kubelet's message for a prepare or unprepare call that failed as a whole."""
-    return PodPreparationError(
-        f"{method} failed: rpc error: code = {exc.code().name} desc = {exc.details()}"
-    )
 
 
 def _answered(

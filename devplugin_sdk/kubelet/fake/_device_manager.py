@@ -9,25 +9,23 @@ unhealthy, grace period starts); the client is looked up by resource name (kubel
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import anyio
 import grpc
 
 from devplugin_sdk._wire import client as _client
+from devplugin_sdk._wire.client import call
 from devplugin_sdk.kubelet.fake._records import KubeletDevice
 
 __all__ = ["DeviceManager", "Endpoint", "ResourceBooks", "Spawn", "call", "code_name", "rpc_error"]
 
 log = logging.getLogger("devplugin_sdk.fake_kubelet")
-
-T = TypeVar("T")
 
 #: Starts a task in the kubelet's task group.
 Spawn = Callable[..., None]
@@ -110,16 +108,27 @@ class DeviceManager:
         Returns:
             None, or the kubelet's error for the registration.
         """
-        channel = grpc.aio.insecure_channel(f"unix:{path}")
+        # A connection of its own, as each grpc-go ClientConn of the kubelet has: grpcio's
+        # global subchannel pool would hand a new registration the connection of the last one,
+        # to the plugin's old server, which ends its streams as it stops.
+        channel = grpc.aio.insecure_channel(
+            f"unix:{path}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         client = Endpoint(resource, path, channel, _client.DevicePluginClient(channel))
         key = self._key(resource, path)
         self._clients[key] = client
-        if not await _client.ready(channel, self._knobs.dial_timeout):
+        try:
+            dialled = await _client.ready(channel, self._knobs.dial_timeout)
+        except grpc.aio.UsageError:  # disconnected under us (see below): closed
+            dialled = False
+        if not dialled:
             self._deregister(key)
             await channel.close()
             return "failed to dial device plugin: context deadline exceeded"
         try:
-            client.options = await client.plugin.options()
+            # A call cancelled under us (the plugin's old stream ended and, as in v1.32,
+            # disconnected this newest client) is the kubelet's Canceled error.
+            client.options = await call(client.plugin.options())
         except grpc.aio.AioRpcError as exc:
             self._deregister(key)
             await channel.close()
@@ -149,6 +158,14 @@ class DeviceManager:
                         self._on_list(client, devices)
                 except grpc.aio.AioRpcError as exc:
                     log.info("ListAndWatch for %s ended: %s", client.resource, exc.code().name)
+                except grpc.aio.UsageError:  # disconnected before the stream opened
+                    log.info("ListAndWatch for %s ended: the connection is closed", client.resource)
+                except anyio.get_cancelled_exc_class():
+                    # ``disconnect`` cancels the scope, then closes the channel: a read can end
+                    # with grpc.aio's bare CancelledError first, which the scope would not take
+                    # for its own (and the task group would swallow, cutting the test short).
+                    if not client.scope.cancel_called:
+                        raise
                 except Exception:
                     log.exception("ListAndWatch for %s failed", client.resource)
             log.info("ListAndWatch ended unexpectedly for resource %s", client.resource)
@@ -284,27 +301,6 @@ class DeviceManager:
     def ended_streams(self, resource: str) -> int:
         books = self._books.get(resource)
         return 0 if books is None else books.streams_ended
-
-
-async def call(awaitable: Awaitable[T]) -> T:
-    """Await a call to the plugin; a call cancelled under us is the kubelet's Canceled error.
-
-    grpc.aio raises asyncio.CancelledError when the call (not this task) is cancelled, e.g.
-    because the plugin's connection closed; it must not look like this task's cancellation.
-    """
-    try:
-        return await awaitable
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        cancelling = getattr(task, "cancelling", None)
-        if task is None or cancelling is None or cancelling():
-            raise
-        raise grpc.aio.AioRpcError(
-            grpc.StatusCode.CANCELLED,
-            grpc.aio.Metadata(),
-            grpc.aio.Metadata(),
-            details="the call to the plugin was cancelled",
-        ) from None
 
 
 def code_name(code: grpc.StatusCode) -> str:

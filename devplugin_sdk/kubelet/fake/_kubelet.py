@@ -10,7 +10,9 @@ on, and hands each part of the device manager its work:
 - ``_plugin_watcher``: discovery in ``plugins_registry`` (device plugins and DRA drivers);
 - ``_device_manager``: each resource's endpoint, its ListAndWatch follower and the capacity;
 - ``_admission``: choosing devices, Allocate, PreStartContainer, the allocations held;
-- ``_checkpoint``: the checkpoint file, read at start and written after each change.
+- ``_checkpoint``: the checkpoint file, read at start and written after each change;
+- ``_tasks``: the work of one run (dial-backs, followers), which ``stop`` ends before it closes
+  any connection that work uses, as a kubelet's work ends with its process.
 
 Its DRA side (``dra``, ``kubelet.fake_dra``) registers DRA drivers found by the plugin watcher and
 prepares pods' ResourceClaims as the kubelet's DRA manager does.
@@ -39,6 +41,7 @@ from devplugin_sdk.kubelet.fake._device_manager import DeviceManager
 from devplugin_sdk.kubelet.fake._plugin_watcher import PluginWatcher
 from devplugin_sdk.kubelet.fake._records import ContainerAllocation, KubeletDevice, Registration
 from devplugin_sdk.kubelet.fake._register import RegisterService, RegistrationLog
+from devplugin_sdk.kubelet.fake._tasks import RunTasks
 from devplugin_sdk.kubelet.fake_dra import KUBELET_SERVICES, FakeDra
 from devplugin_sdk.kubelet.memory_api import MemoryApi
 from devplugin_sdk.settings import Settings
@@ -128,6 +131,7 @@ class FakeKubelet:
         self.on_list = on_list
         self._server: grpc.aio.Server | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        self._tasks = RunTasks(lambda: self._tg)  # the work of each run, ended by stop()
         self._changed = anyio.Event()
         self.dra = FakeDra(
             dra_api,
@@ -142,7 +146,7 @@ class FakeKubelet:
             lambda: checkpoint_text(self._admission.entries(), self._devices.registered_devices()),
         )
         self._devices = DeviceManager(
-            self, spawn=self._spawn, checkpoint=self._checkpoint.schedule, notify=self._notify
+            self, spawn=self._tasks.spawn, checkpoint=self._checkpoint.schedule, notify=self._notify
         )
         self._admission = Admission(
             self._devices, seed=seed, checkpoint=self._checkpoint.schedule, notify=self._notify
@@ -151,10 +155,10 @@ class FakeKubelet:
         #: Every registration answered (on either path), in order, with the kubelet's error.
         self.registrations: list[Registration] = self._log.records
         self._register = RegisterService(
-            self, self._devices, self._log, spawn=self._spawn, notify=self._notify
+            self, self._devices, self._log, spawn=self._tasks.spawn, notify=self._notify
         )
         self._watcher = PluginWatcher(
-            self, self._devices, self.dra, self._log, spawn=self._spawn, notify=self._notify
+            self, self._devices, self.dra, self._log, spawn=self._tasks.spawn, notify=self._notify
         )
 
     # ------------------------------------------------------------------ context management
@@ -214,10 +218,6 @@ class FakeKubelet:
         """How many registrations arrived (Register calls and plugin-watcher connections)."""
         return self._log.calls
 
-    def _spawn(self, func: Callable[..., Any], *args: Any) -> None:
-        assert self._tg is not None
-        self._tg.start_soon(func, *args)
-
     # ------------------------------------------------------------------ kubelet start / stop
 
     async def start(self) -> None:
@@ -245,14 +245,16 @@ class FakeKubelet:
         self._notify()
 
     async def stop(self) -> None:
-        """Stop gracefully: disconnect every plugin and remove ``kubelet.sock``."""
+        """Stop gracefully: end the kubelet's work (a Register in flight fails), then disconnect
+        every plugin and remove ``kubelet.sock``."""
         server, self._server = self._server, None
         if server is None:
             return
+        await server.stop(0)  # first: no Register may start work that outlives this run
         self._watcher.stop()
+        await self._tasks.end()
         await self.dra.stop()
         await self._devices.disconnect_all()
-        await server.stop(0)
         # Go's unix listener removes its socket on Close (grpcio does too; make it certain).
         self.socket_path.unlink(missing_ok=True)
         async with self._checkpoint.lock:

@@ -99,17 +99,19 @@ class RegisterService:
         outcome: list[str | None] = []
 
         async def connect() -> None:
-            error = await self._connect(request)
-            self._log.records.append(record if error is None else with_error(record, error))
-            outcome.append(error)
-            self._notify()
-            done.set()
+            try:
+                error = await self._connect(request)
+                self._log.records.append(record if error is None else with_error(record, error))
+                outcome.append(error)
+                self._notify()
+            finally:
+                done.set()  # also when the kubelet stops first: this call must not wait on
 
         # v1.32 ignores the request's context: a client that gives up does not stop the
         # kubelet from dialing back, fetching options and opening ListAndWatch.
         self._spawn(connect)
         await done.wait()
-        return outcome[0]
+        return outcome[0] if outcome else "the kubelet stopped before the registration completed"
 
     async def _connect(self, request: _registration.RegisterCall) -> str | None:
         rejection = self._log.take_rejection()

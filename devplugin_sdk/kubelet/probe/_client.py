@@ -15,7 +15,6 @@ import anyio
 import grpc
 
 from devplugin_sdk._wire import client as _client
-from devplugin_sdk._wire import convert
 from devplugin_sdk.api import constants
 from devplugin_sdk.kubelet.probe._errors import (
     NotADevicePluginError,
@@ -58,7 +57,8 @@ class ListStream:
         Raises:
             TimeoutError: no message within ``timeout`` seconds.
             ProtocolViolation: the stream ended or the message was too big.
-            PluginRpcError: the stream ended with an error status.
+            PluginRpcError: the stream ended with an error status, or sent a message that is not
+                a ListAndWatchResponse (INTERNAL).
             ProbeError: the stream was cancelled from this side (``cancel`` or a timeout).
         """
         if self._call.cancelled():
@@ -74,7 +74,11 @@ class ListStream:
                 "going away (its devices become unhealthy until it registers again)"
             )
         self.messages += 1
-        return _device_list(payload)
+        try:
+            return _device_list(payload)
+        except grpc.aio.AioRpcError as exc:  # not a ListAndWatchResponse
+            self._call.cancel()  # as grpc-go cancels the kubelet's stream
+            raise _stream_error(exc) from None
 
     def __aiter__(self) -> AsyncIterator[DeviceList]:
         return self._iterate()
@@ -86,7 +90,7 @@ class ListStream:
 
 def _device_list(payload: bytes) -> DeviceList:
     return DeviceList(
-        devices=convert.decode_listed_devices(payload),
+        devices=_client.decode_listed_devices(payload),
         size=len(payload),
         received_at=time.time(),
     )
