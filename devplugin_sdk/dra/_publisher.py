@@ -266,30 +266,9 @@ class Publisher:
         generation = max([s.generation for s in current] + [self.generation]) + 1
         count = len(chunks)
         for i, devices in enumerate(chunks):
-            if i < len(current):
-                stored = await self.api.update_slice(
-                    replace(
-                        current[i],
-                        pool=self.node_name,
-                        generation=generation,
-                        slice_count=count,
-                        devices=devices,
-                        node_uid=current[i].node_uid or owner,
-                    )
-                )
-            else:
-                stored = await self.api.create_slice(
-                    ResourceSlice(
-                        name="",
-                        driver=self.driver,
-                        node_name=self.node_name,
-                        pool=self.node_name,
-                        generation=generation,
-                        slice_count=count,
-                        devices=devices,
-                        node_uid=owner,
-                    )
-                )
+            stored = await self._write(
+                current[i] if i < len(current) else None, owner, generation, count, devices
+            )
             self._echo[stored.name] = (tuple(stored.devices), tuple(devices))
         for stale in current[count:]:
             self._echo.pop(stale.name, None)
@@ -312,6 +291,39 @@ class Publisher:
         )
         self._published(wanted)
         return True
+
+    async def _write(
+        self,
+        old: ResourceSlice | None,
+        owner: str,
+        generation: int,
+        count: int,
+        devices: tuple[SliceDevice, ...],
+    ) -> ResourceSlice:
+        """Update ``old`` (or create a slice) to hold ``devices``; what the server stored."""
+        if old is not None:
+            return await self.api.update_slice(
+                replace(
+                    old,
+                    pool=self.node_name,
+                    generation=generation,
+                    slice_count=count,
+                    devices=devices,
+                    node_uid=old.node_uid or owner,
+                )
+            )
+        return await self.api.create_slice(
+            ResourceSlice(
+                name="",
+                driver=self.driver,
+                node_name=self.node_name,
+                pool=self.node_name,
+                generation=generation,
+                slice_count=count,
+                devices=devices,
+                node_uid=owner,
+            )
+        )
 
     def _published(self, wanted: tuple[SliceDevice, ...]) -> None:
         self.published = wanted
