@@ -6,7 +6,10 @@
 * repeat: the same prepare again after the kubelet forgot its answer (served from the
   checkpoint, no work);
 * withdraw: a device's health event until the pool's new generation no longer lists it;
-* republish: the kubelet's wipe of the node's slices until the pool is complete again.
+* republish: the kubelet's wipe of the node's slices until the pool is complete again (each
+  wipe 50 ms after the last republish, once the driver has read its write back: a kubelet
+  restarts seconds apart; a write undone again before it was read back is a fight, which the
+  driver backs off from, docs/reliability.md).
 
     python benchmarks/bench_dra.py [--claims 200] [--flips 200] [--devices 64]
 """
@@ -91,6 +94,7 @@ async def main(claims: int, flips: int, count: int) -> None:
 
                 republish: list[float] = []
                 for _ in range(20):
+                    await anyio.sleep(0.05)  # the driver reads its write back (see the docstring)
                     started = time.perf_counter()
                     api.wipe_slices("node-1")
                     while not api.pool_complete(DRIVER, "node-1"):

@@ -270,6 +270,25 @@ async def test_the_kubelets_wipe_right_after_a_write_is_no_fight(tmp_path: Path)
     assert server.count("POST") == 2
 
 
+async def test_kubelet_restarts_seconds_apart_are_each_republished_at_once(tmp_path: Path) -> None:
+    """Each wipe of a write that stood (a kubelet restarting, however often it flaps) is written
+    again at once: only a write undone again before the driver read it back is a fight."""
+    memory = MemoryApi(nodes=[NODE])
+    async with FakeApiServer(memory).serving() as server:
+        with _sdk_log() as log:
+            async with _publishing(tmp_path, server) as pub:
+                await _published(pub, ("w0",))
+                for _ in range(3):
+                    await anyio.sleep(0.3)  # the scenario: the write stands, read back
+                    memory.wipe_slices(NODE)
+                    with anyio.fail_after(5):
+                        while not memory.pool_complete(DRIVER, NODE):
+                            await memory.wait_changed(memory.generation)
+                assert pub.last_error is None
+    assert not log.at_least(logging.WARNING)
+    assert server.count("POST") == 4
+
+
 async def test_a_second_writer_is_not_fought_at_full_speed(tmp_path: Path) -> None:
     memory = MemoryApi(nodes=[NODE])
 
