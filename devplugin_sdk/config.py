@@ -58,7 +58,8 @@ _MESSAGE_LIMIT = 200  # characters of a YAML library message quoted in an error
 
 
 def read_file(path: str | os.PathLike[str], limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of a configuration file, read safely.
+    """The bytes of a file the SDK reads (a configuration, a checkpoint, a sysfs attribute), read
+    safely.
 
     Symlinks are followed (a Kubernetes ConfigMap's files are symlinks), but the file itself
     must be a regular file of at most ``limit`` bytes: a FIFO, a device (``/dev/zero``), a
@@ -90,7 +91,7 @@ def read_file(path: str | os.PathLike[str], limit: int = MAX_FILE_BYTES) -> byte
     finally:
         os.close(fd)
     if size > limit:
-        raise ConfigError(name, f"larger than {limit} bytes; a configuration file is limited")
+        raise ConfigError(name, f"grew larger than the {limit} bytes read of such a file")
     return b"".join(chunks)
 
 
@@ -99,7 +100,7 @@ def _check_regular(name: str, st: os.stat_result, limit: int) -> None:
         raise ConfigError(name, f"not a regular file but {_file_kind(st.st_mode)}")
     if st.st_size > limit:
         raise ConfigError(
-            name, f"{st.st_size} bytes is larger than the {limit} bytes a configuration may have"
+            name, f"{st.st_size} bytes is larger than the {limit} bytes read of such a file"
         )
 
 
