@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import anyio
 
@@ -46,3 +47,12 @@ def load_example(name: str) -> ModuleType:
     sys.modules[module_name] = module  # before running it: its dataclasses look themselves up
     spec.loader.exec_module(module)
     return module
+
+
+def figures(row: str, **values: Any) -> None:
+    """One line of measured figures for docs/reliability.md (``pytest -s`` shows them)."""
+    shown = ", ".join(
+        f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}"
+        for key, value in values.items()
+    )
+    print(f"figures {row}: {shown}")

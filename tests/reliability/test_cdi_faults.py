@@ -27,11 +27,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from plugin_process import PluginProcess, spawned
+from sdk_helpers import figures
 
 from devplugin_sdk.testing import FakeKubelet
 
@@ -120,15 +120,6 @@ def spec_names(path: Path) -> set[str]:
 
 def names(*ids: str) -> set[str]:
     return {f"{RESOURCE}={device_id}" for device_id in ids}
-
-
-def figures(row: str, **values: Any) -> None:
-    """One line of measured figures for docs/reliability.md."""
-    shown = ", ".join(
-        f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}"
-        for key, value in values.items()
-    )
-    print(f"figures {row}: {shown}")
 
 
 # ----------------------------------------------------------------------------- the process

@@ -23,7 +23,6 @@ import sys
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -31,6 +30,7 @@ import pytest
 import yaml
 from kube_apiserver import FakeApiServer
 from prometheus_client import CollectorRegistry
+from sdk_helpers import figures
 
 from devplugin_sdk import Device, DeviceNode, DevicePlugin, Health, HealthEvent, RescanEvent
 from devplugin_sdk._engine.held import held_devices
@@ -40,15 +40,6 @@ from devplugin_sdk.runner import Http, Reload
 from devplugin_sdk.testing import FakeKubelet, MemoryApi, serving
 
 ACME = "acme.com/widget"
-
-
-def figures(row: str, **values: Any) -> None:
-    """One line of measured figures for docs/reliability.md."""
-    shown = ", ".join(
-        f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}"
-        for key, value in values.items()
-    )
-    print(f"figures {row}: {shown}")
 
 
 # ----------------------------------------------------------------------------- row 7
