@@ -40,8 +40,8 @@ class DraDriver:
             directories.
         both: The device-plugin API serves the plugins too (``api: both``).
         expected: Resources of the initial plugins: nothing is published or registered before
-            each has discovered its devices, so a restarted driver never withdraws devices it
-            still has.
+            each has discovered its devices (or ``FIRST_LIST_WAIT`` has passed), so a restarted
+            driver never withdraws devices it still has.
 
     Raises:
         ValueError: the node name is unknown or invalid.

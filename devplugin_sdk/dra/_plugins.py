@@ -22,7 +22,7 @@ from devplugin_sdk.dra.resources import SliceDevice
 from devplugin_sdk.settings import Settings
 from devplugin_sdk.types import Health
 
-__all__ = ["DETACH_GRACE", "Plugins"]
+__all__ = ["DETACH_GRACE", "FIRST_LIST_WAIT", "Plugins"]
 
 log = logging.getLogger("devplugin_sdk")
 
@@ -30,6 +30,11 @@ log = logging.getLogger("devplugin_sdk")
 #: changed plugin before its replacement has discovered its devices, which must not withdraw
 #: (and then publish again) every device the two have in common.
 DETACH_GRACE = 10.0
+
+#: How long the pool waits for every initial plugin's first device list: past it, what the others
+#: reported is published (and the driver registers) with a warning naming the missing plugins; a
+#: hung discovery must not keep the driver's other devices off the node forever.
+FIRST_LIST_WAIT = 30.0
 
 
 class Plugins:
@@ -40,11 +45,13 @@ class Plugins:
         both: The device-plugin API serves the plugins too (``api: both``): its registration
             owns the plugins' links.
         expected: Resources of the initial plugins: the pool is not ``ready`` (nothing is
-            published or registered) before each has discovered its devices, so a restarted
-            driver never withdraws devices it still has.
+            published or registered) before each has discovered its devices, or
+            ``FIRST_LIST_WAIT`` has passed, so a restarted driver never withdraws devices it
+            still has.
 
     Attributes:
-        ready: Set once every expected plugin is attached.
+        ready: Set once every expected plugin is attached (its first discovery is done), or
+            ``FIRST_LIST_WAIT`` after ``run`` starts.
     """
 
     def __init__(self, options: Dra, *, both: bool, expected: Collection[str]) -> None:
@@ -61,9 +68,11 @@ class Plugins:
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def run(self) -> None:
-        """Keep the devices of stopped plugins published for ``DETACH_GRACE``, until cancelled."""
+        """Keep the devices of stopped plugins published for ``DETACH_GRACE``, and bound the
+        wait for the first device lists, until cancelled."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            tg.start_soon(self._bound_first_lists)
             try:
                 await anyio.sleep_forever()
             finally:
@@ -127,6 +136,23 @@ class Plugins:
                 tg.cancel_scope.cancel()
 
         return both
+
+    async def _bound_first_lists(self) -> None:
+        """Make the pool ``ready`` after ``FIRST_LIST_WAIT`` if some plugin has not reported."""
+        with anyio.move_on_after(FIRST_LIST_WAIT):
+            await self.ready.wait()
+        if self.ready.is_set():
+            return
+        missing = sorted(self.expected - set(self._attached))
+        log.warning(
+            "DRA %s: publishing without %s: not discovered %gs after start (a slow or hung "
+            "discover()); their devices are added when they report them",
+            self.driver,
+            ", ".join(missing),
+            FIRST_LIST_WAIT,
+        )
+        self.ready.set()
+        self.refresh()
 
     def _detach(self, resource: str, plugin: PluginHandle) -> None:
         """Keep a stopped plugin's devices published for ``DETACH_GRACE``, unless a new plugin

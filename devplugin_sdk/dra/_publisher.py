@@ -10,7 +10,8 @@ through a watch, and a periodic resync, and written again. Every retry (a refuse
 conflict, a watch that ends at once, a second writer undoing ours) waits a jittered backoff, and
 a write that never sticks is given up, loudly, until the devices change or the next resync.
 Slices stay when the plugin stops: the kubelet removes them 30 s after the driver is gone for
-good, and a restarted plugin takes them over.
+good, and a restarted plugin takes them over; nothing is written before the first ``want``, so a
+restart never publishes the pool short of the devices its plugins have yet to report.
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ class Publisher:
         self._wanted: tuple[SliceDevice, ...] = ()
         self._wanted_at = time.monotonic()
         self._dirty = anyio.Event()
+        # Set by the first ``want``: before it, the content is unknown, not empty (a restarted
+        # driver whose plugins are still discovering must not withdraw its pool).
+        self._given = anyio.Event()
         self._done = anyio.Event()
         self._new_content = anyio.Event()
         self._node_uid: str | None = None
@@ -103,12 +107,16 @@ class Publisher:
             self._wanted_at = time.monotonic()
             self._new_content.set()
             self._new_content = anyio.Event()
+        if not self._given.is_set():
+            self._wanted_at = time.monotonic()
+            self._given.set()
         self._dirty.set()
 
     @property
     def pending_seconds(self) -> float:
-        """How long the wanted content has waited unpublished (0 when published)."""
-        if self.published == self._wanted:
+        """How long the wanted content has waited unpublished (0 when published, or before the
+        first ``want``)."""
+        if self.published == self._wanted or not self._given.is_set():
             return 0.0
         return time.monotonic() - self._wanted_at
 
@@ -119,9 +127,12 @@ class Publisher:
 
     async def run(self) -> None:
         """Publish until cancelled: on every ``want``, whenever the slices change, and every
-        ``resync_seconds``."""
+        ``resync_seconds``; nothing before the first ``want``."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch)
+            # The watch starts with an event for every slice that exists (a restarted driver's
+            # pool): those wait for the content instead of syncing an empty one.
+            await self._given.wait()
             while True:
                 await self._wait_for_work()
                 content = self._wanted

@@ -1,7 +1,8 @@
 """An in-memory Kubernetes API holding ResourceClaims and ResourceSlices, for tests and FakeKubelet.
 
 It implements ``resources.ResourceApi`` with the API server's behaviour that a driver relies on:
-generated names, resource versions and conflicts on stale updates, a watch that reports every
+generated names, resource versions and conflicts on stale updates, a watch that starts with the
+slices that exist (one ADDED event each, as from resourceVersion "") and reports every
 change (including deletions by someone else; ``changes_since`` keeps the recent ones in order,
 as the API server's watch cache does), field-selector lists, and the validation a real
 server applies to slices (names, device count, attribute limits). Tests add claims and allocate
@@ -252,6 +253,11 @@ class MemoryApi:
     async def watch_slices(self, driver: str, node_name: str) -> AsyncIterator[None]:
         self._call("watch_slices")
         seen = self._generation
+        # As the API server's watch from resourceVersion "" (or 0) does: first an ADDED event
+        # for every slice that exists, then the changes.
+        for s in list(self.slices.values()):
+            if s.driver == driver and s.node_name == node_name:
+                yield None
         while True:
             seen = await self.wait_changed(seen)
             yield None
