@@ -2,11 +2,11 @@
 
 Facts from NVIDIA's Xid catalog for Ampere and newer GPUs, "Resolution Bucket (Immediate
 Action)" column (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, Xids
-1-162, as published when read on 2026-11-26; NVIDIA's NVSentinel ships the same buckets in
-``xiderrorsmapping.csv``). Names are ours, in short. Our class: ``ignore`` (informational, the
-GPU and its work are fine), ``advisory`` (the application was hit, the GPU is usable),
-``no_schedule`` (the GPU needs a reset, a reboot or service). An Xid not listed is
-``no_schedule``, as every Xid was before this table.
+1-162). The page has no version number: read 2026-11-26, with NVIDIA/NVSentinel's copy of
+its buckets (``xiderrorsmapping.csv`` at 6f8b0fc). Names are ours, in short. Our class:
+``ignore`` (informational, the GPU and its work are fine), ``advisory`` (the application was
+hit, the GPU is usable), ``no_schedule`` (the GPU needs a reset, a reboot or service). An Xid
+not listed is ``no_schedule``, as every Xid was before this table.
 """
 
 from __future__ import annotations
