@@ -102,7 +102,7 @@ BACKEND_CONFIG: dict[str, Any] = {
     },
     "health": {
         "disabled": False,
-        "ignoredXids": [13, 31, 43, 45, 68, 109],
+        "ignoredXids": [109],
         "probeInterval": 5,
         "recoveryPeriod": 60,
     },

@@ -68,7 +68,7 @@ def test_the_shipped_config_is_valid_and_means_nvidias_defaults(
     [plugin] = load(example, tmp_path, fake_nvml.t4_pcie())
 
     assert plugin.resource_name == GPU
-    assert plugin.config.ignored_xids == {13, 31, 43, 45, 68, 109}
+    assert plugin.config.ignored_xids == {109}
     assert plugin.config.recovery_period == 60
     assert plugin.health_interval == plugin.config.probe_interval == 5
     assert plugin.container_env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

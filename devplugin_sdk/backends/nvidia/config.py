@@ -29,11 +29,11 @@ __all__ = [
     "VgpuSharing",
 ]
 
-# Application-caused Xids that leave the GPU usable, as NVIDIA's plugin ignores them
-# (internal/rm/health.go): 13 graphics engine exception, 31 GPU memory page fault, 43 GPU
-# stopped processing, 45 preemptive cleanup, 68 video processor exception, 109 context
-# switch timeout.
-DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+# Xids ignored whatever their class in NVIDIA's catalog (``xids``): 109, context switch
+# timeout, which NVIDIA's plugin ignores (internal/rm/health.go) though the catalog says reset
+# the GPU. The plugin's other ignored Xids (13, 31, 43, 45, 68) are advisory by the catalog:
+# the GPU stays healthy, and the event is logged.
+DEFAULT_IGNORED_XIDS = frozenset({109})
 
 MIG_STRATEGIES = ("none", "single", "mixed")
 DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi")
@@ -159,7 +159,8 @@ class NvidiaConfig:
         fail_requests_greater_than_one: With replicas, refuse containers asking for more
             than one device (a shared GPU cannot give more).
         health_disabled: No Xid events and no probe; devices stay Healthy.
-        ignored_xids: Xids that do not make a GPU unhealthy.
+        ignored_xids: Xids ignored whatever their class in NVIDIA's catalog (logged at
+            debug); an Xid not listed has its catalog class (``xids.classify``).
         probe_interval: Seconds between NVML probes of every GPU, the plugin's
             ``health_interval`` (finds lost GPUs and rising ECC counts without an event, and
             drives recovery).
@@ -242,7 +243,7 @@ class NvidiaConfig:
                 interceptor: {hostPath: /usr/local/vgpu}   # optional
             health:
               disabled: false
-              ignoredXids: [13, 31, 43, 45, 68, 109]   # replaces the default list
+              ignoredXids: [109]         # replaces the default list
               probeInterval: 5
               recoveryPeriod: 60         # null: never recover
             sysfsRoot: /sys

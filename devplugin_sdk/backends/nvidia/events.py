@@ -1,7 +1,8 @@
 """Pushed health: Xid and double-bit ECC events as NVML delivers them (``nvmlEventSetWait_v2``),
 turned into health events for the devices they hit, the moment they arrive.
 
-Facts from nvml.h and NVIDIA/k8s-device-plugin ``internal/rm/health.go`` (ignored Xids).
+What an Xid does is ``xids.classify``'s (NVIDIA's Xid catalog), unless ``ignored_xids``
+lists it. Facts from nvml.h.
 """
 
 from __future__ import annotations
@@ -20,27 +21,12 @@ from devplugin_sdk.backends.nvidia.config import NvidiaConfig
 from devplugin_sdk.backends.nvidia.discovery import Inventory, _units
 from devplugin_sdk.backends.nvidia.health import GpuHealth
 from devplugin_sdk.backends.nvidia.library import _text
+from devplugin_sdk.backends.nvidia.xids import classify
 from devplugin_sdk.types import Health, HealthEvent, RescanEvent
 
 __all__ = ["XidEvents"]
 
 log = logging.getLogger(__name__)
-
-# For log lines only (NVIDIA's Xid catalogue).
-_XID_NAMES = {
-    13: "graphics engine exception",
-    31: "GPU memory page fault",
-    43: "GPU stopped processing",
-    45: "preemptive cleanup",
-    48: "double-bit ECC error",
-    68: "video processor exception",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    109: "context switch timeout",
-}
-
 
 # nvml.h, nvmlEventData_t: gpuInstanceId/computeInstanceId are 0xFFFFFFFF when the event is
 # not attributable to one MIG instance (the whole GPU is affected).
@@ -228,14 +214,23 @@ class XidEvents:
         """Health events for one NVML event."""
         nvml = self.nvml
         if event.eventType == nvml.nvmlEventTypeXidCriticalError:
-            xid = int(event.eventData)
-            name = _XID_NAMES.get(xid)
-            reason = f"Xid {xid}" + (f" ({name})" if name else "")
-            if xid in self.config.ignored_xids:
-                log.info("ignoring %s: an application error, the GPU stays healthy", reason)
+            info = classify(int(event.eventData))
+            reason = f"Xid {info.xid}" + (f" ({info.name})" if info.name else "")
+            # ignored_xids overrides the catalog: a listed Xid is ignored whatever its class.
+            if info.xid in self.config.ignored_xids or info.cls == "ignore":
+                log.debug("ignoring %s: NVIDIA's resolution: %s", reason, info.resolution)
                 return []
+            if info.cls == "advisory":
+                log.info(
+                    "advisory: %s; the GPU stays healthy; NVIDIA's resolution: %s",
+                    reason,
+                    info.resolution,
+                )
+                return []
+            resolution = info.resolution
         elif event.eventType == nvml.nvmlEventTypeDoubleBitEccError:
             reason = "double-bit ECC error"
+            resolution = None
         else:
             return []
         gpu = waiter.uuid_by_handle.get(_handle_key(event.device))
@@ -250,6 +245,8 @@ class XidEvents:
         unit = self._event_unit(gpu, int(event.gpuInstanceId), int(event.computeInstanceId))
         if unit is None:
             return []
+        if resolution is not None:
+            log.info("%s on GPU %s: NVIDIA's resolution: %s", reason, gpu, resolution)
         # The engine logs each device's change once, with this reason.
         self._tracker.fault(unit, reason)
         if self.serves == "memory":
