@@ -31,6 +31,8 @@ PROTOS = (
     "devplugin_sdk/api/pluginregistration/v1/pluginregistration.proto",
     "devplugin_sdk/api/dra/v1/dra.proto",
     "devplugin_sdk/api/dra/v1beta1/dra.proto",
+    "devplugin_sdk/api/dra_health/v1/dra_health.proto",
+    "devplugin_sdk/api/dra_health/v1alpha1/dra_health.proto",
 )
 # The generator environment's Python; GEN_PYTHON overrides it.
 GEN_PYTHON = Path(os.environ.get("GEN_PYTHON", ROOT / ".venv-gen" / "bin" / "python"))

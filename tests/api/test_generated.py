@@ -29,7 +29,7 @@ def test_regeneration_reproduces_committed_files(tmp_path: Path) -> None:
     # differences(): every file in either set, compared byte for byte (its own test below shows
     # it names an edited, a missing and an extra file).
     assert generator.differences(tmp_path) == []
-    assert len(list(tmp_path.rglob("*_pb2*"))) == 16  # 4 protos x (_pb2, _pb2_grpc) x (.py, .pyi)
+    assert len(list(tmp_path.rglob("*_pb2*"))) == 24  # 6 protos x (_pb2, _pb2_grpc) x (.py, .pyi)
 
 
 def test_check_names_a_committed_file_that_differs(tmp_path: Path) -> None:
@@ -153,15 +153,51 @@ def test_dra_method_paths_and_fields_are_the_kubelets(version: str) -> None:
     assert fields["NodePrepareResourcesResponse"] == {"claims": 1}
 
 
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+def test_dra_health_service_names_and_fields_are_the_kubelets(version: str) -> None:
+    """The plugin lists <version>.DRAResourceHealth in GetInfo and the kubelet calls
+    /<version>.DRAResourceHealth/NodeWatchResources; the fields are its wire contract
+    (k8s.io/kubelet pkg/apis/dra-health/<version>/api.proto)."""
+    health = importlib.import_module(f"devplugin_sdk.api.dra_health.{version}.dra_health_pb2")
+    assert health.DESCRIPTOR.package == version
+    services = {
+        s.full_name: [(m.name, m.server_streaming) for m in s.methods]
+        for s in health.DESCRIPTOR.services_by_name.values()
+    }
+    assert services == {f"{version}.DRAResourceHealth": [("NodeWatchResources", True)]}
+    fields = {
+        m.name: {f.name: f.number for f in m.fields}
+        for m in health.DESCRIPTOR.message_types_by_name.values()
+    }
+    assert fields["DeviceIdentifier"] == {"pool_name": 1, "device_name": 2}
+    assert fields["DeviceHealth"] == {
+        "device": 1,
+        "health": 2,
+        "last_updated_time": 3,
+        "health_check_timeout_seconds": 4,
+        "message": 5,
+    }
+    assert fields["NodeWatchResourcesResponse"] == {"devices": 1}
+    statuses = health.DESCRIPTOR.enum_types_by_name["HealthStatus"].values_by_name
+    assert {name: v.number for name, v in statuses.items()} == {
+        "UNKNOWN": 0,
+        "HEALTHY": 1,
+        "UNHEALTHY": 2,
+    }
+
+
 def test_every_api_loads_in_one_process() -> None:
-    """Both DRA versions, the device-plugin API and the registration API share one pool."""
+    """Both DRA versions, both health versions, the device-plugin API and the registration API
+    share one pool."""
     from devplugin_sdk.api.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
     from devplugin_sdk.api.dra.v1 import dra_pb2 as v1
     from devplugin_sdk.api.dra.v1beta1 import dra_pb2 as v1beta1
+    from devplugin_sdk.api.dra_health.v1 import dra_health_pb2 as h1
+    from devplugin_sdk.api.dra_health.v1alpha1 import dra_health_pb2 as h1alpha1
     from devplugin_sdk.api.pluginregistration.v1 import pluginregistration_pb2 as preg
 
-    names = {m.DESCRIPTOR.name for m in (pb, v1, v1beta1, preg)}
-    assert len(names) == 4
+    names = {m.DESCRIPTOR.name for m in (pb, v1, v1beta1, h1, h1alpha1, preg)}
+    assert len(names) == 6
 
 
 def test_importing_the_sdk_does_not_import_nvml() -> None:
