@@ -34,6 +34,9 @@ class Settings:
             long after stopping the old server, so the old stream's end cannot tear down the
             new registration (kubelet issue #121994).
         health_interval: Period of ``check_health()`` polling, seconds.
+        advisory_hold: How long an advisory (``Effect.ADVISORY``: the device works, operators
+            should look) stays on a device after its last advisory signal, seconds, unless the
+            device's health changes first.
         prestart_timeout: Bound on ``pre_start_container()``; the kubelet gives up at 30 s.
         hook_timeout: Bound on ``allocate()`` and ``preferred_allocation()``; the kubelet sets
             none, and admission of every pod on the node waits behind a hanging call.
@@ -54,6 +57,7 @@ class Settings:
     stream_lost_grace: float = 5.0
     reregister_delay: float = 1.5
     health_interval: float = 10.0
+    advisory_hold: float = 3600.0
     prestart_timeout: float = 20.0
     hook_timeout: float = 8.0
     stop_grace: float = 1.0
@@ -74,6 +78,7 @@ class Settings:
             "register_backoff_max",
             "restart_poll_interval",
             "health_interval",
+            "advisory_hold",
             "prestart_timeout",
             "hook_timeout",
             "stop_timeout",

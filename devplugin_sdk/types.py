@@ -22,6 +22,7 @@ __all__ = [
     "AttributeValue",
     "Device",
     "DeviceNode",
+    "Effect",
     "Health",
     "HealthEvent",
     "HealthReport",
@@ -202,6 +203,47 @@ class Health(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class Effect(str, enum.Enum):
+    """What a health signal does to the device's use: the effect of the DRA taint it puts on
+    the device, and whether the device-plugin API lists the device Unhealthy.
+
+    A backend classifies each signal; the SDK applies the same effect in every channel.
+    """
+
+    #: The device works; operators should look. Device plugin: stays Healthy. DRA: a taint
+    #: with effect ``None`` (the scheduler ignores it), HEALTHY on the kubelet's health stream
+    #: with the reason as message. It lasts ``Settings.advisory_hold`` seconds after the last
+    #: such signal, or until the device's health changes.
+    ADVISORY = "None"
+    #: No new work. Device plugin: Unhealthy. DRA: a ``NoSchedule`` taint (running pods keep the
+    #: device, no new claim gets it), UNHEALTHY on the health stream. The default of every
+    #: Unhealthy report.
+    NO_SCHEDULE = "NoSchedule"
+    #: The device cannot serve what runs on it. Device plugin: Unhealthy. DRA: a ``NoExecute``
+    #: taint (pods using it are evicted) only when the operator opts in
+    #: (``Dra(no_execute=True)``); ``NoSchedule`` otherwise.
+    NO_EXECUTE = "NoExecute"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _check_effect(health: Health, effect: Effect | None, what: str) -> None:
+    """Refuse an effect that contradicts the health it comes with.
+
+    Raises:
+        ValueError: naming ``what``.
+    """
+    if effect is None:
+        return
+    effect = Effect(effect)
+    if (health is Health.HEALTHY) != (effect is Effect.ADVISORY):
+        raise ValueError(
+            f"{what}: effect {effect.value} does not go with {health.value} (an advisory is "
+            "Healthy; NoSchedule and NoExecute are Unhealthy)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,12 +489,26 @@ class HealthEvent:
         device_id: The device's ID, or the ID of a parent: the event then applies to every
             device whose ``parent`` is this ID as well.
         health: The new health.
-        reason: Why, for the log (e.g. ``"Xid 79"``).
+        reason: Why (e.g. ``"Xid 79"``): the log line, the DRA taint's value and the health
+            stream's message say it.
+        effect: What it does (``Effect``); None is ``NO_SCHEDULE`` for Unhealthy and nothing
+            for Healthy. ``Effect.ADVISORY`` goes with Healthy: the device works, operators
+            should look.
+
+    Raises:
+        ValueError: an effect that contradicts the health.
     """
 
     device_id: str
     health: Health
     reason: str = ""
+    effect: Effect | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "health", Health(self.health))
+        if self.effect is not None:
+            object.__setattr__(self, "effect", Effect(self.effect))
+        _check_effect(self.health, self.effect, f"HealthEvent for {self.device_id!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,14 +535,26 @@ class HealthReport(Mapping[str, Health]):
     Args:
         health: Health by device ID or parent ID.
         reasons: Why, by the same IDs (``"Xid 79 (GPU has fallen off the bus)"``).
+        effects: What each report does (``Effect``), by the same IDs; an ID without one is
+            ``NO_SCHEDULE`` when Unhealthy and nothing when Healthy.
+
+    Raises:
+        ValueError: an effect that contradicts its ID's health, or names an ID without health.
     """
 
     health: Mapping[str, Health]
     reasons: Mapping[str, str] = field(default_factory=dict)
+    effects: Mapping[str, Effect] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "health", {k: Health(v) for k, v in self.health.items()})
         object.__setattr__(self, "reasons", dict(self.reasons))
+        effects = {k: Effect(v) for k, v in self.effects.items()}
+        for key, effect in effects.items():
+            if key not in self.health:
+                raise ValueError(f"HealthReport: effect for {key!r}, which has no health")
+            _check_effect(self.health[key], effect, f"HealthReport for {key!r}")
+        object.__setattr__(self, "effects", effects)
 
     def __getitem__(self, device_id: str) -> Health:
         return self.health[device_id]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -74,8 +75,10 @@ class DeviceFeed:
         log.info("%s: discovered %d devices", self.resource, len(devices), extra=self._extra)
 
     async def run(self) -> None:
-        """Poll and consume pushed events until cancelled (each only if the plugin has it)."""
+        """Poll and consume pushed events until cancelled (each only if the plugin has it), and
+        end advisories when their hold is over."""
         async with anyio.create_task_group() as tg:
+            tg.start_soon(self._expire_advice)
             if self.inherited and self.checkpoint is not None:
                 tg.start_soon(self._release_inherited, self.checkpoint)
             if self.plugin.overrides("check_health"):
@@ -141,6 +144,25 @@ class DeviceFeed:
                     )
             await anyio.sleep(self.health_interval)
 
+    async def _expire_advice(self) -> None:
+        """Sleep until the next advisory's hold is over, or until something changes."""
+        changed = anyio.Event()
+
+        def wake() -> None:
+            changed.set()
+
+        unsubscribe = self.state.subscribe(wake)
+        try:
+            while True:
+                changed = anyio.Event()
+                ends = self.state.expire_advice()
+                with anyio.move_on_after(
+                    math.inf if ends is None else max(0.0, ends - self.state.clock())
+                ):
+                    await changed.wait()
+        finally:
+            unsubscribe()
+
     async def _poll_health(self) -> None:
         while True:
             try:
@@ -161,7 +183,12 @@ class DeviceFeed:
                 try:
                     async for event in events:
                         if isinstance(event, HealthEvent):
-                            self.state.report_health({event.device_id: event.health}, event.reason)
+                            effects = (
+                                {} if event.effect is None else {event.device_id: event.effect}
+                            )
+                            self.state.report_health(
+                                {event.device_id: event.health}, event.reason, effects
+                            )
                         elif isinstance(event, RescanEvent):
                             await self.rescan(event.reason)
                         else:  # authors may yield anything at run time

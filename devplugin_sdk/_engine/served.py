@@ -59,7 +59,7 @@ class ServedPlugin:
         self.settings = settings
         self.watcher = watcher
         self.strategy = strategy
-        self.state = DeviceState(self.resource, events=events)
+        self.state = DeviceState(self.resource, events=events, advisory_hold=settings.advisory_hold)
         self.streams = Streams(self.resource, watcher.notify)
         self.link = Link(self.resource, events)
         servicer = DevicePluginServicer(

@@ -2,8 +2,10 @@
 
 Every ListAndWatch stream of the plugin reads snapshots from here; a change bumps the version
 and wakes the streams, which send the newest full list (changes made while a stream was busy
-coalesce into one message). Health has one owner, this module: a device's health is the latest
-report about it or its parent, and nothing is sticky (``DeviceState.report_health``).
+coalesce into one message). Health has one owner, this module: a device's ``Condition`` (its
+health, the effect and reason of the report that made it, since when) is the latest report about
+it or its parent, and nothing is sticky (``DeviceState.report_health``). ListAndWatch, the DRA
+taints and the DRA health stream all read that one condition.
 """
 
 from __future__ import annotations
@@ -13,18 +15,65 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import anyio
 
 from devplugin_sdk._engine.events import Events
 from devplugin_sdk._wire import convert
 from devplugin_sdk.errors import BackendError, UnknownDeviceError, summarize_ids
-from devplugin_sdk.types import Device, Health, HealthReport
+from devplugin_sdk.types import Device, Effect, Health, HealthReport
+
+__all__ = ["Condition", "DeviceState", "Snapshot"]
 
 log = logging.getLogger("devplugin_sdk")
 
 _BORN_KEPT = 1024
 _FLIPS_LOGGED_ONE_BY_ONE = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A device's health as every channel shows it.
+
+    Args:
+        health: What ListAndWatch says.
+        effect: ``Effect.ADVISORY`` (Healthy, operators should look), ``NO_SCHEDULE`` or
+            ``NO_EXECUTE`` (Unhealthy); None: Healthy with nothing to say.
+        reason: The reason of the report that made it ("" when there is nothing to say).
+        since: When it began, as wall-clock seconds (a DRA taint's ``timeAdded``); 0.0 for a
+            plain Healthy device.
+    """
+
+    health: Health
+    effect: Effect | None = None
+    reason: str = ""
+    since: float = 0.0
+
+
+#: The condition of a device nothing was reported about.
+HEALTHY = Condition(Health.HEALTHY)
+
+
+@dataclass(frozen=True, slots=True)
+class _Report:
+    """The latest health report about one device or parent ID."""
+
+    sequence: int
+    health: Health
+    effect: Effect | None  # NO_SCHEDULE or NO_EXECUTE when Unhealthy, None when Healthy
+    reason: str
+    at: float  # wall clock
+
+
+@dataclass(frozen=True, slots=True)
+class _Advice:
+    """The latest advisory about one device or parent ID."""
+
+    sequence: int
+    reason: str
+    at: float  # wall clock: when this advisory (this reason) began
+    until: float  # monotonic clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +104,16 @@ class DeviceState:
       Healthy leaves a pushed fault in place.
     * A retired device (``set_devices(retired=...)``: a previous configuration's, listed only
       because a container may still hold it) is Unhealthy whatever any report says.
+    * An Unhealthy report carries its effect (``NO_SCHEDULE`` unless it says ``NO_EXECUTE``);
+      a report with the same health but another effect is a new report (an escalation).
+    * An advisory (``Effect.ADVISORY``: the device works, operators should look) is not a
+      health report: polls that say Healthy leave it alone. It shows while the device is Healthy,
+      until ``advisory_hold`` seconds after the last advisory about the device or its parent, or
+      until a later health report about it (a recovery clears it with the fault).
 
     Each change of a device's health is logged once, with the reason of the report that made
-    it, and handed to the observer (``Observer.health_changed``).
+    it, and handed to the observer (``Observer.health_changed``); an advisory's start and end
+    and an escalation are logged too.
     """
 
     def __init__(
@@ -66,16 +122,21 @@ class DeviceState:
         clock: Callable[[], float] = time.monotonic,
         *,
         events: Events | None = None,
+        advisory_hold: float = 3600.0,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.resource_name = resource_name
         self.clock = clock
+        self.wall = wall
+        self.advisory_hold = advisory_hold
         self._events = events or Events(None)
         self._devices: dict[str, Device] = {}
         self._children: dict[str, list[str]] = {}
-        # Latest report per device or parent ID: (sequence number, health).
-        self._reports: dict[str, tuple[int, Health]] = {}
+        # Latest report and latest advisory per device or parent ID.
+        self._reports: dict[str, _Report] = {}
+        self._advice: dict[str, _Advice] = {}
         self._sequence = itertools.count(1)
-        self._effective: dict[str, Health] = {}
+        self._effective: dict[str, Condition] = {}
         self._healthy = 0
         self._entries: dict[str, bytes] = {}
         self._version = 0
@@ -91,6 +152,7 @@ class DeviceState:
         self._allocatable: Mapping[str, Device] = {}
         self._listeners: list[Callable[[], None]] = []
         self._retired: frozenset[str] = frozenset()
+        self._retired_at = 0.0
 
     # ------------------------------------------------------------------ writers
 
@@ -110,34 +172,39 @@ class DeviceState:
                 kubelet would double-count them); nothing changes.
         """
         by_id = self._index(devices)
-        self._retired = frozenset(retired)
+        if frozenset(retired) != self._retired:
+            self._retired = frozenset(retired)
+            self._retired_at = self.wall()
         old_devices = self._devices
         old_effective = self._effective
         for device in by_id.values():
             before = old_devices.get(device.id)
             said_before = before.health if before is not None else Health.HEALTHY
             if device.health is not said_before:
-                self._record(device.id, device.health)
+                self._record(device.id, device.health, None, "discovered")
         self._devices = by_id
         self._children = {}
         for device in by_id.values():
             if device.parent is not None:
                 self._children.setdefault(device.parent, []).append(device.id)
         # Reports about IDs that are neither a device nor a parent any more are forgotten.
-        for key in [k for k in self._reports if k not in by_id and k not in self._children]:
-            del self._reports[key]
-        self._effective = {d.id: self._compute(d) for d in by_id.values()}
+        for kept in (self._reports, self._advice):
+            for key in [k for k in kept if k not in by_id and k not in self._children]:
+                del kept[key]
+        self._effective = {
+            d.id: _kept(old_effective.get(d.id), self._compute(d)) for d in by_id.values()
+        }
         listed = self._listed
         self._healthy = sum(
             1
             for d in by_id.values()
-            if self._effective[d.id] is Health.HEALTHY and (listed is None or listed(d))
+            if self._effective[d.id].health is Health.HEALTHY and (listed is None or listed(d))
         )
         entries, devices_changed = self._encode(by_id, old_devices, old_effective)
         flips = [
-            (device_id, health)
-            for device_id, health in self._effective.items()
-            if old_effective.get(device_id, Health.HEALTHY) is not health
+            (device_id, condition.health)
+            for device_id, condition in self._effective.items()
+            if old_effective.get(device_id, HEALTHY).health is not condition.health
         ]
         self._log_flips(flips, "discovered")
         for device_id, health in flips:
@@ -151,13 +218,15 @@ class DeviceState:
             self._devices_version += 1
         if changed:
             self._bump()
+        elif old_effective != self._effective:
+            self._touch()  # an advisory or an effect: only DRA shows it
         return changed
 
     def _encode(
         self,
         by_id: dict[str, Device],
         old_devices: dict[str, Device],
-        old_effective: dict[str, Health],
+        old_effective: dict[str, Condition],
     ) -> tuple[dict[str, bytes], bool]:
         """The ListAndWatch entry of each listed device (reused where nothing changed), and
         whether any listed ``Device`` changed."""
@@ -170,13 +239,13 @@ class DeviceState:
             cached = self._entries.get(device.id)
             same = old_devices.get(device.id) == device
             devices_changed = devices_changed or not same
-            unchanged = same and old_effective.get(device.id) is self._effective[device.id]
+            health = self._effective[device.id].health
+            before = old_effective.get(device.id)
+            unchanged = same and before is not None and before.health is health
             if cached is not None and unchanged:
                 entries[device.id] = cached
             else:
-                entries[device.id] = convert.list_and_watch_entry(
-                    device, self._effective[device.id]
-                )
+                entries[device.id] = convert.list_and_watch_entry(device, health)
         return entries, devices_changed
 
     def _index(self, devices: Sequence[Device]) -> dict[str, Device]:
@@ -193,46 +262,87 @@ class DeviceState:
             by_id[device.id] = device
         return by_id
 
-    def report_health(self, health: Mapping[str, Health], reason: str = "") -> list[str]:
+    def report_health(
+        self,
+        health: Mapping[str, Health],
+        reason: str = "",
+        effects: Mapping[str, Effect] | None = None,
+    ) -> list[str]:
         """Record pushed or polled health by device ID or parent ID.
 
         Keys that name neither a device nor a parent of one are ignored.
 
         Args:
-            health: Health by device or parent ID; a ``HealthReport``'s reason for a key wins
-                over ``reason``.
-            reason: Why, for the log line and the observer of each change.
+            health: Health by device or parent ID; a ``HealthReport``'s reason and effect for a
+                key win over ``reason`` and ``effects``.
+            reason: Why, for the log line, the observer of each change, and DRA's taint and
+                health stream.
+            effects: The effect of each key's report (``Effect``; see the class docstring).
 
         Returns:
             IDs of devices whose effective health changed.
         """
-        reasons = health.reasons if isinstance(health, HealthReport) else {}
+        reasons: Mapping[str, str] = {}
+        if isinstance(health, HealthReport):
+            reasons, effects = health.reasons, {**(effects or {}), **health.effects}
         # Device -> reason of the latest report that may change it (later keys are later
         # reports, as their sequence numbers say).
         affected: dict[str, str] = {}
         for key, reported in health.items():
             if key in self._retired or (key not in self._devices and key not in self._children):
                 continue
-            if not self._record(key, Health(reported)):
-                continue
             why = reasons.get(key) or reason
+            effect = (effects or {}).get(key)
+            if effect is Effect.ADVISORY:
+                if not self._advise(key, why):
+                    continue
+            elif not self._record(key, Health(reported), effect, why):
+                continue
             if key in self._devices:
                 affected[key] = why
             affected.update(dict.fromkeys(self._children.get(key, ()), why))
+        return self._recompute(affected)
+
+    def expire_advice(self) -> float | None:
+        """End the advisories whose hold has passed; return when the next one ends (the
+        state's monotonic clock), or None if none is held."""
+        now = self.clock()
+        affected: dict[str, str] = {}
+        for key, advice in list(self._advice.items()):
+            if advice.until <= now:
+                del self._advice[key]
+                if key in self._devices:
+                    affected[key] = "advisory hold over"
+                affected.update(dict.fromkeys(self._children.get(key, ()), "advisory hold over"))
+        self._recompute(affected)
+        return min((a.until for a in self._advice.values()), default=None)
+
+    def _recompute(self, affected: Mapping[str, str]) -> list[str]:
+        """Recompute the conditions of ``affected`` devices (ID -> the reason that may change
+        them); log, tell and broadcast the changes; return the IDs whose health flipped."""
         flipped: list[str] = []
+        touched = False
         for device_id, why in affected.items():
             device = self._devices[device_id]
+            old = self._effective[device_id]
             new = self._compute(device)
-            if new is not self._effective[device_id]:
-                self._effective[device_id] = new
-                if device_id in self._entries:
-                    self._healthy += 1 if new is Health.HEALTHY else -1
-                    self._entries[device_id] = convert.list_and_watch_entry(device, new)
-                flipped.append(device_id)
-                self._log_flip(device_id, new, why)
-                self._events.health_changed(self.resource_name, device_id, new, why)
+            if _kept(old, new) is old:
+                continue
+            self._effective[device_id] = new
+            if new.health is old.health:
+                touched = True
+                self._log_condition(device_id, old, new)
+                continue
+            if device_id in self._entries:
+                self._healthy += 1 if new.health is Health.HEALTHY else -1
+                self._entries[device_id] = convert.list_and_watch_entry(device, new.health)
+            flipped.append(device_id)
+            self._log_flip(device_id, new.health, why)
+            self._events.health_changed(self.resource_name, device_id, new.health, why)
         if flipped:
             self._bump()
+        elif touched:
+            self._touch()
         return flipped
 
     def list_only(self, listed: Callable[[Device], bool] | None) -> None:
@@ -295,7 +405,16 @@ class DeviceState:
         return [self._devices[i] for i in ids]
 
     def health_of(self, device_id: str) -> Health:
+        return self._effective[device_id].health
+
+    def condition_of(self, device_id: str) -> Condition:
+        """The device's condition: health, effect, reason and since when."""
         return self._effective[device_id]
+
+    @property
+    def advice_held(self) -> bool:
+        """Whether some advisory is held (``expire_advice`` has work to do later)."""
+        return bool(self._advice)
 
     @property
     def devices(self) -> list[Device]:
@@ -309,21 +428,65 @@ class DeviceState:
 
     # ------------------------------------------------------------------ internals
 
-    def _record(self, key: str, health: Health) -> bool:
-        """Make ``health`` the latest report for ``key``; False if it already was."""
+    def _record(self, key: str, health: Health, effect: Effect | None, reason: str) -> bool:
+        """Make ``health`` (with ``effect``) the latest report for ``key``; False if it already
+        was."""
+        if health is Health.UNHEALTHY:
+            effect = effect or Effect.NO_SCHEDULE
         latest = self._reports.get(key)
-        if latest is not None and latest[1] is health:
+        if latest is not None and latest.health is health and latest.effect is effect:
             return False
-        self._reports[key] = (next(self._sequence), health)
+        self._reports[key] = _Report(next(self._sequence), health, effect, reason, self.wall())
         return True
 
-    def _compute(self, device: Device) -> Health:
+    def _advise(self, key: str, reason: str) -> bool:
+        """Hold an advisory about ``key``; False if the same one was already held (its hold is
+        extended)."""
+        latest = self._advice.get(key)
+        until = self.clock() + self.advisory_hold
+        report = self._reports.get(key)
+        if (
+            latest is not None
+            and latest.reason == reason
+            and (report is None or latest.sequence > report.sequence)
+        ):
+            self._advice[key] = _Advice(latest.sequence, reason, latest.at, until)
+            return False
+        self._advice[key] = _Advice(next(self._sequence), reason, self.wall(), until)
+        return True
+
+    def _compute(self, device: Device) -> Condition:
         if device.id in self._retired:
-            return Health.UNHEALTHY
-        own = self._reports.get(device.id)
-        parent = self._reports.get(device.parent) if device.parent is not None else None
-        latest = max((r for r in (own, parent) if r is not None), default=None)
-        return latest[1] if latest is not None else Health.HEALTHY
+            return Condition(
+                Health.UNHEALTHY,
+                Effect.NO_SCHEDULE,
+                "retired: a previous configuration's device",
+                self._retired_at,
+            )
+        report = _latest(self._reports, device)
+        if report is not None and report.health is Health.UNHEALTHY:
+            return Condition(Health.UNHEALTHY, report.effect, report.reason, report.at)
+        advice = _latest(self._advice, device)
+        # Advice older than the latest health report is over: that report superseded it.
+        if advice is not None and (report is None or advice.sequence > report.sequence):
+            return Condition(Health.HEALTHY, Effect.ADVISORY, advice.reason, advice.at)
+        return HEALTHY
+
+    def _log_condition(self, device_id: str, old: Condition, new: Condition) -> None:
+        """A change that is not a flip: an advisory starts or ends, an effect changes."""
+        if new.effect is Effect.ADVISORY:
+            what = f"has an advisory ({new.reason})"
+        elif old.effect is Effect.ADVISORY:
+            what = f"has no advisory any more ({old.reason})"
+        else:
+            what = f"is {new.health.value} with effect {new.effect} ({new.reason})"
+        log.info(
+            "%s: device %s %s",
+            self.resource_name,
+            device_id,
+            what,
+            extra={"resource": self.resource_name, "device": device_id},
+        )
 
     def _log_flips(self, flips: Sequence[tuple[str, Health]], reason: str) -> None:
         """One line per device, or one summary line when many change at once (a reload)."""
@@ -363,10 +526,36 @@ class DeviceState:
         return self._born.get(version, min(self._born.values(), default=self.clock()))
 
     def _bump(self) -> None:
+        """A change the device-plugin API sees: a new version for the streams, and the
+        listeners."""
         self._version += 1
         self._born[self._version] = self.clock()
         if len(self._born) > _BORN_KEPT:  # nobody is reading (no stream): keep it bounded
             del self._born[next(iter(self._born))]
         self.wake()
+        self._touch()
+
+    def _touch(self) -> None:
+        """A change of devices or conditions: tell the listeners (DRA)."""
         for listener in list(self._listeners):
             listener()
+
+
+def _kept(old: Condition | None, new: Condition) -> Condition:
+    """``old`` if ``new`` is the same condition (health and effect) held by another report: a
+    condition keeps its first reason and start while it lasts (a DRA taint's ``timeAdded``)."""
+    if old is not None and old.health is new.health and old.effect is new.effect:
+        return old
+    return new
+
+
+_R = TypeVar("_R", _Report, _Advice)
+
+
+def _latest(records: Mapping[str, _R], device: Device) -> _R | None:
+    """The later of the records about ``device``'s ID and its parent's."""
+    own = records.get(device.id)
+    parent = records.get(device.parent) if device.parent is not None else None
+    if own is None or (parent is not None and parent.sequence > own.sequence):
+        return parent
+    return own

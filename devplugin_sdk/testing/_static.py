@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 import anyio
 
 from devplugin_sdk.plugin import DevicePlugin
-from devplugin_sdk.types import Device, Health, HealthEvent, RescanEvent
+from devplugin_sdk.types import Device, Effect, Health, HealthEvent, RescanEvent
 
 __all__ = ["StaticPlugin"]
 
@@ -48,9 +48,16 @@ class StaticPlugin(DevicePlugin):
         self._events.append(event)
         self._wakeup.set()
 
-    def set_health(self, device_id: str, health: Health | str, reason: str = "") -> None:
-        """Push a health change for a device (or for every device with this parent)."""
-        self.push(HealthEvent(device_id, Health(health), reason))
+    def set_health(
+        self,
+        device_id: str,
+        health: Health | str,
+        reason: str = "",
+        effect: Effect | None = None,
+    ) -> None:
+        """Push a health change for a device (or for every device with this parent), with its
+        ``Effect`` (``Effect.ADVISORY`` goes with Healthy)."""
+        self.push(HealthEvent(device_id, Health(health), reason, effect))
 
     def set_devices(self, devices: Iterable[Device]) -> None:
         """Replace the device list and ask the SDK to rediscover."""

@@ -12,9 +12,9 @@ import pytest
 
 from devplugin_sdk import Device, Health
 from devplugin_sdk._engine.events import Events
-from devplugin_sdk._engine.state import DeviceState
+from devplugin_sdk._engine.state import Condition, DeviceState
 from devplugin_sdk.errors import UnknownDeviceError
-from devplugin_sdk.types import HealthReport
+from devplugin_sdk.types import Effect, HealthReport
 
 H, U = Health.HEALTHY, Health.UNHEALTHY
 
@@ -230,3 +230,130 @@ def test_devices_left_to_dra_are_neither_listed_nor_allocatable() -> None:
         state.lookup(["b"])
     state.list_only(None)
     assert list(state.by_id) == ["a", "b"]
+
+
+# ----------------------------------------------------------------------------- conditions
+
+
+class Clocks:
+    """The state's monotonic and wall clocks, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.wall_now = 1_800_000_000.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def wall(self) -> float:
+        return self.wall_now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.wall_now += seconds
+
+
+def conditioned(clocks: Clocks, hold: float = 60.0) -> DeviceState:
+    state = DeviceState("example.com/w", clock=clocks.clock, wall=clocks.wall, advisory_hold=hold)
+    state.set_devices([Device("gpu"), *(Device(f"gpu::{n}", parent="gpu") for n in range(2))])
+    return state
+
+
+def test_an_unhealthy_report_is_no_schedule_with_its_reason_and_start() -> None:
+    clocks = Clocks()
+    state = conditioned(clocks)
+    assert state.condition_of("gpu::0") == Condition(H)
+    state.report_health({"gpu": U}, "Xid 48 (double-bit ECC error)")
+    for device in ("gpu", "gpu::0", "gpu::1"):  # the parent's report is every share's
+        assert state.condition_of(device) == Condition(
+            U, Effect.NO_SCHEDULE, "Xid 48 (double-bit ECC error)", clocks.wall_now
+        )
+
+
+def test_a_condition_keeps_its_first_reason_and_start_while_it_lasts() -> None:
+    """A DRA taint's timeAdded stays while the taint does: another report of the same health
+    and effect changes nothing, an escalation is a new condition."""
+    clocks = Clocks()
+    state = conditioned(clocks)
+    changes: list[int] = []
+    state.subscribe(lambda: changes.append(1))
+    state.report_health({"gpu": U}, "Xid 48")
+    started = clocks.wall_now
+    clocks.advance(30)
+    state.report_health({"gpu::0": U}, "polled: still bad")
+    assert state.condition_of("gpu::0") == Condition(U, Effect.NO_SCHEDULE, "Xid 48", started)
+    before = len(changes)
+    state.report_health({"gpu": U}, "Xid 79", {"gpu": Effect.NO_EXECUTE})
+    assert state.condition_of("gpu::1") == Condition(
+        U, Effect.NO_EXECUTE, "Xid 79", clocks.wall_now
+    )
+    assert len(changes) == before + 1  # the listeners (DRA) hear an escalation
+    assert listed(state) == {"gpu": "Unhealthy", "gpu::0": "Unhealthy", "gpu::1": "Unhealthy"}
+
+
+def test_an_advisory_leaves_listandwatch_alone_and_polls_do_not_clear_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clocks = Clocks()
+    state = conditioned(clocks)
+    state.report_health({"gpu": H}, "polled")
+    version = state.version
+    with caplog.at_level(logging.INFO, logger="devplugin_sdk"):
+        state.report_health({"gpu": H}, "Xid 43 (GPU stopped processing)", {"gpu": Effect.ADVISORY})
+    assert state.version == version  # no ListAndWatch message
+    assert listed(state) == {"gpu": "Healthy", "gpu::0": "Healthy", "gpu::1": "Healthy"}
+    advised = Condition(H, Effect.ADVISORY, "Xid 43 (GPU stopped processing)", clocks.wall_now)
+    assert [state.condition_of(d) for d in ("gpu", "gpu::0", "gpu::1")] == [advised] * 3
+    assert "example.com/w: device gpu::1 has an advisory (Xid 43 (GPU stopped processing))" in [
+        r.getMessage() for r in caplog.records
+    ]
+    state.report_health({"gpu": H, "gpu::0": H}, "polled")  # a poll says Healthy, as ever
+    assert state.condition_of("gpu::1") == advised
+    # gpu::0's first own report is newer than the parent's advisory: it supersedes it.
+    assert state.condition_of("gpu::0") == Condition(H)
+
+
+def test_an_advisory_ends_after_its_hold_and_a_repeat_extends_it() -> None:
+    clocks = Clocks()
+    state = conditioned(clocks, hold=60)
+    state.report_health({"gpu": H}, "Xid 13", {"gpu": Effect.ADVISORY})
+    started = clocks.wall_now
+    clocks.advance(50)
+    assert state.expire_advice() == pytest.approx(clocks.now + 10)
+    state.report_health({"gpu": H}, "Xid 13", {"gpu": Effect.ADVISORY})  # again: 60 s more
+    assert state.condition_of("gpu").since == started  # the same advisory, the same start
+    clocks.advance(50)
+    assert state.expire_advice() == pytest.approx(clocks.now + 10)
+    assert state.condition_of("gpu").effect is Effect.ADVISORY
+    clocks.advance(10)
+    assert state.expire_advice() is None
+    assert state.condition_of("gpu") == Condition(H)
+
+
+def test_recovery_clears_the_fault_and_any_advisory_before_it() -> None:
+    clocks = Clocks()
+    state = conditioned(clocks)
+    state.report_health({"gpu": H}, "Xid 43", {"gpu": Effect.ADVISORY})
+    state.report_health({"gpu": U}, "Xid 79")
+    assert state.condition_of("gpu::0").effect is Effect.NO_SCHEDULE
+    state.report_health({"gpu": H}, "recovered")
+    assert [state.condition_of(d) for d in ("gpu", "gpu::0", "gpu::1")] == [Condition(H)] * 3
+
+
+def test_a_retired_device_is_no_schedule() -> None:
+    state = DeviceState("example.com/w")
+    state.set_devices([Device("a"), Device("old")], retired=["old"])
+    condition = state.condition_of("old")
+    assert (condition.health, condition.effect) == (U, Effect.NO_SCHEDULE)
+    assert condition.reason.startswith("retired")
+
+
+def test_an_effect_must_go_with_its_health() -> None:
+    from devplugin_sdk import HealthEvent
+
+    with pytest.raises(ValueError, match="effect None does not go with Unhealthy"):
+        HealthEvent("gpu", Health.UNHEALTHY, "x", Effect.ADVISORY)
+    with pytest.raises(ValueError, match="effect NoSchedule does not go with Healthy"):
+        HealthReport({"gpu": H}, effects={"gpu": Effect.NO_SCHEDULE})
+    with pytest.raises(ValueError, match="which has no health"):
+        HealthReport({"gpu": H}, effects={"other": Effect.ADVISORY})
