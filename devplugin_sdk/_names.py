@@ -149,3 +149,38 @@ def pool_name_problem(name: str) -> str | None:
         if not _DNS1123_SUBDOMAIN.match(part):
             return "each '/'-separated part must be a lower-case DNS-1123 subdomain"
     return None
+
+
+#: A label value's longest (and a DRA taint value's, which is one).
+MAX_LABEL_VALUE = 63
+_NOT_IN_LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def label_value(text: str, default: str) -> str:
+    """``text`` as a valid label value (a DRA taint's value): every run of characters a label
+    value cannot hold becomes ``-``, the ends are alphanumeric, at most 63 characters;
+    ``default`` if nothing is left (``"Xid 79 (GPU has fallen off the bus)"`` is
+    ``Xid-79-GPU-has-fallen-off-the-bus``)."""
+    value = _NOT_IN_LABEL_VALUE.sub("-", text)[:MAX_LABEL_VALUE]
+    value = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+    return value or default
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why ``value`` is not a valid label value, or None."""
+    if len(value) > MAX_LABEL_VALUE:
+        return f"longer than {MAX_LABEL_VALUE} characters"
+    if value and not _QUALIFIED_NAME_PART.match(value):
+        return "not alphanumeric with '-', '_' or '.' inside"
+    return None
+
+
+def label_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a valid label name (``[prefix/]name``, the prefix a DNS subdomain),
+    or None."""
+    prefix, slash, ident = name.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)):
+        return f"prefix {prefix!r} must be a DNS-1123 subdomain"
+    if not ident or len(ident) > MAX_LABEL_VALUE or not _QUALIFIED_NAME_PART.match(ident):
+        return f"name {ident!r} must be 1-63 alphanumeric characters with '-', '_' or '.' inside"
+    return None

@@ -86,6 +86,9 @@ class DraStatus:
         recovered_claims: Prepared claims known only by the CDI spec kept for them, because the
             checkpoint could not be read at start; each is recorded in full when the kubelet
             prepares it again, and leaves when it unprepares it.
+        taints_dropped: The API server dropped the devices' taints (``DRADeviceTaints`` off):
+            unhealthy devices are withdrawn instead.
+        health_streams: The kubelet's ``DRAResourceHealth`` streams open now.
     """
 
     driver: str
@@ -98,3 +101,5 @@ class DraStatus:
     prepared_claims: int
     last_error: str | None
     recovered_claims: int = 0
+    taints_dropped: bool = False
+    health_streams: int = 0

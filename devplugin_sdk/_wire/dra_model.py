@@ -7,8 +7,12 @@ speak these; only ``_convert`` turns them into and out of protobuf.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["ClaimRef", "PreparedClaim", "PreparedDevice"]
+__all__ = ["ClaimRef", "DeviceHealthStatus", "HealthStatus", "PreparedClaim", "PreparedDevice"]
+
+#: A device's health on the kubelet's DRAResourceHealth stream.
+HealthStatus = Literal["UNKNOWN", "HEALTHY", "UNHEALTHY"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,3 +43,24 @@ class PreparedClaim:
 
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceHealthStatus:
+    """One device's entry in a DRAResourceHealth message.
+
+    Args:
+        pool: Its pool.
+        device: Its name in the pool.
+        health: ``HEALTHY``, ``UNHEALTHY`` or ``UNKNOWN``.
+        message: Why (at most 1024 characters).
+        timeout_seconds: How long the kubelet may trust it (``health_check_timeout_seconds``).
+        updated: When it was determined, Unix seconds (``last_updated_time``).
+    """
+
+    pool: str
+    device: str
+    health: HealthStatus
+    message: str = ""
+    timeout_seconds: int = 0
+    updated: int = 0

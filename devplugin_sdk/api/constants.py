@@ -36,6 +36,17 @@ PLUGIN_TYPE_DRA_PLUGIN: Final = "DRAPlugin"
 # the first one in the plugin's order that it speaks (v1 from Kubernetes 1.34, v1beta1 in 1.32).
 DRA_SERVICE_V1: Final = "v1.DRAPlugin"
 DRA_SERVICE_V1BETA1: Final = "v1beta1.DRAPlugin"
+# The health stream a DRA plugin may serve beside DRAPlugin, listed the same way
+# (k8s.io/kubelet pkg/apis/dra-health/*/types.go): v1alpha1 from Kubernetes 1.34, v1 from 1.37;
+# a kubelet that speaks both prefers v1. It retries a failed stream every 5 s.
+DRA_HEALTH_SERVICE_V1: Final = "v1.DRAResourceHealth"
+DRA_HEALTH_SERVICE_V1ALPHA1: Final = "v1alpha1.DRAResourceHealth"
+# How long the kubelet trusts a device's health without a newer report, when the plugin gives
+# no health_check_timeout_seconds (pkg/kubelet/cm/dra/healthinfo.go, healthTimeout); past it
+# the device is Unknown in the pod's status.
+DRA_HEALTH_TIMEOUT_S: Final = 30
+# The kubelet truncates a longer health message to 1021 characters and "...".
+DRA_HEALTH_MESSAGE_MAX: Final = 1024
 # Where kubeletplugin puts a driver's dra.sock (in a directory of its own, <dir>/<driver>).
 DRA_PLUGINS_PATH: Final = "/var/lib/kubelet/plugins"
 # The kubelet's deadline on NodePrepareResources/NodeUnprepareResources (pkg/kubelet/cm/dra/

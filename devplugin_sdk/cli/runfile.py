@@ -188,7 +188,16 @@ def _parse_dra(data: Mapping[str, Any]) -> tuple[Api, Dra | None]:
     from devplugin_sdk.dra import DeviceRules, Dra  # noqa: PLC0415
 
     section = top.section("dra")
-    section.known("driver", "nodeName", "kubeconfig", "pluginDir", "cdiDir", "devices")
+    section.known(
+        "driver",
+        "nodeName",
+        "kubeconfig",
+        "pluginDir",
+        "cdiDir",
+        "devices",
+        "noExecute",
+        "healthTimeout",
+    )
     driver = section.string("driver")
     problem = _names.driver_name_problem(driver)
     if problem is not None:
@@ -206,6 +215,8 @@ def _parse_dra(data: Mapping[str, Any]) -> tuple[Api, Dra | None]:
         plugin_dir=section.path("pluginDir", "/") if section.has("pluginDir") else None,
         cdi_dir=section.path("cdiDir", "/var/run/cdi"),
         devices=DeviceRules(rules) if rules else None,
+        no_execute=section.boolean("noExecute", False),
+        health_timeout=section.integer("healthTimeout", 30, minimum=3, maximum=3600),
     )
 
 

@@ -75,6 +75,14 @@ class Dra:
         devices: Which devices DRA gets, as ``(resource_name, device) -> bool``; None is all.
             With ``api="both"`` every other device stays with the device plugin, and no device
             is ever listed by both (see docs/dra.md); with ``api="dra"`` the others are unused.
+        no_execute: Taint a device ``NoExecute`` (evicting the pods that use it) when its
+            backend says a signal calls for it (``Effect.NO_EXECUTE``); False taints it
+            ``NoSchedule`` (running pods keep it). Off by default: eviction is the operator's
+            decision.
+        health_timeout: How long the kubelet may trust a device's health on the
+            ``DRAResourceHealth`` stream without a newer report, seconds
+            (``health_check_timeout_seconds``); every device's health is sent at least three
+            times within it.
 
     Raises:
         ValueError: an invalid driver or node name.
@@ -87,6 +95,8 @@ class Dra:
     plugin_dir: Path | None = None
     cdi_dir: Path = DEFAULT_SPEC_DIR
     devices: Callable[[str, Device], bool] | None = None
+    no_execute: bool = False
+    health_timeout: int = constants.DRA_HEALTH_TIMEOUT_S
 
     def __post_init__(self) -> None:
         problem = _names.driver_name_problem(self.driver)
@@ -94,6 +104,11 @@ class Dra:
             raise ValueError(f"invalid DRA driver name {self.driver!r}: {problem}")
         if self.node_name is not None:
             _check_node_name(self.node_name)
+        if not isinstance(self.health_timeout, int) or self.health_timeout < 3:
+            raise ValueError(
+                f"Dra.health_timeout must be a whole number of seconds >= 3, got "
+                f"{self.health_timeout!r}"
+            )
         for name in ("kubeconfig", "plugin_dir", "cdi_dir"):
             value = getattr(self, name)
             if value is not None:

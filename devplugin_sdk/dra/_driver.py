@@ -3,7 +3,8 @@
 The runner starts one ``DraDriver`` and runs each served plugin with its ``strategy``. The
 driver only assembles its roles, each knowing what it is handed: ``Plugins`` (each plugin's
 strategy, and the pool their devices make), ``Publisher`` (the pool in ResourceSlices),
-``Preparer`` (the kubelet's ``DRAPlugin`` service, both versions, on ``dra.sock``) and
+``Preparer`` (the kubelet's ``DRAPlugin`` service, both versions, on ``dra.sock``),
+``HealthBoard`` (the kubelet's ``DRAResourceHealth`` stream, both versions, on ``dra.sock``) and
 ``Registrar`` (``dra.sock``'s registration with the kubelet's plugin watcher).
 """
 
@@ -16,13 +17,15 @@ from anyio.abc import TaskStatus
 
 from devplugin_sdk._engine.handle import Strategy
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
+from devplugin_sdk._wire import dra_health
 from devplugin_sdk._wire.dra_service import handlers as dra_handlers
 from devplugin_sdk.dra import Dra, kube_api
 from devplugin_sdk.dra._checkpoint import Checkpoint, private_directory
+from devplugin_sdk.dra._health import HealthBoard
 from devplugin_sdk.dra._plugins import Plugins
 from devplugin_sdk.dra._prepare import Preparer
 from devplugin_sdk.dra._publisher import Publisher
-from devplugin_sdk.dra._registrar import SERVICES, Registrar
+from devplugin_sdk.dra._registrar import HEALTH_SERVICES, SERVICES, Registrar
 from devplugin_sdk.dra.resources import ResourceApi
 from devplugin_sdk.observe import DraStatus
 from devplugin_sdk.settings import Settings
@@ -60,10 +63,12 @@ class DraDriver:
         self.settings = settings
         self.watcher = watcher
         self.plugin_dir = options.resolved_plugin_dir
-        self.plugins = Plugins(options, both=both, expected=expected)
+        node_name = options.resolved_node_name()
+        self.health = HealthBoard(node_name, options.health_timeout)
+        self.plugins = Plugins(options, self.health, both=both, expected=expected)
         self.registrar = Registrar(
             options.driver,
-            options.resolved_node_name(),
+            node_name,
             self.plugin_dir / "dra.sock",
             settings,
             self.plugins.registered,
@@ -108,7 +113,10 @@ class DraDriver:
                 task_status.started()
                 self.plugins.publish_to(self.publisher.want)
                 await self.plugins.ready.wait()
-                services = dra_handlers(self.preparer.prepare, self.preparer.unprepare, SERVICES)
+                services = [
+                    *dra_handlers(self.preparer.prepare, self.preparer.unprepare, SERVICES),
+                    *dra_health.handlers(self.health.watch, HEALTH_SERVICES),
+                ]
                 await self.registrar.run(services, self.watcher)
         finally:
             if self.options.api is None:
@@ -129,4 +137,6 @@ class DraDriver:
             prepared_claims=len(preparer.prepared) if preparer is not None else 0,
             last_error=publisher.last_error if publisher is not None else None,
             recovered_claims=preparer.recovered() if preparer is not None else 0,
+            taints_dropped=publisher.taints_dropped if publisher is not None else False,
+            health_streams=self.health.streams,
         )

@@ -9,6 +9,7 @@ timeout, so a dead connection is noticed); it is imported only when a DRA driver
 
 from __future__ import annotations
 
+import datetime
 import json
 import random
 from collections.abc import AsyncIterator
@@ -26,9 +27,11 @@ from lightkube.resources.resource_v1 import ResourceSlice as KubeSlice
 
 from devplugin_sdk.dra.resources import (
     AllocatedDevice,
+    DeviceTaint,
     ResourceClaim,
     ResourceSlice,
     SliceDevice,
+    TaintEffect,
 )
 from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.types import AttributeValue, Quantity, Version
@@ -248,6 +251,13 @@ def slice_to_kube(s: ResourceSlice) -> KubeSlice:
             name=d.name,
             attributes={k: _attribute_to_kube(v) for k, v in d.attributes.items()} or None,
             capacity={k: m.DeviceCapacity(value=str(q)) for k, q in d.capacity.items()} or None,
+            taints=[
+                m.DeviceTaint(
+                    key=t.key, value=t.value or None, effect=t.effect, timeAdded=t.time_added
+                )
+                for t in d.taints
+            ]
+            or None,
         )
         for d in s.devices
     ]
@@ -280,7 +290,8 @@ def slice_from_kube(obj: Any) -> ResourceSlice:
             for key, raw in (d.capacity or {}).items()
             if _field(raw, "value")
         }
-        devices.append(SliceDevice(d.name, attributes, capacity))
+        taints = tuple(_taint_from_kube(raw) for raw in (getattr(d, "taints", None) or []))
+        devices.append(SliceDevice(d.name, attributes, capacity, taints))
     return ResourceSlice(
         name=meta.name or "",
         driver=spec.driver,
@@ -292,6 +303,14 @@ def slice_from_kube(obj: Any) -> ResourceSlice:
         resource_version=meta.resourceVersion or "",
         node_uid=node_uid,
     )
+
+
+def _taint_from_kube(raw: Any) -> DeviceTaint:
+    added = _field(raw, "timeAdded")
+    if isinstance(added, str):  # a map's values may still be plain dicts (see _field)
+        added = datetime.datetime.fromisoformat(added.replace("Z", "+00:00"))
+    effect: TaintEffect = _field(raw, "effect")
+    return DeviceTaint(_field(raw, "key"), _field(raw, "value") or "", effect, added)
 
 
 def _quantity(text: str) -> Quantity:

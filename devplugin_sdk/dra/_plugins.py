@@ -2,25 +2,32 @@
 
 Each served plugin runs ``Plugins.attach`` as its registration strategy (``alongside`` runs the
 device-plugin strategy too, for ``api: both``). The driver reads every attached plugin's device
-state (the engine's one owner of devices and health), hands the healthy devices it selects to
-the publisher, and answers the preparer with the plugin that serves a DRA device name (``find``).
+state (the engine's one owner of devices and health) and, from each device's one condition,
+hands the devices it selects with their taints to the publisher and their health to the health
+stream's board, and answers the preparer with the plugin that serves a DRA device name
+(``find``).
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Callable, Collection, Sequence
 
 import anyio
 import anyio.abc
 
+from devplugin_sdk import _names
 from devplugin_sdk._engine.handle import PluginHandle, Strategy
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
+from devplugin_sdk._engine.state import Condition
+from devplugin_sdk._wire.dra_model import HealthStatus
 from devplugin_sdk.dra import Dra, device_name
+from devplugin_sdk.dra._health import HealthBoard, status_of
 from devplugin_sdk.dra._prepare import Found
-from devplugin_sdk.dra.resources import SliceDevice
+from devplugin_sdk.dra.resources import DeviceTaint, SliceDevice
 from devplugin_sdk.settings import Settings
-from devplugin_sdk.types import Health
+from devplugin_sdk.types import Effect
 
 __all__ = ["DETACH_GRACE", "FIRST_LIST_WAIT", "Plugins"]
 
@@ -54,13 +61,18 @@ class Plugins:
             ``FIRST_LIST_WAIT`` after ``run`` starts.
     """
 
-    def __init__(self, options: Dra, *, both: bool, expected: Collection[str]) -> None:
+    def __init__(
+        self, options: Dra, board: HealthBoard, *, both: bool, expected: Collection[str]
+    ) -> None:
         self.options = options
         self.driver = options.driver
+        self.board = board
+        self.taint_key = f"{options.driver}/health"
         self.both = both
         self.expected = set(expected)
         self.ready = anyio.Event()
         self._attached: dict[str, PluginHandle] = {}
+        self._stopped: set[str] = set()  # attached plugins that stopped (within DETACH_GRACE)
         self._registered = False
         self._found: dict[str, Found] = {}
         self._duplicates: set[str] = set()
@@ -108,6 +120,7 @@ class Plugins:
         """Serve ``plugin`` through the driver until cancelled (a ``Strategy``)."""
         resource = plugin.resource
         self._attached[resource] = plugin
+        self._stopped.discard(resource)
         if not self.both:
             plugin.link.without_stream()
             if self._registered:
@@ -162,21 +175,27 @@ class Plugins:
             await anyio.sleep(DETACH_GRACE)
             if self._attached.get(resource) is plugin:
                 del self._attached[resource]
+                self._stopped.discard(resource)
                 self.refresh()
 
         if self._tg is None:
             del self._attached[resource]
             self.refresh()
         else:
+            self._stopped.add(resource)  # its devices' health is unknown from now on
+            self.refresh()
             self._tg.start_soon(later)
 
     # ------------------------------------------------------------------ the pool
 
     def refresh(self) -> None:
-        """Recompute the pool from the attached plugins' states and hand it to the publisher."""
+        """Recompute the pool from the attached plugins' states and hand it to the publisher
+        (every device, with its taints) and the health board."""
         found: dict[str, Found] = {}
         offered: list[SliceDevice] = []
+        health: dict[str, tuple[HealthStatus, str]] = {}
         for resource, plugin in self._attached.items():
+            stopped = resource in self._stopped
             for device in plugin.state.devices:
                 if not self.options.selects(resource, device):
                     continue
@@ -184,15 +203,37 @@ class Plugins:
                 if name in found:
                     self._duplicate(name, resource, device.id, found[name])
                     continue
-                health = plugin.state.health_of(device.id)
-                found[name] = Found(resource, plugin.plugin, device, health)
-                if health is Health.HEALTHY:  # an unhealthy device is withdrawn from the pool
-                    offered.append(SliceDevice(name, device.attributes, device.capacity))
+                condition = plugin.state.condition_of(device.id)
+                found[name] = Found(resource, plugin.plugin, device, condition.health)
+                taints = self._taints(condition)
+                offered.append(SliceDevice(name, device.attributes, device.capacity, taints))
+                health[name] = (
+                    ("UNKNOWN", f"the plugin of {resource} stopped")
+                    if stopped
+                    else status_of(condition)
+                )
         self._found = found
+        self.board.set(health)
         if not self.ready.is_set() and self.expected <= set(self._attached):
             self.ready.set()
         if self.ready.is_set() and self._want is not None:
             self._want(offered)
+
+    def _taints(self, condition: Condition) -> tuple[DeviceTaint, ...]:
+        """The taint a device in ``condition`` carries: none when Healthy with nothing to say;
+        its key in the driver's domain, the reason's cause as value, ``NoExecute`` only when
+        the operator opted in."""
+        effect = condition.effect
+        if effect is None:
+            return ()
+        if effect is Effect.NO_EXECUTE and not self.options.no_execute:
+            effect = Effect.NO_SCHEDULE
+        cause = condition.reason.split(":", 1)[0]
+        default = "advisory" if effect is Effect.ADVISORY else "unhealthy"
+        added = datetime.datetime.fromtimestamp(int(condition.since), datetime.timezone.utc)
+        return (
+            DeviceTaint(self.taint_key, _names.label_value(cause, default), effect.value, added),
+        )
 
     def _duplicate(self, name: str, resource: str, device_id: str, first: Found) -> None:
         if name in self._duplicates:

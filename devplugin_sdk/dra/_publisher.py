@@ -11,11 +11,16 @@ conflict, a watch that ends at once, a second writer undoing ours) waits a jitte
 a write that never sticks is given up, loudly, until the devices change or the next resync.
 Slices stay when the plugin stops: the kubelet removes them 30 s after the driver is gone for
 good, and a restarted plugin takes them over; nothing is written before the first ``want``, so a
-restart never publishes the pool short of the devices its plugins have yet to report.
+restart never publishes the pool short of the devices its plugins have yet to report. Devices
+carry their taints (64 devices per slice when any has one); a taint that a stored slice already
+has keeps its ``timeAdded``. An API server that silently drops taints (``DRADeviceTaints`` off)
+is noticed on the first write that carried one: from then on a device with a ``NoSchedule`` or
+``NoExecute`` taint is withdrawn instead, and advisories are not published, with one warning.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 from collections.abc import Sequence
@@ -26,6 +31,8 @@ import anyio
 from devplugin_sdk._backoff import Backoff
 from devplugin_sdk.dra.resources import (
     MAX_DEVICES_PER_SLICE,
+    MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+    DeviceTaint,
     ResourceApi,
     ResourceSlice,
     SliceDevice,
@@ -77,6 +84,9 @@ class Publisher:
         self.generation = 0
         self.published: tuple[SliceDevice, ...] | None = None
         self.syncs = 0
+        # The API server dropped the taints of a write (its DRADeviceTaints feature is off):
+        # tainted devices are withdrawn instead, for the rest of this process.
+        self.taints_dropped = False
         self.last_error: str | None = None
         self._retry = Backoff(retry_first, retry_max)
         self._watch_retry = Backoff(retry_first, retry_max)
@@ -262,16 +272,19 @@ class Publisher:
 
     async def _sync(self) -> bool:
         """List the pool and write what differs; whether anything was written."""
-        wanted = self._wanted
-        chunks = [
-            wanted[i : i + MAX_DEVICES_PER_SLICE]
-            for i in range(0, len(wanted), MAX_DEVICES_PER_SLICE)
-        ] or [()]
+        asked = self._wanted
         current = await self.api.list_slices(self.driver, self.node_name)
         self.syncs += 1
+        wanted = _keep_time_added(self._shaped(asked), current)
+        size = (
+            MAX_DEVICES_PER_SLICE_WITH_TAINTS
+            if any(d.taints for d in wanted)
+            else MAX_DEVICES_PER_SLICE
+        )
+        chunks = [wanted[i : i + size] for i in range(0, len(wanted), size)] or [()]
         if self._matches(current, chunks):
             self.generation = current[0].generation
-            self._published(wanted)
+            self._published(asked)
             return False
         owner = await self._owner()
         generation = max([s.generation for s in current] + [self.generation]) + 1
@@ -280,6 +293,9 @@ class Publisher:
             stored = await self._write(
                 current[i] if i < len(current) else None, owner, generation, count, devices
             )
+            if any(d.taints for d in devices) and not any(d.taints for d in stored.devices):
+                self._taints_dropped()
+                return True
             self._echo[stored.name] = (tuple(stored.devices), tuple(devices))
         for stale in current[count:]:
             self._echo.pop(stale.name, None)
@@ -300,8 +316,30 @@ class Publisher:
             generation,
             extra={"driver": self.driver},
         )
-        self._published(wanted)
+        self._published(asked)
         return True
+
+    def _shaped(self, wanted: tuple[SliceDevice, ...]) -> tuple[SliceDevice, ...]:
+        """``wanted`` as this API server can hold it: without taints when it drops them, a
+        device tainted ``NoSchedule`` or ``NoExecute`` withdrawn."""
+        if not self.taints_dropped:
+            return wanted
+        return tuple(
+            replace(d, taints=()) for d in wanted if all(t.effect == "None" for t in d.taints)
+        )
+
+    def _taints_dropped(self) -> None:
+        """The server stored a write without the taints it carried: withdraw instead."""
+        self.taints_dropped = True
+        self._wrote = None
+        self._echo.clear()
+        self._dirty.set()
+        log.warning(
+            "DRA %s: the API server dropped the devices' taints (its DRADeviceTaints feature is "
+            "off; on by default from Kubernetes 1.36): unhealthy devices are withdrawn from the "
+            "pool instead and advisories are not published, until this driver restarts",
+            self.driver,
+        )
 
     async def _write(
         self,
@@ -360,3 +398,29 @@ class Publisher:
         them (defaulted, or changed by an admission webhook) and nobody changed since."""
         held = tuple(stored.devices)
         return held == devices or self._echo.get(stored.name) == (held, devices)
+
+
+def _keep_time_added(
+    wanted: tuple[SliceDevice, ...], current: Sequence[ResourceSlice]
+) -> tuple[SliceDevice, ...]:
+    """``wanted`` with each taint's ``timeAdded`` as a stored slice already has it for the same
+    device, key, value and effect (a taint that stays keeps its time, across restarts too)."""
+    held: dict[tuple[str, str, str, str], datetime.datetime] = {}
+    for s in current:
+        for d in s.devices:
+            for t in d.taints:
+                if t.time_added is not None:
+                    held[(d.name, t.key, t.value, t.effect)] = t.time_added
+    if not held:
+        return wanted
+    return tuple(
+        replace(d, taints=tuple(_with_time(d.name, t, held) for t in d.taints)) if d.taints else d
+        for d in wanted
+    )
+
+
+def _with_time(
+    name: str, taint: DeviceTaint, held: dict[tuple[str, str, str, str], datetime.datetime]
+) -> DeviceTaint:
+    kept = held.get((name, taint.key, taint.value, taint.effect))
+    return taint if kept is None or kept == taint.time_added else replace(taint, time_added=kept)

@@ -25,11 +25,14 @@ from devplugin_sdk.settings import Settings
 
 log = logging.getLogger("devplugin_sdk")
 
-__all__ = ["SERVICES", "Registrar"]
+__all__ = ["HEALTH_SERVICES", "SERVICES", "Registrar"]
 
-#: The services the driver serves, in the order the kubelet should prefer them: it takes the
-#: first one of the plugin's list that it speaks (pkg/kubelet/cm/dra/plugin, v1 from 1.34).
+#: The DRAPlugin services the driver serves, in the order the kubelet should prefer them: it
+#: takes the first one of the plugin's list that it speaks (pkg/kubelet/cm/dra/plugin, v1 from
+#: 1.34).
 SERVICES = (constants.DRA_SERVICE_V1, constants.DRA_SERVICE_V1BETA1)
+#: The health streams it serves beside them (a kubelet that speaks both takes v1).
+HEALTH_SERVICES = (constants.DRA_HEALTH_SERVICE_V1, constants.DRA_HEALTH_SERVICE_V1ALPHA1)
 
 
 class Registrar:
@@ -90,7 +93,7 @@ class Registrar:
             self._on_info,
             plugin_type=constants.PLUGIN_TYPE_DRA_PLUGIN,
             endpoint=str(self.dra_socket),
-            versions=SERVICES,
+            versions=(*SERVICES, *HEALTH_SERVICES),
         )
 
     def _on_info(self) -> None:
@@ -121,7 +124,11 @@ class Registrar:
 
     def accepted(self) -> None:
         self.registrations += 1
-        log.info("%s: registered with the kubelet (%s)", self.name, ", ".join(SERVICES))
+        log.info(
+            "%s: registered with the kubelet (%s)",
+            self.name,
+            ", ".join((*SERVICES, *HEALTH_SERVICES)),
+        )
         self._set(True)
 
     def check(self) -> tuple[str | None, float]:

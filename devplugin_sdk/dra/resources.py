@@ -9,15 +9,19 @@ for tests. Field meanings follow k8s.io/api resource/v1 types.go.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from devplugin_sdk.types import AttributeValue, Quantity
 
 __all__ = [
     "MAX_DEVICES_PER_SLICE",
+    "MAX_DEVICES_PER_SLICE_WITH_TAINTS",
+    "MAX_TAINTS_PER_DEVICE",
     "AllocatedDevice",
+    "DeviceTaint",
     "ResourceApi",
     "ResourceClaim",
     "ResourceSlice",
@@ -27,6 +31,33 @@ __all__ = [
 #: ResourceSliceMaxDevices: a slice lists at most this many devices; a bigger pool takes
 #: several slices of one generation.
 MAX_DEVICES_PER_SLICE = 128
+#: ResourceSliceMaxDevicesWithTaintsOrConsumesCounters: a slice any of whose devices has taints
+#: lists at most this many.
+MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
+#: DeviceTaintsMaxLength: taints per device.
+MAX_TAINTS_PER_DEVICE = 16
+
+TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTaint:
+    """A taint on a device in a ResourceSlice (``devices[].taints[]``, ``DRADeviceTaints``).
+
+    Args:
+        key: A label name; the SDK's are in the driver's domain (``gpu.acme.com/health``).
+        value: A label value (the reason's cause).
+        effect: ``None`` (the scheduler ignores it: advisory), ``NoSchedule`` (no new claims
+            get the device unless they tolerate it) or ``NoExecute`` (pods using it are also
+            evicted).
+        time_added: When the taint was added; the API server sets it when absent. Kept while the
+            taint stays, so tolerations with ``tolerationSeconds`` count from the first time.
+    """
+
+    key: str
+    value: str
+    effect: TaintEffect
+    time_added: datetime.datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +68,13 @@ class SliceDevice:
         name: Unique in the pool, a DNS label (``devplugin_sdk.dra.device_name``).
         attributes: Typed attributes by qualified name.
         capacity: Capacities by qualified name.
+        taints: Its taints (at most ``MAX_TAINTS_PER_DEVICE``).
     """
 
     name: str
     attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
     capacity: Mapping[str, Quantity] = field(default_factory=dict)
+    taints: tuple[DeviceTaint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,12 +7,14 @@ unprepares a pod's claims as the kubelet does: per pod, synchronously, one call 
 all of the pod's claims for that driver, each call bounded by 45 s; a claim's error, a missing
 answer or an unknown UID fails the pod's preparation. With an API (``MemoryApi``) it reads the
 claims there, checks the pod is in ``reservedFor``, deletes every ResourceSlice of its node when
-it starts, and a driver's slices 30 s after the driver's last plugin went away. It speaks
-through ``dra._service.DraClient`` and never sees protobuf.
+it starts, and a driver's slices 30 s after the driver's last plugin went away. A plugin that
+lists a ``DRAResourceHealth`` service gets its health stream followed (``health``,
+``kubelet._dra_health``). It speaks through ``_wire``'s clients and never sees protobuf.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -32,6 +34,7 @@ from devplugin_sdk._wire.dra_service import DraClient
 from devplugin_sdk._wire.watcher_registration import PluginInfo
 from devplugin_sdk.api import constants
 from devplugin_sdk.errors import KubeApiError
+from devplugin_sdk.kubelet._dra_health import HEALTH_SERVICES, HealthCache, pick_health_service
 from devplugin_sdk.kubelet.memory_api import MemoryApi
 
 __all__ = ["DraPod", "DraRegistration", "FakeDra", "PodPreparationError", "PreparedPod"]
@@ -40,8 +43,9 @@ log = logging.getLogger("devplugin_sdk.fake_kubelet")
 
 T = TypeVar("T")
 
-#: What a kubelet of 1.34 or later speaks, most recent first (servicesSupportedByKubelet).
-KUBELET_SERVICES = (constants.DRA_SERVICE_V1, constants.DRA_SERVICE_V1BETA1)
+#: What a kubelet of 1.37 speaks, most recent first (servicesSupportedByKubelet), with the health
+#: streams; a 1.34-1.36 kubelet has only v1alpha1 of those, a 1.32 one only v1beta1.DRAPlugin.
+KUBELET_SERVICES = (constants.DRA_SERVICE_V1, constants.DRA_SERVICE_V1BETA1, *HEALTH_SERVICES)
 
 
 class PodPreparationError(Exception):
@@ -68,6 +72,8 @@ class DraRegistration:
     socket: str
     at: float
     error: str | None = None
+    #: The services the plugin listed in GetInfo (its "supported versions").
+    versions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +100,13 @@ class _Plugin:
     client: DraClient
     #: Why the kubelet closed the connection (a call in flight then fails with it).
     gone: str | None = None
+    #: Ends the plugin's health stream.
+    health: anyio.CancelScope | None = None
 
     async def close(self, why: str) -> None:
         self.gone = why
+        if self.health is not None:
+            self.health.cancel()
         await self.channel.close()
 
     async def call(self, method: str, awaitable: Awaitable[T]) -> T:
@@ -129,8 +139,8 @@ class FakeDra:
         api: The API holding claims and slices; None: claims cannot be read (only
             registration works).
         node_name: The kubelet's node.
-        services: The DRA services this kubelet speaks, most recent first (a 1.32 kubelet:
-            ``("v1beta1.DRAPlugin",)``).
+        services: The DRA services this kubelet speaks, most recent first, health streams
+            included (a 1.32 kubelet: ``("v1beta1.DRAPlugin",)``).
         call_timeout: The deadline of NodePrepareResources/NodeUnprepareResources.
         wiping_delay: How long after a driver's last plugin went away its slices are deleted.
         notify: Called on every change (wakes FakeKubelet's waiters).
@@ -152,6 +162,8 @@ class FakeDra:
         self.call_timeout = call_timeout
         self.wiping_delay = wiping_delay
         self.registrations: list[DraRegistration] = []
+        #: Device health as the kubelet holds it (``health.health(driver, pool, device)``).
+        self.health = HealthCache(notify)
         self.calls: list[tuple[str, str, tuple[str, ...]]] = []
         self._plugins: dict[str, list[_Plugin]] = {}
         self._claims: dict[tuple[str, str], _ClaimInfo] = {}
@@ -173,9 +185,10 @@ class FakeDra:
 
     async def stop(self) -> None:
         """The kubelet stops: connections close; claim information is kept (checkpointed)."""
-        for plugins in self._plugins.values():
+        for driver, plugins in self._plugins.items():
             for plugin in plugins:
                 await plugin.close("the kubelet stopped")
+            self.health.clear(driver)
         self._plugins.clear()
         for scope in self._wipes.values():
             scope.cancel()
@@ -186,9 +199,19 @@ class FakeDra:
 
     async def register(self, socket: Path, info: PluginInfo) -> str | None:
         """RegisterPlugin for a DRA plugin; None on success, else the kubelet's error."""
-        record = DraRegistration(info.name, info.endpoint, "", str(socket), time.monotonic())
+        record = DraRegistration(
+            info.name,
+            info.endpoint,
+            "",
+            str(socket),
+            time.monotonic(),
+            versions=tuple(info.supported_versions),
+        )
         error: str | None = None
-        chosen = next((s for s in info.supported_versions if s in self.services), None)
+        chosen = next(
+            (s for s in info.supported_versions if s in self.services and s not in HEALTH_SERVICES),
+            None,
+        )
         if not info.supported_versions:
             error = "empty list of supported gRPC services (aka supported versions)"
         elif chosen is None:
@@ -215,14 +238,16 @@ class FakeDra:
             self._notify()
             return error
         assert chosen is not None
-        record = DraRegistration(info.name, info.endpoint, chosen, str(socket), record.at)
+        record = dataclasses.replace(record, service=chosen)
         # Its own connection, as the kubelet's (see DeviceManager.connect).
         channel = grpc.aio.insecure_channel(
             f"unix:{info.endpoint}", options=[("grpc.use_local_subchannel_pool", 1)]
         )
-        self._plugins.setdefault(info.name, []).append(
-            _Plugin(record, channel, DraClient(channel, chosen))
-        )
+        plugin = _Plugin(record, channel, DraClient(channel, chosen))
+        self._plugins.setdefault(info.name, []).append(plugin)
+        health = pick_health_service(self.services, info.supported_versions)
+        if health is not None and self._tg is not None:
+            plugin.health = self._follow_health(info.name, channel, health)
         # A plugin of the driver is back: a pending wipe of its slices is cancelled.
         pending = self._wipes.pop(info.name, None)
         if pending is not None:
@@ -241,8 +266,22 @@ class FakeDra:
                 await plugin.close(f"DRA driver {driver} deregistered")
                 if not plugins:
                     del self._plugins[driver]
+                    self.health.clear(driver)
                     self._schedule_wipe(driver)
         self._notify()
+
+    def _follow_health(
+        self, driver: str, channel: grpc.aio.Channel, service: str
+    ) -> anyio.CancelScope:
+        scope = anyio.CancelScope()
+
+        async def follow() -> None:
+            with scope:
+                await self.health.follow(driver, channel, service)
+
+        assert self._tg is not None
+        self._tg.start_soon(follow)
+        return scope
 
     def _schedule_wipe(self, driver: str) -> None:
         if self.api is None or self._tg is None or driver in self._wipes:
@@ -403,6 +442,4 @@ def _answered(
 
 
 def _with_error(record: DraRegistration, error: str) -> DraRegistration:
-    return DraRegistration(
-        record.driver, record.endpoint, record.service, record.socket, record.at, error
-    )
+    return dataclasses.replace(record, error=error)

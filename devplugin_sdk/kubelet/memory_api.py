@@ -4,13 +4,17 @@ It implements ``resources.ResourceApi`` with the API server's behaviour that a d
 generated names, resource versions and conflicts on stale updates, a watch that starts with the
 slices that exist (one ADDED event each, as from resourceVersion "") and reports every
 change (including deletions by someone else; ``changes_since`` keeps the recent ones in order,
-as the API server's watch cache does), field-selector lists, and the validation a real
-server applies to slices (names, device count, attribute limits). Tests add claims and allocate
-devices with ``allocate``, playing the scheduler; ``devplugin_sdk.testing`` exports it.
+as the API server's watch cache does), field-selector lists, the validation a real
+server applies to slices (names, device count, attribute and taint limits), and device taints:
+``timeAdded`` set when a taint comes without one, or the whole field dropped silently, as a
+server with the ``DRADeviceTaints`` feature off does (``device_taints=False``). Tests add
+claims and allocate devices with ``allocate``, playing the scheduler; ``devplugin_sdk.testing``
+exports it.
 """
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import secrets
 import uuid
@@ -23,9 +27,12 @@ import anyio
 from devplugin_sdk import _names
 from devplugin_sdk.dra.resources import (
     MAX_DEVICES_PER_SLICE,
+    MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+    MAX_TAINTS_PER_DEVICE,
     AllocatedDevice,
     ResourceClaim,
     ResourceSlice,
+    SliceDevice,
 )
 from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.types import MAX_ATTRIBUTES_AND_CAPACITIES
@@ -42,12 +49,16 @@ class MemoryApi:
 
     Args:
         nodes: Node names that exist (their UIDs are generated).
+        device_taints: Whether the server has the ``DRADeviceTaints`` feature (on by default
+            from Kubernetes 1.36); without it, devices' taints are dropped from every write,
+            with no error.
 
     Fault hooks: ``fail_next(status, reason, times)`` makes the next calls fail as an
     unreachable or refusing API server would; ``calls`` counts calls by method name.
     """
 
-    def __init__(self, nodes: Iterable[str] = ()) -> None:
+    def __init__(self, nodes: Iterable[str] = (), *, device_taints: bool = True) -> None:
+        self.device_taints = device_taints
         self.claims: dict[tuple[str, str], ResourceClaim] = {}
         self.slices: dict[str, ResourceSlice] = {}
         self.nodes: dict[str, str] = {}
@@ -219,7 +230,9 @@ class MemoryApi:
             name = f"{resource_slice.node_name}-{resource_slice.driver}-{secrets.token_hex(3)[:5]}"
         if name in self.slices:
             raise KubeApiError(409, f'resourceslices.resource.k8s.io "{name}" already exists')
-        stored = replace(resource_slice, name=name, resource_version=str(next(self._versions)))
+        stored = replace(
+            self._stored(resource_slice), name=name, resource_version=str(next(self._versions))
+        )
         self.slices[name] = stored
         self._notify(("ADDED", stored))
         return stored
@@ -238,7 +251,7 @@ class MemoryApi:
                 f'{resource_slice.name}": the object has been modified',
             )
         self._validate(resource_slice)
-        stored = replace(resource_slice, resource_version=str(next(self._versions)))
+        stored = replace(self._stored(resource_slice), resource_version=str(next(self._versions)))
         self.slices[resource_slice.name] = stored
         self._notify(("MODIFIED", stored))
         return stored
@@ -286,6 +299,21 @@ class MemoryApi:
         self._changed.set()
         self._changed = anyio.Event()
 
+    def _stored(self, s: ResourceSlice) -> ResourceSlice:
+        """What the server stores of a valid write: taints dropped without the feature, a
+        missing ``timeAdded`` set to now (whole seconds, as metav1.Time keeps)."""
+        now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+        devices = tuple(
+            replace(
+                d,
+                taints=tuple(replace(t, time_added=t.time_added or now) for t in d.taints)
+                if self.device_taints
+                else (),
+            )
+            for d in s.devices
+        )
+        return replace(s, devices=devices)
+
     def _pool_generation(self, resource_slice: ResourceSlice) -> int:
         return max(
             s.generation
@@ -306,20 +334,49 @@ class MemoryApi:
             problems.append("spec.pool.generation: must be >= 0")
         if s.slice_count <= 0:
             problems.append("spec.pool.resourceSliceCount: must be > 0")
-        if len(s.devices) > MAX_DEVICES_PER_SLICE:
-            problems.append(f"spec.devices: at most {MAX_DEVICES_PER_SLICE} devices")
+        tainted = self.device_taints and any(d.taints for d in s.devices)
+        most = MAX_DEVICES_PER_SLICE_WITH_TAINTS if tainted else MAX_DEVICES_PER_SLICE
+        if len(s.devices) > most:
+            problems.append(f"spec.devices: at most {most} devices")
         names = [d.name for d in s.devices]
         if len(set(names)) != len(names):
             problems.append("spec.devices: duplicate device names")
         for i, device in enumerate(s.devices):
-            problem = _names.device_name_problem(device.name)
-            if problem is not None:
-                problems.append(f"spec.devices[{i}].name: {problem}")
-            if len(device.attributes) + len(device.capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
-                problems.append(f"spec.devices[{i}]: too many attributes and capacities")
-            for key in (*device.attributes, *device.capacity):
-                problem = _names.attribute_name_problem(key)
-                if problem is not None:
-                    problems.append(f"spec.devices[{i}]: {key}: {problem}")
+            problems.extend(_device_problems(i, device))
+            if self.device_taints:
+                problems.extend(_taint_problems(i, device))
         if problems:
             raise KubeApiError(422, f"ResourceSlice is invalid: {'; '.join(problems)}")
+
+
+def _device_problems(i: int, device: SliceDevice) -> list[str]:
+    """What the API server's validation of a device's name, attributes and capacities refuses."""
+    problems = []
+    problem = _names.device_name_problem(device.name)
+    if problem is not None:
+        problems.append(f"spec.devices[{i}].name: {problem}")
+    if len(device.attributes) + len(device.capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        problems.append(f"spec.devices[{i}]: too many attributes and capacities")
+    for key in (*device.attributes, *device.capacity):
+        problem = _names.attribute_name_problem(key)
+        if problem is not None:
+            problems.append(f"spec.devices[{i}]: {key}: {problem}")
+    return problems
+
+
+def _taint_problems(i: int, device: SliceDevice) -> list[str]:
+    """What the API server's validation of a device's taints refuses."""
+    problems = []
+    if len(device.taints) > MAX_TAINTS_PER_DEVICE:
+        problems.append(f"spec.devices[{i}].taints: at most {MAX_TAINTS_PER_DEVICE}")
+    for j, taint in enumerate(device.taints):
+        where = f"spec.devices[{i}].taints[{j}]"
+        key_problem = _names.label_name_problem(taint.key)
+        if key_problem is not None:
+            problems.append(f"{where}.key: {key_problem}")
+        value_problem = _names.label_value_problem(taint.value)
+        if value_problem is not None:
+            problems.append(f"{where}.value: {value_problem}")
+        if taint.effect not in ("None", "NoSchedule", "NoExecute"):
+            problems.append(f"{where}.effect: unsupported value {taint.effect!r}")
+    return problems

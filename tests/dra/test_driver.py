@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 
 import pytest
 from dra_helpers import DRIVER, dra_options
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Device, DeviceNode, Health
+from devplugin_sdk.dra.resources import DeviceTaint
 from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
-from devplugin_sdk.types import Quantity
+from devplugin_sdk.types import Effect, Quantity
 
 
 def typed_widgets(count: int = 3) -> list[Device]:
@@ -71,7 +74,10 @@ async def test_publishes_registers_prepares_and_unprepares() -> None:
             assert kubelet.dra.prepared_claims() == []
 
 
-async def test_unhealthy_devices_are_withdrawn_and_come_back() -> None:
+async def test_an_unhealthy_device_stays_in_the_pool_tainted_until_it_recovers() -> None:
+    """Taints, not withdrawal: the device stays listed with a NoSchedule taint in the driver's
+    domain, the reason's cause as value and a timeAdded that stays while the taint does; an
+    escalation the operator did not opt into stays NoSchedule; recovery removes the taint."""
     api = MemoryApi(nodes=["node-1"])
     async with FakeKubelet(dra_api=api) as kubelet:
         plugin = StaticPlugin(RESOURCE, widgets(3))
@@ -79,16 +85,94 @@ async def test_unhealthy_devices_are_withdrawn_and_come_back() -> None:
             plugin, settings=kubelet.settings(), api="dra", dra=dra_options(kubelet, api)
         ):
             await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
-            first = api.pool(DRIVER, "node-1")[0].generation
-            plugin.set_health("w1", Health.UNHEALTHY)
+            plugin.set_health("w1", Health.UNHEALTHY, "ECC error: 3 pages retired")
+
+            def taints() -> dict[str, tuple[DeviceTaint, ...]]:
+                return {d.name: d.taints for s in api.pool(DRIVER, "node-1") for d in s.devices}
+
+            await kubelet.wait_for(lambda: bool(taints()["w1"]), what="w1 tainted")
+            assert sorted(taints()) == ["w0", "w1", "w2"]
+            (taint,) = taints()["w1"]
+            assert (taint.key, taint.value, taint.effect) == (
+                f"{DRIVER}/health",
+                "ECC-error",
+                "NoSchedule",
+            )
+            assert taint.time_added is not None
+            assert not taints()["w0"]
+            assert not taints()["w2"]
+            # Another device's change rewrites the pool: w1's taint keeps its time.
+            generation = api.pool(DRIVER, "node-1")[0].generation
+            plugin.set_health("w2", Health.UNHEALTHY, "gone", Effect.NO_EXECUTE)
+            await kubelet.wait_for(lambda: bool(taints()["w2"]), what="w2 tainted")
+            assert api.pool(DRIVER, "node-1")[0].generation > generation
+            assert taints()["w1"] == (taint,)
+            assert taints()["w2"][0].effect == "NoSchedule"  # NoExecute needs the operator
+            plugin.set_health("w1", Health.HEALTHY)
+            await kubelet.wait_for(lambda: not taints()["w1"], what="w1's taint removed")
+            assert sorted(taints()) == ["w0", "w1", "w2"]
+
+
+async def test_no_execute_when_the_operator_opts_in_and_advisories_as_none() -> None:
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        plugin = StaticPlugin(RESOURCE, widgets(2))
+        options = dataclasses.replace(dra_options(kubelet, api), no_execute=True)
+        async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options):
+            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
+            plugin.set_health("w0", Health.UNHEALTHY, "fell off the bus", Effect.NO_EXECUTE)
+            plugin.set_health(
+                "w1", Health.HEALTHY, "Xid 43 (GPU stopped processing)", Effect.ADVISORY
+            )
+
+            def effects() -> dict[str, list[tuple[str, str]]]:
+                return {
+                    d.name: [(t.value, t.effect) for t in d.taints]
+                    for s in api.pool(DRIVER, "node-1")
+                    for d in s.devices
+                }
+
+            await kubelet.wait_for(
+                lambda: (
+                    effects()
+                    == {
+                        "w0": [("fell-off-the-bus", "NoExecute")],
+                        "w1": [("Xid-43-GPU-stopped-processing", "None")],
+                    }
+                ),
+                what="NoExecute on w0, an advisory on w1",
+            )
+            assert kubelet.dra.is_registered(DRIVER)
+
+
+async def test_an_api_server_that_drops_taints_gets_withdrawal_and_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """DRADeviceTaints off: the server stores the slice without the taints and says nothing;
+    the driver notices on that write, withdraws the tainted device instead, warns once."""
+    api = MemoryApi(nodes=["node-1"], device_taints=False)
+    async with FakeKubelet(dra_api=api) as kubelet:
+        plugin = StaticPlugin(RESOURCE, widgets(3))
+        async with serving(
+            plugin, settings=kubelet.settings(), api="dra", dra=dra_options(kubelet, api)
+        ) as running:
+            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
 
             def names() -> list[str]:
                 return [d.name for s in api.pool(DRIVER, "node-1") for d in s.devices]
 
-            await kubelet.wait_for(lambda: names() == ["w0", "w2"], what="w1 withdrawn")
-            assert api.pool(DRIVER, "node-1")[0].generation > first
-            plugin.set_health("w1", Health.HEALTHY)
-            await kubelet.wait_for(lambda: names() == ["w0", "w1", "w2"], what="w1 back")
+            with caplog.at_level(logging.WARNING, logger="devplugin_sdk"):
+                plugin.set_health("w1", Health.UNHEALTHY, "Xid 79")
+                await kubelet.wait_for(lambda: names() == ["w0", "w2"], what="w1 withdrawn")
+                plugin.set_health("w2", Health.UNHEALTHY, "Xid 79")
+                await kubelet.wait_for(lambda: names() == ["w0"], what="w2 withdrawn")
+                plugin.set_health("w1", Health.HEALTHY)
+                plugin.set_health("w2", Health.HEALTHY)
+                await kubelet.wait_for(lambda: names() == ["w0", "w1", "w2"], what="back")
+            dropped = [r for r in caplog.records if "dropped the devices' taints" in r.message]
+            assert len(dropped) == 1
+            assert running.dra is not None
+            assert running.dra.taints_dropped
 
 
 async def _registered(kubelet: FakeKubelet, api: MemoryApi, count: int = 1) -> None:
@@ -353,8 +437,11 @@ async def test_both_apis_never_hand_out_one_device_twice() -> None:
             assert sorted(got.device_ids) == ["w0", "w1"]
             plugin.set_health("w3", Health.UNHEALTHY)
             await kubelet.wait_for(
-                lambda: [d.name for d in api.pool(DRIVER, "node-1")[0].devices] == ["w2"],
-                what="w3 withdrawn from DRA",
+                lambda: (
+                    [(d.name, bool(d.taints)) for d in api.pool(DRIVER, "node-1")[0].devices]
+                    == [("w2", False), ("w3", True)]
+                ),
+                what="w3 tainted in DRA",
             )
             assert kubelet.allocatable(RESOURCE) == 2
             (status,) = running.statuses()

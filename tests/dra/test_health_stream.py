@@ -1,0 +1,201 @@
+"""The kubelet's DRAResourceHealth stream: listed in GetInfo beside DRAPlugin, both versions,
+the full state when a stream opens, every change after, the same reason as the taint and the
+log, ``UNKNOWN`` for the devices of a plugin that stopped, and a heartbeat inside the timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import grpc
+import pytest
+from dra_helpers import DRIVER, dra_options
+from sdk_helpers import RESOURCE, widgets
+
+from devplugin_sdk import Device, Health
+from devplugin_sdk._wire.dra_health import DraHealthClient
+from devplugin_sdk._wire.dra_model import DeviceHealthStatus
+from devplugin_sdk.runner import Reload
+from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
+from devplugin_sdk.types import Effect
+
+ALL_SERVICES = (
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1.DRAResourceHealth",
+    "v1alpha1.DRAResourceHealth",
+)
+XID_79 = "Xid 79 (GPU has fallen off the bus)"
+
+
+def health_of(kubelet: FakeKubelet, name: str) -> tuple[str, str]:
+    return kubelet.dra.health.health(DRIVER, kubelet.node_name, name)
+
+
+async def test_a_137_kubelet_follows_v1_and_sees_each_change_with_its_reason() -> None:
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        plugin = StaticPlugin(RESOURCE, widgets(3))
+        async with serving(
+            plugin, settings=kubelet.settings(), api="dra", dra=dra_options(kubelet, api)
+        ) as running:
+            await kubelet.wait_for(
+                lambda: kubelet.dra.health.streams.get(DRIVER) == "v1.DRAResourceHealth",
+                what="the v1 health stream",
+            )
+            (registration,) = kubelet.dra.successful_registrations(DRIVER)
+            assert registration.versions == ALL_SERVICES
+            assert registration.service == "v1.DRAPlugin"
+            assert running.dra is not None
+            assert running.dra.health_streams == 1
+            assert [health_of(kubelet, n) for n in ("w0", "w1", "w2")] == [("Healthy", "")] * 3
+
+            plugin.set_health("w1", Health.UNHEALTHY, XID_79)
+            await kubelet.wait_for(
+                lambda: health_of(kubelet, "w1") == ("Unhealthy", XID_79), what="w1 unhealthy"
+            )
+            # The same reason is the taint's cause and the log's.
+            (taint,) = next(
+                d.taints for s in api.pool(DRIVER, "node-1") for d in s.devices if d.name == "w1"
+            )
+            assert taint.value == "Xid-79-GPU-has-fallen-off-the-bus"
+
+            plugin.set_health(
+                "w2", Health.HEALTHY, "Xid 43 (GPU stopped processing)", Effect.ADVISORY
+            )
+            await kubelet.wait_for(
+                lambda: (
+                    health_of(kubelet, "w2")
+                    == ("Healthy", "advisory: Xid 43 (GPU stopped processing)")
+                ),
+                what="an advisory on w2",
+            )
+            plugin.set_health("w1", Health.HEALTHY, "recovered")
+            await kubelet.wait_for(lambda: health_of(kubelet, "w1") == ("Healthy", ""))
+
+
+@pytest.mark.parametrize(
+    ("services", "followed"),
+    [
+        (("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"), "v1alpha1"),
+        (("v1beta1.DRAPlugin",), None),
+    ],
+    ids=["kubelet-1.34", "kubelet-1.32"],
+)
+async def test_older_kubelets_follow_what_they_speak(
+    services: tuple[str, ...], followed: str | None
+) -> None:
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api, dra_services=services) as kubelet:
+        plugin = StaticPlugin(RESOURCE, widgets(2))
+        async with serving(
+            plugin, settings=kubelet.settings(), api="dra", dra=dra_options(kubelet, api)
+        ):
+            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER))
+            if followed is None:
+                # Registered, prepared through v1beta1; nothing asked for health.
+                await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"))
+                assert kubelet.dra.health.streams == {}
+                assert health_of(kubelet, "w0") == ("Unknown", "")
+                return
+            await kubelet.wait_for(
+                lambda: kubelet.dra.health.streams.get(DRIVER) == f"{followed}.DRAResourceHealth"
+            )
+            plugin.set_health("w0", Health.UNHEALTHY, "gone")
+            await kubelet.wait_for(lambda: health_of(kubelet, "w0") == ("Unhealthy", "gone"))
+
+
+@pytest.mark.parametrize("service", ["v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"])
+async def test_a_stream_gets_the_full_state_then_every_change(service: str) -> None:
+    """A client of the upstream messages (field numbers checked in tests/api): the first message
+    holds every device, the next ones follow each change."""
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        plugin = StaticPlugin(RESOURCE, widgets(3))
+        options = dra_options(kubelet, api)
+        async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options):
+            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER))
+            async with _stream(options.resolved_plugin_dir / "dra.sock", service) as messages:
+                first = await messages.__anext__()
+                assert [(d.pool, d.device, d.health, d.message) for d in first] == [
+                    ("node-1", f"w{i}", "HEALTHY", "") for i in range(3)
+                ]
+                assert {d.timeout_seconds for d in first} == {30}
+                assert all(abs(d.updated - time.time()) < 60 for d in first)
+                plugin.set_health("w2", Health.UNHEALTHY, "x" * 2000)
+                changed = await messages.__anext__()
+                w2 = next(d for d in changed if d.device == "w2")
+                assert w2.health == "UNHEALTHY"
+                assert w2.message == "x" * 1021 + "..."  # the kubelet's limit, our cut
+                assert len(changed) == 3
+
+
+async def test_the_devices_of_a_stopped_plugin_are_unknown(tmp_path: Path) -> None:
+    api = MemoryApi(nodes=["node-1"])
+    widget = StaticPlugin(RESOURCE, widgets(2))
+    gizmo = StaticPlugin("acme.com/gizmo", [Device("g0"), Device("g1")])
+    current: list[StaticPlugin] = [widget, gizmo]
+    config = tmp_path / "config.yaml"
+    config.write_text("1")
+    async with FakeKubelet(dra_api=api) as kubelet:
+        async with serving(
+            *current,
+            settings=kubelet.settings(),
+            api="dra",
+            dra=dra_options(kubelet, api),
+            reload=Reload(lambda: list(current), config, sighup=False),
+        ):
+            await kubelet.wait_for(lambda: health_of(kubelet, "g0") == ("Healthy", ""))
+            del current[1]
+            (tmp_path / "next.yaml").write_text("2")
+            (tmp_path / "next.yaml").replace(config)
+            await kubelet.wait_for(
+                lambda: (
+                    health_of(kubelet, "g0") == ("Unknown", "the plugin of acme.com/gizmo stopped")
+                ),
+                what="g0 unknown",
+            )
+            assert health_of(kubelet, "w0") == ("Healthy", "")
+
+
+async def test_a_quiet_pool_is_sent_again_inside_the_timeout() -> None:
+    """The kubelet reads a device it has not heard about within health_check_timeout_seconds
+    as Unknown: with nothing changing, every device is sent again at timeout / 3."""
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        plugin = StaticPlugin(RESOURCE, widgets(1))
+        options = dra_options(kubelet, api, health_timeout=3)
+        async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options):
+            await kubelet.wait_for(lambda: kubelet.dra.health.messages >= 1)
+            seen = kubelet.dra.health.messages
+            await kubelet.wait_for(
+                lambda: kubelet.dra.health.messages >= seen + 2, what="two heartbeats"
+            )
+            assert health_of(kubelet, "w0") == ("Healthy", "")
+
+
+class _Messages:
+    def __init__(self, iterator: AsyncIterator[list[DeviceHealthStatus]]) -> None:
+        self.iterator = iterator
+
+    async def __anext__(self) -> list[DeviceHealthStatus]:
+        with anyio.fail_after(5):
+            return await self.iterator.__anext__()
+
+
+class _stream:
+    """A DRAResourceHealth client on ``socket`` for the body of an ``async with``."""
+
+    def __init__(self, socket: Path, service: str) -> None:
+        self.channel = grpc.aio.insecure_channel(f"unix:{socket}")
+        self.iterator = DraHealthClient(self.channel, service).watch()
+
+    async def __aenter__(self) -> _Messages:
+        return _Messages(self.iterator)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.iterator.aclose()  # type: ignore[attr-defined]
+        await self.channel.close()
