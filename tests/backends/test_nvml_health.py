@@ -16,7 +16,7 @@ from devplugin_sdk.backends.nvidia import NvidiaConfig, NvmlPlugin
 from devplugin_sdk.metrics import PrometheusObserver
 from devplugin_sdk.testing import FakeKubelet, fake_nvml, serving, watching
 from devplugin_sdk.testing.fake_nvml import FakeNVML
-from devplugin_sdk.types import Device, Health, HealthEvent, HealthReport
+from devplugin_sdk.types import Device, Effect, Health, HealthEvent, HealthReport
 
 NEVER = 3600.0  # a probe interval that never comes round within a test
 XID_79 = "Xid 79 (GPU has fallen off the bus)"
@@ -62,7 +62,7 @@ async def test_xid_79_is_pushed_the_moment_nvml_reports_it(tmp_path: Path) -> No
         nvml.xid(3, 79)
         event = await events.next_event()
 
-    assert event == HealthEvent(nvml.gpus[3].uuid, Health.UNHEALTHY, XID_79)
+    assert event == HealthEvent(nvml.gpus[3].uuid, Health.UNHEALTHY, XID_79, Effect.NO_EXECUTE)
 
 
 async def test_application_xids_leave_the_gpu_healthy_by_default(tmp_path: Path) -> None:
@@ -75,11 +75,22 @@ async def test_application_xids_leave_the_gpu_healthy_by_default(tmp_path: Path)
         for xid in (13, 31, 43, 45, 68, 109):
             nvml.xid(0, xid)
         nvml.xid(1, 48)
-        event = await events.next_event()
+        got = [await events.next_event() for _ in range(6)]
 
-    # The first event is the double-bit ECC Xid on GPU 1: none of the six made one (advisory
-    # by NVIDIA's catalog, 109 in the default ignoredXids).
-    assert event == HealthEvent(
+    # Five advisories (Healthy: the GPU works), none for 109 (in the default ignoredXids), then
+    # the double-bit ECC Xid on GPU 1.
+    gpu0 = nvml.gpus[0].uuid
+    assert [(e.device_id, e.health, e.effect) for e in got[:5]] == [  # type: ignore[union-attr]
+        (gpu0, Health.HEALTHY, Effect.ADVISORY)
+    ] * 5
+    assert [e.reason.split(" (")[0] for e in got[:5]] == [  # type: ignore[union-attr]
+        "Xid 13",
+        "Xid 31",
+        "Xid 43",
+        "Xid 45",
+        "Xid 68",
+    ]
+    assert got[5] == HealthEvent(
         nvml.gpus[1].uuid, Health.UNHEALTHY, "Xid 48 (double-bit ECC error)"
     )
 
@@ -124,7 +135,7 @@ async def test_an_xid_from_a_gpu_that_fell_off_the_bus_is_still_attributed(tmp_p
         event = await events.next_event()
 
     # Attributed to the Xid itself, not found later by a probe.
-    assert event == HealthEvent(nvml.gpus[5].uuid, Health.UNHEALTHY, XID_79)
+    assert event == HealthEvent(nvml.gpus[5].uuid, Health.UNHEALTHY, XID_79, Effect.NO_EXECUTE)
 
 
 async def test_a_failed_event_wait_opens_the_event_set_again(tmp_path: Path) -> None:
@@ -140,7 +151,7 @@ async def test_a_failed_event_wait_opens_the_event_set_again(tmp_path: Path) -> 
         event = await events.next_event()
 
     assert nvml.calls["nvmlEventSetCreate"] == 2
-    assert event == HealthEvent(nvml.gpus[2].uuid, Health.UNHEALTHY, XID_79)
+    assert event == HealthEvent(nvml.gpus[2].uuid, Health.UNHEALTHY, XID_79, Effect.NO_EXECUTE)
 
 
 async def test_a_gpu_wide_xid_reaches_every_replica(tmp_path: Path) -> None:
@@ -154,7 +165,8 @@ async def test_a_gpu_wide_xid_reaches_every_replica(tmp_path: Path) -> None:
         got = [await events.next_event() for _ in range(4)]
 
     assert got == [
-        HealthEvent(f"{nvml.gpus[1].uuid}::{n}", Health.UNHEALTHY, XID_79) for n in range(4)
+        HealthEvent(f"{nvml.gpus[1].uuid}::{n}", Health.UNHEALTHY, XID_79, Effect.NO_EXECUTE)
+        for n in range(4)
     ]
 
 
@@ -185,7 +197,10 @@ async def test_an_xid_in_one_mig_instance_marks_only_that_mig_device(tmp_path: P
         got = [await events.next_event() for _ in range(2)]
         nvml.xid(0, 79)  # the next events are the GPU-wide fault's: nothing else came between
         assert await events.next_event() == HealthEvent(
-            devices[0].id, Health.UNHEALTHY, "Xid 79 (GPU has fallen off the bus)"
+            devices[0].id,
+            Health.UNHEALTHY,
+            "Xid 79 (GPU has fallen off the bus)",
+            Effect.NO_EXECUTE,
         )
 
     # Both replicas of the MIG device (whose parent is the GPU, not the MIG device).
@@ -210,7 +225,7 @@ async def test_a_mig_device_stays_unhealthy_while_its_own_fault_lasts_after_its_
         await armed(nvml)
         nvml.xid(0, 79)  # the GPU first
         assert [await events.next_event() for _ in range(2)] == [
-            HealthEvent(d.id, Health.UNHEALTHY, XID_79) for d in devices
+            HealthEvent(d.id, Health.UNHEALTHY, XID_79, Effect.NO_EXECUTE) for d in devices
         ]
         clock.now += 30
         nvml.xid(0, 94, gi=target.gi, ci=target.ci)  # then one of its MIG instances
@@ -351,7 +366,7 @@ async def test_the_probe_is_polled_on_the_probe_interval_and_never_run_by_watch(
         event = await events.next_event()
 
     assert plugin.health_interval == 0.01
-    assert event == HealthEvent(nvml.gpus[0].uuid, Health.UNHEALTHY, XID_79)
+    assert event == HealthEvent(nvml.gpus[0].uuid, Health.UNHEALTHY, XID_79, Effect.NO_EXECUTE)
     assert nvml.calls["nvmlDeviceGetMemoryInfo"] == probes
 
 
@@ -389,7 +404,7 @@ async def test_a_gpu_that_could_not_register_for_events_registers_once_back(
         nvml.xid(1, 79)
         event = await events.next_event()
 
-    assert event == HealthEvent(uuid, Health.UNHEALTHY, XID_79)
+    assert event == HealthEvent(uuid, Health.UNHEALTHY, XID_79, Effect.NO_EXECUTE)
 
 
 async def test_the_engine_clears_a_discovered_fault_on_the_polled_recovery(
@@ -488,7 +503,9 @@ async def test_an_xid_with_rising_ecc_is_not_declared_healthy_while_the_ecc_rise
         await armed(nvml)
         nvml.xid(3, 79)
         nvml.ecc_uncorrected(3, 2)
-        assert await events.next_event() == HealthEvent(gpu3, Health.UNHEALTHY, XID_79)
+        assert await events.next_event() == HealthEvent(
+            gpu3, Health.UNHEALTHY, XID_79, Effect.NO_EXECUTE
+        )
 
     for _ in range(5):  # well past the recovery period, the GPU still answers every query
         clock.now += RECOVERY * 2

@@ -29,7 +29,7 @@ from devplugin_sdk.backends.nvidia import (
 from devplugin_sdk.errors import AllocationError, ConfigError
 from devplugin_sdk.testing import AdmissionError, FakeKubelet, fake_nvml, serving
 from devplugin_sdk.testing.fake_nvml import FakeNVML
-from devplugin_sdk.types import Device, Health, HealthEvent, HealthReport, Mount
+from devplugin_sdk.types import Device, Effect, Health, HealthEvent, HealthReport, Mount
 
 MEM = "nvidia.com/gpu-memory"
 GPU = "nvidia.com/gpu"
@@ -570,7 +570,10 @@ async def test_an_xid_is_one_event_for_the_gpu_and_its_units(tmp_path: Path) -> 
         tg.cancel_scope.cancel()
 
     assert event == HealthEvent(
-        nvml.gpus[4].uuid, Health.UNHEALTHY, "Xid 79 (GPU has fallen off the bus)"
+        nvml.gpus[4].uuid,
+        Health.UNHEALTHY,
+        "Xid 79 (GPU has fallen off the bus)",
+        Effect.NO_EXECUTE,
     )
     send.close()
     receive.close()

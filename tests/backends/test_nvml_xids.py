@@ -14,7 +14,7 @@ from devplugin_sdk.backends.nvidia import NvidiaConfig, NvmlPlugin
 from devplugin_sdk.backends.nvidia.xids import CATALOG, classify
 from devplugin_sdk.testing import fake_nvml, watching
 from devplugin_sdk.testing.fake_nvml import FakeNVML
-from devplugin_sdk.types import Health, HealthEvent
+from devplugin_sdk.types import Effect, Health, HealthEvent
 
 EVENTS = "devplugin_sdk.backends.nvidia.events"
 NEVER = 3600.0  # a probe interval that never comes round within a test
@@ -91,14 +91,16 @@ async def test_xid_79_makes_the_gpu_unhealthy_with_the_catalogs_reason(
         event = await events.next_event()
 
     gpu = nvml.gpus[2].uuid
-    assert event == HealthEvent(gpu, Health.UNHEALTHY, "Xid 79 (GPU has fallen off the bus)")
+    assert event == HealthEvent(
+        gpu, Health.UNHEALTHY, "Xid 79 (GPU has fallen off the bus)", Effect.NO_EXECUTE
+    )
     assert lines(caplog, logging.INFO) == [
         f"Xid 79 (GPU has fallen off the bus) on GPU {gpu}: NVIDIA's resolution: "
         "reboot the node (RESTART_BM)"
     ]
 
 
-async def test_xid_43_leaves_the_gpu_healthy_with_one_advisory_line(
+async def test_xid_43_is_an_advisory_the_gpu_stays_healthy(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=EVENTS)
@@ -109,16 +111,20 @@ async def test_xid_43_leaves_the_gpu_healthy_with_one_advisory_line(
     async with watching(plugin) as events:
         await armed(nvml)
         nvml.xid(0, 43)
-        nvml.xid(1, 48)  # a fault after it: the first event shows 43 made none
-        event = await events.next_event()
+        nvml.xid(1, 48)
+        advisory = await events.next_event()
+        fault = await events.next_event()
 
-    assert event == HealthEvent(
+    gpu0 = nvml.gpus[0].uuid
+    assert advisory == HealthEvent(
+        gpu0, Health.HEALTHY, "Xid 43 (GPU stopped processing)", Effect.ADVISORY
+    )
+    assert fault == HealthEvent(
         nvml.gpus[1].uuid, Health.UNHEALTHY, "Xid 48 (double-bit ECC error)"
     )
-    advisory = [line for line in lines(caplog, logging.INFO) if "Xid 43" in line]
-    assert advisory == [
-        "advisory: Xid 43 (GPU stopped processing); the GPU stays healthy; "
-        "NVIDIA's resolution: ignore (IGNORE)"
+    said = [line for line in lines(caplog, logging.INFO) if "Xid 43" in line]
+    assert said == [
+        f"Xid 43 (GPU stopped processing) on GPU {gpu0}: NVIDIA's resolution: ignore (IGNORE)"
     ]
 
 

@@ -89,10 +89,21 @@ async def test_an_nvml_driver_end_to_end(tmp_path: Path) -> None:
             await kubelet.wait_for(lambda: len(published(api, GPU_DRIVER, "node-1")) == 8)
             await kubelet.dra.unprepare(pod)
             assert not list(options.cdi_dir.glob(f"k8s.{GPU_DRIVER}-claim_*"))
-            # An Xid 79 withdraws the GPU from the pool.
+            # An Xid 79 taints the GPU NoSchedule; it stays in the pool.
             nvml.xid(0, 79)
-            gone = device_name(nvml.gpus[0].uuid)
-            await kubelet.wait_for(lambda: gone not in published(api, GPU_DRIVER, "node-1"))
+            hit = device_name(nvml.gpus[0].uuid)
+
+            def effects() -> list[str]:
+                return [
+                    t.effect
+                    for s in api.pool(GPU_DRIVER, "node-1")
+                    for d in s.devices
+                    if d.name == hit
+                    for t in d.taints
+                ]
+
+            await kubelet.wait_for(lambda: effects() == ["NoSchedule"], what="GPU 0 tainted")
+            assert len(published(api, GPU_DRIVER, "node-1")) == 8
 
 
 async def test_a_generic_driver_end_to_end(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from devplugin_sdk.backends.nvidia.discovery import Inventory, _units
 from devplugin_sdk.backends.nvidia.health import GpuHealth
 from devplugin_sdk.backends.nvidia.library import _text
 from devplugin_sdk.backends.nvidia.xids import classify
-from devplugin_sdk.types import Health, HealthEvent, RescanEvent
+from devplugin_sdk.types import Effect, Health, HealthEvent, RescanEvent
 
 __all__ = ["XidEvents"]
 
@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 # nvml.h, nvmlEventData_t: gpuInstanceId/computeInstanceId are 0xFFFFFFFF when the event is
 # not attributable to one MIG instance (the whole GPU is affected).
 _NOT_ATTRIBUTED = 0xFFFFFFFF
+# Xids after which the GPU is gone (what runs on it cannot go on): NO_EXECUTE, which a DRA driver
+# applies only when the operator opts in (``Dra(no_execute=True)``), NoSchedule otherwise.
+_GONE = frozenset({79})
 # One blocking nvmlEventSetWait_v2 call at most this long, so cancellation is never far off.
 _EVENT_WAIT_MS = 1000
 
@@ -220,17 +223,14 @@ class XidEvents:
             if info.xid in self.config.ignored_xids or info.cls == "ignore":
                 log.debug("ignoring %s: NVIDIA's resolution: %s", reason, info.resolution)
                 return []
-            if info.cls == "advisory":
-                log.info(
-                    "advisory: %s; the GPU stays healthy; NVIDIA's resolution: %s",
-                    reason,
-                    info.resolution,
-                )
-                return []
+            effect = Effect.ADVISORY if info.cls == "advisory" else Effect.NO_SCHEDULE
+            if info.xid in _GONE:
+                effect = Effect.NO_EXECUTE
             resolution = info.resolution
         elif event.eventType == nvml.nvmlEventTypeDoubleBitEccError:
             reason = "double-bit ECC error"
             resolution = None
+            effect = Effect.NO_SCHEDULE
         else:
             return []
         gpu = waiter.uuid_by_handle.get(_handle_key(event.device))
@@ -247,13 +247,16 @@ class XidEvents:
             return []
         if resolution is not None:
             log.info("%s on GPU %s: NVIDIA's resolution: %s", reason, gpu, resolution)
-        # The engine logs each device's change once, with this reason.
-        self._tracker.fault(unit, reason)
+        health = Health.HEALTHY if effect is Effect.ADVISORY else Health.UNHEALTHY
+        if health is Health.UNHEALTHY:
+            # The engine logs each device's change once, with this reason.
+            self._tracker.fault(unit, reason, effect)
+        said = None if effect is Effect.NO_SCHEDULE else effect  # Unhealthy's default
         if self.serves == "memory":
             # One event for the GPU marks all its units (their parent).
-            return [HealthEvent(unit, Health.UNHEALTHY, reason)]
+            return [HealthEvent(unit, health, reason, said)]
         return [
-            HealthEvent(d.id, Health.UNHEALTHY, reason)
+            HealthEvent(d.id, health, reason, said)
             for d in self._inventory().devices
             if unit in _units(d)
         ]

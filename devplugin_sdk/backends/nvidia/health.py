@@ -16,8 +16,8 @@ import anyio
 import anyio.to_thread
 
 from devplugin_sdk.backends.nvidia.discovery import _units
-from devplugin_sdk.backends.nvidia.library import NvmlLibrary, _nvml_fault, _signal
-from devplugin_sdk.types import Device, Health, HealthReport
+from devplugin_sdk.backends.nvidia.library import LOST, NvmlLibrary, _nvml_fault, _signal
+from devplugin_sdk.types import Device, Effect, Health, HealthReport
 
 __all__ = ["GpuHealth"]
 
@@ -27,6 +27,7 @@ class _Fault:
     since: float  # when the unit went out
     last: float  # the last bad signal: the clean period starts here
     reason: str  # what took it out
+    effect: Effect  # NO_EXECUTE when the GPU is gone (what runs on it cannot go on)
 
 
 class _HealthTracker:
@@ -39,14 +40,17 @@ class _HealthTracker:
         self.clock = clock
         self.faults: dict[str, _Fault] = {}
 
-    def fault(self, unit: str, reason: str) -> None:
-        """Record a bad signal: the unit is out (for its first reason), clean period restarted."""
+    def fault(self, unit: str, reason: str, effect: Effect = Effect.NO_SCHEDULE) -> None:
+        """Record a bad signal: the unit is out (for its first reason, or the first one that
+        calls for ``NO_EXECUTE``), clean period restarted."""
         now = self.clock()
         fault = self.faults.get(unit)
         if fault is None:
-            self.faults[unit] = _Fault(now, now, reason)
+            self.faults[unit] = _Fault(now, now, reason, effect)
         else:
             fault.last = now
+            if effect is Effect.NO_EXECUTE and fault.effect is not Effect.NO_EXECUTE:
+                fault.reason, fault.effect = reason, effect
 
     def clean(self, unit: str) -> _Fault | None:
         """Record a clean probe; the fault it ends, if the unit has just recovered."""
@@ -60,6 +64,10 @@ class _HealthTracker:
     def reason(self, units: Sequence[str]) -> str | None:
         """Why a device on ``units`` (its MIG instance, then its GPU) is out; None if it is not."""
         return next((self.faults[u].reason for u in units if u in self.faults), None)
+
+    def effect(self, units: Sequence[str]) -> Effect | None:
+        """The effect of the fault that has a device on ``units`` out; None if it is not."""
+        return next((self.faults[u].effect for u in units if u in self.faults), None)
 
     def health(self, units: Sequence[str]) -> Health:
         """Unhealthy while any of ``units`` (a device's MIG instance and its GPU) is faulted."""
@@ -93,14 +101,18 @@ class GpuHealth:
         recovered = await self._probe(gpus, migs)
         health: dict[str, Health] = {}
         reasons: dict[str, str] = {}
+        effects: dict[str, Effect] = {}
         for device in wanted:
             units = _units(device)
             why = self.tracker.reason(units)
             health[device.id] = Health.HEALTHY if why is None else Health.UNHEALTHY
+            effect = self.tracker.effect(units)
+            if effect is Effect.NO_EXECUTE:  # NO_SCHEDULE is Unhealthy's default
+                effects[device.id] = effect
             why = why or next((recovered[u] for u in units if u in recovered), None)
             if why is not None:
                 reasons[device.id] = why
-        return HealthReport(health, reasons)
+        return HealthReport(health, reasons, effects)
 
     async def check_gpus(self, gpus: Sequence[str]) -> HealthReport:
         """Memory units: the health of their GPUs, by GPU UUID (the units' parent), so that a
@@ -108,13 +120,17 @@ class GpuHealth:
         recovered = await self._probe(gpus, [])
         health: dict[str, Health] = {}
         reasons: dict[str, str] = {}
+        effects: dict[str, Effect] = {}
         for gpu in gpus:
             why = self.tracker.reason((gpu,))
             health[gpu] = Health.HEALTHY if why is None else Health.UNHEALTHY
+            effect = self.tracker.effect((gpu,))
+            if effect is Effect.NO_EXECUTE:  # NO_SCHEDULE is Unhealthy's default
+                effects[gpu] = effect
             why = why or recovered.get(gpu)
             if why is not None:
                 reasons[gpu] = why
-        return HealthReport(health, reasons)
+        return HealthReport(health, reasons, effects)
 
     async def _probe(self, gpus: Sequence[str], migs: Sequence[str]) -> dict[str, str]:
         """Probe ``gpus`` and ``migs``, record faults and clean probes; the reasons of the units
@@ -124,7 +140,8 @@ class GpuHealth:
         for unit in (*gpus, *migs):
             problem = problems.get(unit)
             if problem is not None:
-                self.tracker.fault(unit, problem)
+                lost = problem.startswith(LOST)
+                self.tracker.fault(unit, problem, Effect.NO_EXECUTE if lost else Effect.NO_SCHEDULE)
             elif (cleared := self.tracker.clean(unit)) is not None:
                 recovered[unit] = (
                     f"recovered: probed clean for {self.tracker.recovery_period:g} s "

@@ -101,10 +101,14 @@ def _signal(nvml: Any, query: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+#: How the reason of a GPU that NVML says is lost begins.
+LOST = "GPU lost"
+
+
 def _nvml_fault(nvml: Any, exc: Exception, call: str) -> str:
     """The reason for a unit NVML could not read."""
     if isinstance(exc, nvml.NVMLError_GpuIsLost):
-        return f"GPU lost: NVML answered '{exc}' to {call} (fallen off the bus?)"
+        return f"{LOST}: NVML answered '{exc}' to {call} (fallen off the bus?)"
     return f"NVML error: NVML answered '{exc}' to {call}"
 
 
