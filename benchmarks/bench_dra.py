@@ -5,7 +5,9 @@
   fsynced), then ``unprepare`` (spec and entry removed);
 * repeat: the same prepare again after the kubelet forgot its answer (served from the
   checkpoint, no work);
-* withdraw: a device's health event until the pool's new generation no longer lists it;
+* taint: a device's health event until the pool's new generation shows its taint (or no longer
+  shows it, on recovery);
+* health stream: the same event until the kubelet's DRAResourceHealth cache has the new status;
 * republish: the kubelet's wipe of the node's slices until the pool is complete again (each
   wipe 50 ms after the last republish, once the driver has read its write back: a kubelet
   restarts seconds apart; a write undone again before it was read back is a fight, which the
@@ -81,16 +83,7 @@ async def main(claims: int, flips: int, count: int) -> None:
                 _common.report("prepare again (from the checkpoint)", repeat)
                 _common.report("unprepare", unprepare)
 
-                withdraw: list[float] = []
-                for i in range(flips):
-                    health = Health.UNHEALTHY if i % 2 == 0 else Health.HEALTHY
-                    want = count - 1 if health is Health.UNHEALTHY else count
-                    started = time.perf_counter()
-                    plugin.set_health("d0", health)
-                    while sum(len(s.devices) for s in api.pool(DRIVER, "node-1")) != want:
-                        await api.wait_changed(api.generation)
-                    withdraw.append(time.perf_counter() - started)
-                _common.report("health event -> pool generation", withdraw)
+                await _health(kubelet, api, plugin, flips)
 
                 republish: list[float] = []
                 for _ in range(20):
@@ -103,6 +96,31 @@ async def main(claims: int, flips: int, count: int) -> None:
                 _common.report("kubelet wipe -> pool complete again", republish)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+async def _health(kubelet: FakeKubelet, api: MemoryApi, plugin: StaticPlugin, flips: int) -> None:
+    """A device's health flips: until the pool shows (or drops) its taint, and until the
+    kubelet's health stream has it."""
+
+    def tainted() -> bool:
+        return any(d.taints for s in api.pool(DRIVER, "node-1") for d in s.devices)
+
+    def streamed() -> str:
+        return kubelet.dra.health.health(DRIVER, "node-1", "d0")[0]
+
+    taint: list[float] = []
+    stream: list[float] = []
+    for i in range(flips):
+        health = Health.UNHEALTHY if i % 2 == 0 else Health.HEALTHY
+        started = time.perf_counter()
+        plugin.set_health("d0", health, "bench")
+        while tainted() is not (health is Health.UNHEALTHY):
+            await api.wait_changed(api.generation)
+        taint.append(time.perf_counter() - started)
+        await kubelet.wait_for(lambda h=health: streamed() == h.value)  # type: ignore[misc]
+        stream.append(time.perf_counter() - started)
+    _common.report("health event -> pool generation (taint)", taint)
+    _common.report("health event -> kubelet's health stream", stream)
 
 
 if __name__ == "__main__":
