@@ -92,6 +92,7 @@ async def test_a_driver_that_fails_claims_wholesale_and_keeps_unprepare_errors(
     assert got == {
         "dra-registration": "warn",
         "dra-services-answer": "pass",
+        "dra-health-stream": "warn",  # none listed
         "dra-prepare-claims-alone": "warn",
         "dra-unprepare-idempotent": "fail",
         "dra-concurrent-calls": "pass",
@@ -118,6 +119,7 @@ async def test_a_driver_that_leaves_out_claims_or_speaks_no_known_service(short_
             await server.stop(0)
     got = {r.name: r.status for r in report.results}
     assert got["dra-registration"] == "skip"  # a DRA socket alone: tested as such
+    assert got["dra-health-stream"] == "skip"  # no GetInfo list to read
     assert got["dra-prepare-claims-alone"] == "fail"
     assert got["dra-unprepare-idempotent"] == "fail"
     detail = {r.name: r.detail for r in report.results}
@@ -150,3 +152,29 @@ async def test_unknown_services_fail_registration(short_dir: Path, versions: lis
     assert (first.name, first.status) == ("dra-registration", "fail")
     assert "name no service a kubelet speaks" in first.detail
     assert {r.status for r in report.results[1:]} == {"skip"}
+
+
+async def test_a_listed_health_service_that_does_not_stream_fails(short_dir: Path) -> None:
+    async def prepare(claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim]:
+        return {c.uid: PreparedClaim(error="nope") for c in claims}
+
+    async def unprepare(claims: Sequence[ClaimRef]) -> dict[str, str]:
+        return {c.uid: "" for c in claims}
+
+    servers = await _serve_broken(
+        short_dir / "dra.sock",
+        prepare,
+        unprepare,
+        info_socket=short_dir / "reg.sock",
+        versions=["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth"],
+    )
+    try:
+        report = await conformance.check_dra_socket(
+            short_dir / "reg.sock", conformance.Limits(timeout=5)
+        )
+    finally:
+        for server in servers:
+            await server.stop(0)
+    (health,) = [r for r in report.results if r.name == "dra-health-stream"]
+    assert health.status == "fail"
+    assert health.detail.startswith("v1.DRAResourceHealth: UNIMPLEMENTED")

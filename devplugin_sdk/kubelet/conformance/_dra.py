@@ -17,6 +17,7 @@ from devplugin_sdk import _names
 from devplugin_sdk._limits import Limits
 from devplugin_sdk._wire import client as _client
 from devplugin_sdk._wire import watcher_registration
+from devplugin_sdk._wire.dra_health import DraHealthClient
 from devplugin_sdk._wire.dra_model import ClaimRef
 from devplugin_sdk._wire.dra_service import DraClient
 from devplugin_sdk._wire.server import is_live_socket
@@ -43,6 +44,7 @@ __all__ = ["DRA_CHECKS", "check_dra_socket"]
 
 #: The services a kubelet speaks, most recent first (pkg/kubelet/cm/dra/plugin).
 _KUBELET_DRA_SERVICES = (constants.DRA_SERVICE_V1, constants.DRA_SERVICE_V1BETA1)
+_HEALTH_SERVICES = (constants.DRA_HEALTH_SERVICE_V1, constants.DRA_HEALTH_SERVICE_V1ALPHA1)
 _CONFORMANCE_NAMESPACE = "devplugin-conformance"
 
 
@@ -244,6 +246,41 @@ async def _dra_concurrent(s: _DraSubject) -> str:
     return f"{answered} concurrent calls answered"
 
 
+async def _dra_health_stream(s: _DraSubject) -> str:
+    if s.info is None or not s.services:
+        raise Skip("needs GetInfo's service list (dra-registration failed)")
+    listed = [v for v in s.info.supported_versions if v in _HEALTH_SERVICES]
+    if not listed:
+        raise CheckWarning(
+            "no DRAResourceHealth service listed: pods' allocatedResourcesStatus shows no device "
+            "health, and a 1.34.0/1.34.1 kubelet's idle connection can deadlock"
+        )
+    channel = await s.channel()
+    said = []
+    for service in listed:
+        started = time.perf_counter()
+        stream = DraHealthClient(channel, service).watch()
+        try:
+            with anyio.fail_after(s.limits.fast_within):
+                first = await stream.__anext__()
+        except TimeoutError:
+            raise CheckFailed(
+                f"{service}: no message within {s.limits.fast_within:g} s of opening the stream"
+            ) from None
+        except StopAsyncIteration:
+            raise CheckFailed(f"{service}: the stream ended without a message") from None
+        except grpc.aio.AioRpcError as exc:
+            raise CheckFailed(f"{service}: {exc.code().name}: {exc.details()}") from None
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        unknown = [d.device for d in first if d.health == "UNKNOWN"]
+        said.append(
+            f"{service} {len(first)} devices in {ms(time.perf_counter() - started)}"
+            + (f" ({len(unknown)} UNKNOWN)" if unknown else "")
+        )
+    return "first message: " + ", ".join(said)
+
+
 DRA_CHECKS: tuple[Check[_DraSubject], ...] = (
     Check(
         "dra-registration",
@@ -263,6 +300,15 @@ DRA_CHECKS: tuple[Check[_DraSubject], ...] = (
         FAIL,
         "pkg/kubelet/cm/dra/plugin DRAPlugin.NodePrepareResources calls the chosen service with "
         "a 45 s deadline; UNIMPLEMENTED there fails every pod using the driver",
+    ),
+    Check(
+        "dra-health-stream",
+        "each listed DRAResourceHealth service streams every device's health at once",
+        _dra_health_stream,
+        BOTH,
+        "pkg/kubelet/cm/dra/plugin opens NodeWatchResources (v1 preferred over v1alpha1) after "
+        "registration and retries it every 5 s; healthinfo.go reads a device unheard of for 30 s "
+        "as Unknown (fail: a listed service that does not stream; warn: none listed)",
     ),
     Check(
         "dra-prepare-claims-alone",
