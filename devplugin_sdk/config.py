@@ -377,19 +377,191 @@ def shown(value: object, limit: int = 80) -> str:
 _UNSET: Any = object()
 
 
+class _Level:
+    """One mapping of a document and the keys its readers asked for."""
+
+    __slots__ = ("asked", "everything", "raw")
+
+    def __init__(self, raw: Mapping[Any, Any]) -> None:
+        self.raw = raw
+        self.asked: dict[Any, None] = {}  # in the order asked, for messages
+        self.everything = False  # iterated: every key was read
+
+    def ask(self, key: object) -> None:
+        with contextlib.suppress(TypeError):  # an unhashable key is no key of the mapping
+            self.asked[key] = None
+
+    def unread(self) -> list[Any]:
+        if self.everything:
+            return []
+        return [key for key in self.raw if key not in self.asked]
+
+
+class _Ledger:
+    """Which keys of one document its readers looked up, per mapping (by dotted key).
+
+    A key that no reader asked for is a typo, or a setting that does nothing: either way the
+    operator must hear of it, and the backend need not list its keys for that (``known``).
+    """
+
+    __slots__ = ("levels", "sdk_keys")
+
+    def __init__(self, sdk_keys: Sequence[str] = ()) -> None:
+        self.levels: dict[str, _Level] = {}
+        self.sdk_keys = tuple(sdk_keys)  # the other keys of a run file's top level
+
+    def level(self, prefix: str, raw: Mapping[Any, Any]) -> _Level:
+        level = self.levels.get(prefix)
+        if level is None or level.raw is not raw:
+            level = self.levels[prefix] = _Level(raw)
+        return level
+
+    def unread_error(self, under: str = "", *, typo_only: bool = False) -> ConfigError | None:
+        """The error for the first key no reader asked for, at ``under`` or below; with
+        ``typo_only``, only one whose level has a close asked-for key (when reading failed
+        half-way, the other keys may just not have been reached)."""
+        for prefix, level in self.levels.items():
+            if under and prefix != under and not prefix.startswith((f"{under}.", f"{under}[")):
+                continue
+            sdk = self.sdk_keys if not prefix else ()
+            names = [str(name) for name in level.asked if name not in sdk]
+            for key in level.unread():
+                if not typo_only:
+                    return _unknown_key(prefix, key, names, sdk)
+                # Close to a key that was asked for (not merely to one of the SDK's, which
+                # were never asked here): the likely cause of the failure.
+                if isinstance(key, str) and _closest(key[:60], names):
+                    return _unknown_key(prefix, key, names, sdk)
+        return None
+
+
+def _unknown_key(prefix: str, key: object, names: Sequence[str], sdk: Sequence[str]) -> ConfigError:
+    """``<dotted key>: unknown key; did you mean ...? expected one of ...``."""
+    text = key[:60] if isinstance(key, str) else shown(key, 60)
+    close = _closest(text, [*names, *sdk]) if isinstance(key, str) else None
+    guess = f"did you mean {close!r}? " if close else ""
+    expected = f"expected one of {', '.join(names)}" if names else "this mapping takes no keys"
+    if sdk:
+        expected = (
+            f"expected one of the backend's keys ({', '.join(names)}) "
+            f"or the SDK's ({', '.join(sdk)})"
+        )
+    return ConfigError(f"{prefix}.{text}" if prefix else text, f"unknown key; {guess}{expected}")
+
+
+def _closest(name: str, candidates: Sequence[str]) -> str | None:
+    import difflib  # noqa: PLC0415 - only for a bad key (cold start)
+
+    close = difflib.get_close_matches(name, candidates, n=1)
+    return close[0] if close else None
+
+
+class _Watched(Mapping[str, Any]):
+    """A reader's view of its mapping that records every key looked up (iterating reads all)."""
+
+    __slots__ = ("_level",)
+
+    def __init__(self, level: _Level) -> None:
+        self._level = level
+
+    def __getitem__(self, key: str) -> Any:
+        self._level.ask(key)
+        return self._level.raw[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._level.ask(key)
+        return self._level.raw.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self._level.ask(key)
+        return key in self._level.raw
+
+    def __iter__(self) -> Iterator[str]:
+        self._level.everything = True
+        return iter(self._level.raw)
+
+    def __len__(self) -> int:
+        return len(self._level.raw)
+
+    def __repr__(self) -> str:
+        return repr(self._level.raw)
+
+
 class FileOptions(dict[str, Any]):
     """The backend's part of a ``devplugin run`` file (``RunConfig.backend_options``).
 
-    A plain dict to the backend; a ``ConfigReader`` at its top level also suggests and lists the
-    file's other keys (``sdk_keys``, the SDK's) when it meets an unknown one, since both share the
-    file's top level.
+    A plain dict to the backend. Every ``ConfigReader`` made over it (and the backend's own
+    lookups in it) records the keys it asks for: after ``from_config``, ``devplugin run`` calls
+    ``check_read``, which refuses a key nobody asked for (a typo) and suggests the closest key
+    read, or one of the file's other keys (``sdk_keys``, the SDK's), which share its top level.
     """
 
-    __slots__ = ("sdk_keys",)
+    __slots__ = ("_ledger", "sdk_keys")
 
     def __init__(self, items: Iterable[tuple[str, Any]] = (), sdk_keys: Sequence[str] = ()) -> None:
         super().__init__(items)
         self.sdk_keys = tuple(sdk_keys)
+        self._ledger: _Ledger | None = None
+
+    def ledger(self) -> _Ledger:
+        """The record of the keys read, shared by every reader of these options."""
+        if self._ledger is None:
+            self._ledger = _Ledger(self.sdk_keys)
+            # A plain copy: iterating self would count as reading every key.
+            self._ledger.level("", dict(dict.items(self)))
+        return self._ledger
+
+    def _level(self) -> _Level:
+        return self.ledger().levels[""]
+
+    def __getitem__(self, key: str) -> Any:
+        self._level().ask(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._level().ask(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self._level().ask(key)
+        return super().__contains__(key)
+
+    def __iter__(self) -> Iterator[str]:
+        self._level().everything = True
+        return super().__iter__()
+
+    def keys(self) -> Any:
+        self._level().everything = True
+        return super().keys()
+
+    def items(self) -> Any:
+        self._level().everything = True
+        return super().items()
+
+    def values(self) -> Any:
+        self._level().everything = True
+        return super().values()
+
+    def check_read(self) -> None:
+        """Refuse a key that no reader (and no lookup of the backend's own) asked for.
+
+        Nothing is checked when nothing was asked at all: a backend that reads its mapping in
+        ways that cannot be seen (a C extension, a copy) is not blamed for it.
+
+        Raises:
+            ConfigError: ``<key>: unknown key; did you mean ...? expected one of ...``.
+        """
+        ledger = self.ledger()
+        if not any(level.asked or level.everything for level in ledger.levels.values()):
+            return
+        error = ledger.unread_error()
+        if error is not None:
+            raise error
+
+    def likely_typo(self) -> ConfigError | None:
+        """After reading failed half-way: the error for an unread key close to one that was
+        asked for (``resourcess`` when ``resources`` is missing), the likelier first mistake."""
+        return self.ledger().unread_error(typo_only=True)
 
 
 class ConfigReader:
@@ -412,8 +584,56 @@ class ConfigReader:
             data = {}
         if not isinstance(data, Mapping):
             raise ConfigError(prefix or "<root>", f"must be a mapping, got {type(data).__name__}")
-        self.data: Mapping[str, Any] = data
+        if isinstance(data, FileOptions) and not prefix:
+            self._ledger = data.ledger()
+            self._level = self._ledger.levels[""]
+        else:
+            if isinstance(data, _Watched):  # another reader's view: the same mapping
+                data = data._level.raw
+            self._ledger = _Ledger()
+            self._level = self._ledger.level(prefix, data)
+        #: The mapping; each key looked up in it counts as read (iterating it reads them all).
+        self.data: Mapping[str, Any] = _Watched(self._level)
         self.prefix = prefix
+
+    def _child(self, data: object, prefix: str) -> ConfigReader:
+        """The reader of a nested mapping, sharing this reader's record of keys read."""
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(prefix, f"must be a mapping, got {type(data).__name__}")
+        child = ConfigReader.__new__(ConfigReader)
+        child._ledger = self._ledger
+        child._level = self._ledger.level(prefix, data)
+        child.data = _Watched(child._level)
+        child.prefix = prefix
+        return child
+
+    def __enter__(self) -> ConfigReader:
+        return self
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        """Leaving the block: ``check_unread``; on a ``ConfigError``, a typo that probably
+        caused it is reported instead (``resourcess`` when ``resources`` is required)."""
+        if exc is None:
+            self.check_unread()
+        elif isinstance(exc, ConfigError):
+            typo = self._ledger.unread_error(self.prefix, typo_only=True)
+            if typo is not None:
+                raise typo from None
+
+    def check_unread(self) -> None:
+        """Refuse a key of this mapping, or of a mapping read through it, that nothing asked for.
+
+        Every lookup counts: a typed read, ``has``, ``section``, ``known``, ``data[...]``;
+        iterating ``data`` counts as reading every key (a free-form mapping).
+
+        Raises:
+            ConfigError: ``<dotted key>: unknown key; did you mean ...? expected one of ...``.
+        """
+        error = self._ledger.unread_error(self.prefix)
+        if error is not None:
+            raise error
 
     def key(self, name: str) -> str:
         """The dotted key of ``name`` at this level."""
@@ -429,31 +649,20 @@ class ConfigReader:
         The error names the unknown key, the closest known one and every known one.
         """
         hints = hint or {}
+        for name in names:
+            self._level.ask(name)
         # The top level of a `devplugin run` file also holds the SDK's keys: a misspelt one
         # (`loging`) is suggested and listed too.
-        sdk = self.data.sdk_keys if isinstance(self.data, FileOptions) and not self.prefix else ()
-        for name in self.data:
+        sdk = self._ledger.sdk_keys if not self.prefix else ()
+        for name in self._level.raw:
             if name in hints:
                 raise ConfigError(self.key(str(name)), hints[name])
             if name not in names:
-                import difflib  # noqa: PLC0415 - only for a bad key (cold start)
-
-                close = difflib.get_close_matches(str(name), [*names, *sdk], n=1)
-                guess = f"did you mean {close[0]!r}? " if close else ""
-                expected = f"expected one of {', '.join(names)}"
-                if sdk:
-                    expected = (
-                        f"expected one of the backend's keys ({', '.join(names)}) "
-                        f"or the SDK's ({', '.join(sdk)})"
-                    )
-                raise ConfigError(
-                    self.key(shown(name, 60) if not isinstance(name, str) else name[:60]),
-                    f"unknown key; {guess}{expected}",
-                )
+                raise _unknown_key(self.prefix, name, names, sdk)
 
     def section(self, name: str) -> ConfigReader:
         """The reader of a nested mapping (empty when the key is absent or null)."""
-        return ConfigReader(self.data.get(name), self.key(name))
+        return self._child(self.data.get(name), self.key(name))
 
     def sections(self, name: str, *, required: bool = False) -> list[ConfigReader]:
         """Readers of a list of mappings, keyed ``name[0]``, ``name[1]``...
@@ -466,7 +675,7 @@ class ConfigReader:
             return []
         if not isinstance(value, list) or (required and not value):
             raise ConfigError(self.key(name), f"must be a non-empty list, got {shown(value)}")
-        return [ConfigReader(item, f"{self.key(name)}[{i}]") for i, item in enumerate(value)]
+        return [self._child(item, f"{self.key(name)}[{i}]") for i, item in enumerate(value)]
 
     def boolean(self, name: str, default: bool) -> bool:
         value = self.data.get(name, default)

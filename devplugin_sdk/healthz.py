@@ -1,9 +1,11 @@
 """HTTP endpoints for probes and scrapers: ``/healthz``, ``/metrics`` and ``/status``.
 
 The runner serves them when asked (``serve(..., http=Http(port=9450))``, ``devplugin run
---metrics-port``), reading the status of the plugins it runs. The server is a few lines of
-HTTP/1.1 on anyio TCP streams (GET/HEAD, one request per connection, ``Connection: close``):
-enough for the kubelet's probes and Prometheus, no framework. Nothing a client does stops it:
+--metrics-port``), reading the status of the plugins it runs. h11 parses each request and frames
+each answer on anyio TCP streams (GET/HEAD, one request per connection, ``Connection: close``);
+``/metrics`` speaks OpenMetrics and gzip when the scraper asks (prometheus_client's own
+negotiation). Enough for the kubelet's probes and Prometheus, no framework. Nothing a client
+does stops it:
 ``accept()`` errors (out of file descriptors, aborted connections) are logged, rate-limited, and
 retried; connections are capped (a new one replaces the oldest) and each gets a few seconds to
 send its request and to take the answer.
@@ -12,6 +14,7 @@ send its request and to take the answer.
 from __future__ import annotations
 
 import errno
+import gzip
 import importlib.util
 import itertools
 import json
@@ -20,12 +23,12 @@ import math
 import resource
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import anyio
+import h11
 from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup, TaskStatus
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from devplugin_sdk._backoff import Backoff
 from devplugin_sdk._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_STUCK_AFTER
@@ -39,6 +42,7 @@ log = logging.getLogger("devplugin_sdk.healthz")
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_STUCK_AFTER", "problems", "serve_http"]
 
 _MAX_HEAD = 8192  # bytes of request line + headers; probes and scrapers send a few hundred
+_RECEIVE = 4096  # bytes read at a time
 _HEAD_TIMEOUT = 5.0  # seconds a client gets to send its request; the kubelet's probe default is 1 s
 _SEND_TIMEOUT = 5.0  # seconds a client gets to take the answer
 _ACCEPT_RETRY_MIN = 0.05  # seconds before accepting again after running out of descriptors
@@ -54,6 +58,7 @@ _REASONS = {
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
     503: "Service Unavailable",
 }
 _TEXT = "text/plain; charset=utf-8"
@@ -100,8 +105,18 @@ def problems(
     return found
 
 
+@dataclass(frozen=True)
+class _Reply:
+    """One answer: its status, body and headers beyond the ones every answer has."""
+
+    status: int
+    body: bytes
+    content_type: str = _TEXT
+    headers: tuple[tuple[str, str], ...] = ()
+
+
 class _Endpoints:
-    """Builds the response to one request."""
+    """Builds the answer to one request."""
 
     def __init__(
         self, stuck_after: float, registry: CollectorRegistry | None, statuses: StatusSource
@@ -110,33 +125,27 @@ class _Endpoints:
         self.registry = registry
         self.statuses = statuses
 
-    def respond(self, head: bytes) -> bytes:
-        try:
-            method, target, version = head.split(b"\r\n", 1)[0].decode("ascii").split(" ")
-        except (UnicodeDecodeError, ValueError):
-            return _response(400, "malformed request line\n")
-        if not version.startswith("HTTP/1."):
-            return _response(400, "HTTP/1.x only\n")
-        if method not in ("GET", "HEAD"):
-            return _response(405, "GET or HEAD only\n", extra={"Allow": "GET, HEAD"})
-        path = target.split("?", 1)[0]
+    def respond(self, request: h11.Request) -> _Reply:
+        if request.method not in (b"GET", b"HEAD"):
+            return _Reply(405, b"GET or HEAD only\n", headers=(("Allow", "GET, HEAD"),))
+        # h11 checked the target's characters (RFC 9112): ASCII.
+        path = request.target.split(b"?", 1)[0].decode("ascii")
         if path == "/healthz":
-            status, body, ctype = self._healthz()
-        elif path == "/status":
-            status, body, ctype = self._status()
-        elif path == "/metrics":
-            status, body, ctype = self._metrics()
-        else:
-            status, body, ctype = 404, b"try /healthz, /metrics or /status\n", _TEXT
-        return _response(status, body, content_type=ctype, head_only=method == "HEAD")
+            return self._healthz()
+        if path == "/status":
+            return self._status()
+        if path == "/metrics":
+            headers = {name: value.decode("latin-1") for name, value in request.headers}
+            return self._metrics(headers.get(b"accept", ""), headers.get(b"accept-encoding", ""))
+        return _Reply(404, b"try /healthz, /metrics or /status\n")
 
-    def _healthz(self) -> tuple[int, bytes, str]:
+    def _healthz(self) -> _Reply:
         found = problems(self.statuses(), self.stuck_after)
         if not found:
-            return 200, b"ok\n", _TEXT
-        return 503, "".join(f"{line}\n" for line in found).encode(), _TEXT
+            return _Reply(200, b"ok\n")
+        return _Reply(503, "".join(f"{line}\n" for line in found).encode())
 
-    def _status(self) -> tuple[int, bytes, str]:
+    def _status(self) -> _Reply:
         statuses = self.statuses()
         found = problems(statuses, self.stuck_after)
         document = {
@@ -144,41 +153,44 @@ class _Endpoints:
             "problems": found,
             "plugins": [asdict(s) for s in statuses],
         }
-        return 200, (json.dumps(document, indent=2) + "\n").encode(), "application/json"
+        return _Reply(200, (json.dumps(document, indent=2) + "\n").encode(), "application/json")
 
-    def _metrics(self) -> tuple[int, bytes, str]:
+    def _metrics(self, accept: str, accept_encoding: str) -> _Reply:
         try:
-            from prometheus_client import (  # noqa: PLC0415 - the metrics extra is optional
-                CONTENT_TYPE_LATEST,
-                REGISTRY,
-                generate_latest,
+            from prometheus_client import REGISTRY  # noqa: PLC0415 - the metrics extra is optional
+            from prometheus_client.exposition import (  # noqa: PLC0415
+                choose_encoder,
+                gzip_accepted,
             )
         except ImportError:
-            return 404, _NO_METRICS, _TEXT
+            return _Reply(404, _NO_METRICS)
         registry = REGISTRY if self.registry is None else self.registry
-        return 200, generate_latest(registry), CONTENT_TYPE_LATEST
+        # The scraper's Accept picks the text format or OpenMetrics, as prometheus_client's own
+        # HTTP handler does; gzip when Accept-Encoding allows it (Prometheus always sends it).
+        encoder, content_type = choose_encoder(accept)
+        body = encoder(registry)
+        vary = ("Vary", "Accept, Accept-Encoding")
+        if gzip_accepted(accept_encoding):
+            return _Reply(
+                200, gzip.compress(body), content_type, (vary, ("Content-Encoding", "gzip"))
+            )
+        return _Reply(200, body, content_type, (vary,))
 
 
-def _response(
-    status: int,
-    body: bytes | str,
-    *,
-    content_type: str = _TEXT,
-    head_only: bool = False,
-    extra: dict[str, str] | None = None,
-) -> bytes:
-    payload = body.encode() if isinstance(body, str) else body
-    headers = {
-        "Content-Type": content_type,
-        "Content-Length": str(len(payload)),
-        "Cache-Control": "no-store",
-        "Connection": "close",
-        **(extra or {}),
-    }
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, '')}"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
-    return head if head_only else head + payload
+def _serialized(conn: h11.Connection, reply: _Reply, *, head_only: bool) -> bytes:
+    """The bytes of ``reply``, framed by h11 (without the body for HEAD)."""
+    headers = [
+        ("Content-Type", reply.content_type),
+        ("Content-Length", str(len(reply.body))),
+        ("Cache-Control", "no-store"),
+        ("Connection", "close"),
+        *reply.headers,
+    ]
+    reason = _REASONS.get(reply.status, "")
+    out = conn.send(h11.Response(status_code=reply.status, headers=headers, reason=reason)) or b""
+    if not head_only:
+        out += conn.send(h11.Data(data=reply.body)) or b""
+    return out + (conn.send(h11.EndOfMessage()) or b"")
 
 
 async def serve_http(
@@ -330,20 +342,45 @@ async def _handle(stream: SocketStream, endpoints: _Endpoints) -> None:
     # the plugins beside it, so everything is caught.
     try:
         async with stream:
+            conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
             try:
                 with anyio.fail_after(_HEAD_TIMEOUT):
-                    head = await BufferedByteReceiveStream(stream).receive_until(
-                        b"\r\n\r\n", _MAX_HEAD
-                    )
-            except anyio.DelimiterNotFound:
-                with anyio.move_on_after(_SEND_TIMEOUT):
-                    await stream.send(_response(400, "request head too large\n"))
+                    request = await _request(stream, conn)
+            except h11.RemoteProtocolError as exc:
+                # A bad request line or header, a head over _MAX_HEAD (431), HTTP/1.1 without
+                # Host: h11 says which status fits.
+                why = (
+                    f"request head over {_MAX_HEAD} bytes" if exc.error_status_hint == 431 else exc
+                )
+                reply = _Reply(exc.error_status_hint, f"bad request: {why}\n".encode())
+                request = None
+                if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+                    return
+            except (TimeoutError, anyio.EndOfStream):
                 return
-            except (TimeoutError, anyio.IncompleteRead, anyio.EndOfStream):
-                return
+            else:
+                if request is None:
+                    return  # the client closed without asking anything
+                reply = endpoints.respond(request)
+            head_only = request is not None and request.method == b"HEAD"
             with anyio.move_on_after(_SEND_TIMEOUT):
-                await stream.send(endpoints.respond(head))
+                await stream.send(_serialized(conn, reply, head_only=head_only))
     except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         pass  # the client went away
     except Exception:
         log.exception("HTTP request handling failed")
+
+
+async def _request(stream: SocketStream, conn: h11.Connection) -> h11.Request | None:
+    """The request h11 reads from ``stream``; None when the client closed before sending one.
+
+    Raises:
+        h11.RemoteProtocolError: not a valid HTTP/1.x request, or a head over ``_MAX_HEAD``.
+        anyio.EndOfStream: the client closed half-way through its request.
+    """
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await stream.receive(_RECEIVE))
+            continue
+        return event if isinstance(event, h11.Request) else None

@@ -35,7 +35,7 @@ from devplugin_sdk import __version__, backends, runner
 from devplugin_sdk._logging import configure_logging
 from devplugin_sdk.api import constants
 from devplugin_sdk.cli.runfile import RunConfig, parse_run_config
-from devplugin_sdk.config import load_yaml
+from devplugin_sdk.config import FileOptions, load_yaml
 from devplugin_sdk.errors import ConfigError, DevicePluginError
 from devplugin_sdk.kubelet import _cli_fake_kubelet, _cli_probe
 from devplugin_sdk.plugin import DevicePlugin
@@ -66,7 +66,7 @@ def resolve_plugins(target: str, config: Mapping[str, Any] | None) -> list[Devic
     if target in backends.BUILTIN:
         module = importlib.import_module(backends.BUILTIN[target])
         try:
-            made = module.from_config(config or {})
+            made = _read_by(module.from_config, config or {})
         except ConfigError as exc:
             if config is not None:
                 raise
@@ -85,8 +85,27 @@ def resolve_plugins(target: str, config: Mapping[str, Any] | None) -> list[Devic
             f"{target} has no from_config() to take the file's backend keys ({keys}); "
             "add that classmethod, or keep only the SDK's keys in the file",
         )
-    made = factory(config) if factory is not None and config is not None else _call(target, obj)
+    made = (
+        _read_by(factory, config)
+        if factory is not None and config is not None
+        else _call(target, obj)
+    )
     return _checked(target, made)
+
+
+def _read_by(from_config: Any, config: Mapping[str, Any]) -> object:
+    """``from_config(config)``, then refuse the file's keys it never asked for (typos): the
+    reader keeps the record (``FileOptions.check_read``), so no backend has to list its keys."""
+    try:
+        made = from_config(config)
+    except ConfigError:
+        typo = config.likely_typo() if isinstance(config, FileOptions) else None
+        if typo is not None:
+            raise typo from None
+        raise
+    if isinstance(config, FileOptions):
+        config.check_read()
+    return made
 
 
 def _import_target(target: str) -> object:

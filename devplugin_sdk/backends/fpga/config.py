@@ -15,7 +15,7 @@ from devplugin_sdk.backends.fpga.xrt import XILINX_VENDOR
 from devplugin_sdk.config import ConfigReader, shown
 from devplugin_sdk.errors import ConfigError
 
-__all__ = ["CONFIG_KEYS", "DEFAULT_DOMAIN", "FpgaConfig"]
+__all__ = ["CONFIG_KEYS", "DEFAULT_DOMAIN", "SCHEMA", "FpgaConfig"]
 
 
 Family = Literal["xrt", "dfl"]
@@ -27,20 +27,42 @@ DflMode = Literal["af", "region"]
 DEFAULT_DOMAIN: Mapping[str, str] = {"xrt": "amd.com", "dfl": "fpga.intel.com"}
 
 
+_PATH = {"type": "string", "pattern": "^/", "description": "an absolute path"}
+#: The backend's keys as a JSON Schema object (its part of a ``devplugin run`` file);
+#: schemas/fpga.json is generated from it (scripts/gen_schemas.py).
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["family"],
+    "properties": {
+        "family": {"enum": ["xrt", "dfl"], "description": "xrt: AMD/Xilinx Alveo; dfl: Intel"},
+        "mode": {"enum": ["af", "region"], "default": "af", "description": "family dfl only"},
+        "domain": {
+            "type": "string",
+            "minLength": 1,
+            "description": f"domain of generated resource names (xrt: {DEFAULT_DOMAIN['xrt']}, "
+            f"dfl: {DEFAULT_DOMAIN['dfl']})",
+        },
+        "rename": {
+            "type": "object",
+            "additionalProperties": {"type": "string", "minLength": 1},
+            "description": "VBNV, AFU ID or interface ID to resource name",
+        },
+        "vendors": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "^0x[0-9a-fA-F]{4}$"},
+            "default": [XILINX_VENDOR],
+        },
+        "includeMgmt": {"type": "boolean", "default": False},
+        "includeFme": {"type": "boolean", "default": False},
+        "healthInterval": {"type": "number", "exclusiveMinimum": 0, "default": 5.0},
+        "sysfsRoot": {**_PATH, "default": "/sys"},
+        "devRoot": {**_PATH, "default": "/dev"},
+        "hostDevRoot": {**_PATH, "default": "/dev"},
+    },
+}
+
 #: The backend's keys, as ``from_config`` takes them.
-CONFIG_KEYS = (
-    "family",
-    "mode",
-    "domain",
-    "rename",
-    "vendors",
-    "includeMgmt",
-    "includeFme",
-    "healthInterval",
-    "sysfsRoot",
-    "devRoot",
-    "hostDevRoot",
-)
+CONFIG_KEYS = tuple(SCHEMA["properties"])
 
 
 @dataclass(frozen=True, slots=True)

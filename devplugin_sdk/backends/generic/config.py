@@ -27,7 +27,95 @@ from devplugin_sdk.config import ConfigReader, shown
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.plugin import DevicePlugin
 
-__all__ = ["from_config"]
+__all__ = ["SCHEMA", "from_config"]
+
+# The keys, as JSON Schema: ``from_config`` takes each level's keys from here (``known``), and
+# schemas/generic.json is generated from it (scripts/gen_schemas.py).
+_PATH = {"type": "string", "pattern": "^/", "description": "an absolute path"}
+_HEX = {"type": "string", "pattern": _HEX_ID.pattern}
+_SHARES = {"type": "integer", "minimum": 1, "default": 1}
+_PATH_SPEC: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["path"],
+    "properties": {
+        "path": {**_PATH, "description": "an absolute glob; each match is one node or mount"},
+        "mountPath": {**_PATH, "description": "where the container sees it (default: path)"},
+        "type": {"enum": ["Device", "Mount"], "default": "Device"},
+        "readOnly": {"type": "boolean", "default": False, "description": "type: Mount only"},
+        "permissions": {
+            "type": "string",
+            "pattern": r"^(?!.*(.).*\1)[rwm]{1,3}$",
+            "default": "rw",
+            "description": "type: Device only: the cgroup access (r, w, m)",
+        },
+        "optional": {"type": "boolean", "default": False},
+    },
+}
+_USB_SPEC: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["vendor", "product"],
+    "properties": {
+        "vendor": {**_HEX, "description": 'USB vendor ID in quotes, e.g. "0403"'},
+        "product": {**_HEX, "description": 'USB product ID in quotes, e.g. "6001"'},
+        "serial": {"type": "string", "minLength": 1},
+        "include": {
+            "anyOf": [
+                {"enum": list(USB_CLASSES)},
+                {"type": "array", "minItems": 1, "items": {"enum": list(USB_CLASSES)}},
+            ]
+        },
+    },
+}
+_GROUP: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "paths": {"type": "array", "items": _PATH_SPEC},
+        "usb": {"type": "array", "items": _USB_SPEC},
+        "shared": {"type": "array", "items": _PATH_SPEC},
+        "groupBy": {"enum": list(GROUP_BY)},
+        "pciVendors": {"type": "array", "minItems": 1, "items": _HEX},
+        "count": {**_SHARES, "description": "containers per device of the group"},
+    },
+}
+_RESOURCE: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["resourceName"],
+    "properties": {
+        "resourceName": {"type": "string", "minLength": 1, "description": "vendor.com/name"},
+        "paths": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "string", "pattern": "^/"},
+            "description": "absolute globs; each match is one device",
+        },
+        "share": {**_SHARES, "description": "containers per match (IDs get ::N)"},
+        "groups": {"type": "array", "minItems": 1, "items": _GROUP},
+    },
+}
+#: The backend's keys as a JSON Schema object (its part of a ``devplugin run`` file).
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["resources"],
+    "properties": {
+        "resources": {"type": "array", "minItems": 1, "items": _RESOURCE},
+        "healthInterval": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": DEFAULT_HEALTH_INTERVAL,
+            "description": "seconds between full rescans",
+        },
+        "sysfsRoot": {**_PATH, "default": "/sys"},
+        "devRoot": {**_PATH, "default": "/dev"},
+    },
+}
+
+
+def _keys(schema: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(schema["properties"])
 
 
 def from_config(config: Mapping[str, Any]) -> list[DevicePlugin]:
@@ -61,7 +149,7 @@ def from_config(config: Mapping[str, Any]) -> list[DevicePlugin]:
             is wrong with it.
     """
     reader = ConfigReader(config)
-    reader.known("resources", "healthInterval", "sysfsRoot", "devRoot")
+    reader.known(*_keys(SCHEMA))
     interval = reader.interval("healthInterval", DEFAULT_HEALTH_INTERVAL)
     sysfs_root = reader.path("sysfsRoot", "/sys")
     dev_root = reader.path("devRoot", "/dev")
@@ -69,10 +157,7 @@ def from_config(config: Mapping[str, Any]) -> list[DevicePlugin]:
     first_seen: dict[str, str] = {}
     for entry in reader.sections("resources", required=True):
         entry.known(
-            "resourceName",
-            "paths",
-            "share",
-            "groups",
+            *_keys(_RESOURCE),
             hint={"name": "renamed to resourceName (the key every backend uses)"},
         )
         name = entry.resource_name("resourceName")
@@ -128,7 +213,7 @@ def _devices(entry: ConfigReader) -> tuple[Sequence[str], int, list[Group]]:
 
 
 def _group(reader: ConfigReader) -> Group:
-    reader.known("paths", "usb", "shared", "groupBy", "pciVendors", "count")
+    reader.known(*_keys(_GROUP))
     paths = tuple(_path_spec(item) for item in reader.sections("paths"))
     usb = tuple(_usb_spec(item) for item in reader.sections("usb"))
     shared = tuple(_path_spec(item) for item in reader.sections("shared"))
@@ -164,7 +249,7 @@ def _group(reader: ConfigReader) -> Group:
 
 
 def _path_spec(reader: ConfigReader) -> PathSpec:
-    reader.known("path", "mountPath", "type", "readOnly", "permissions", "optional")
+    reader.known(*_keys(_PATH_SPEC))
     path = reader.string("path")
     problem = _pattern_problem(path)
     if problem is not None:
@@ -199,7 +284,7 @@ def _path_spec(reader: ConfigReader) -> PathSpec:
 
 
 def _usb_spec(reader: ConfigReader) -> UsbSpec:
-    reader.known("vendor", "product", "serial", "include")
+    reader.known(*_keys(_USB_SPEC))
     ids: dict[str, str] = {}
     for name in ("vendor", "product"):
         value = reader.data.get(name)

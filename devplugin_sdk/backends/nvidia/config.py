@@ -23,6 +23,7 @@ __all__ = [
     "DEVICE_LIST_STRATEGIES",
     "MEMORY_UNITS",
     "MIG_STRATEGIES",
+    "SCHEMA",
     "Interceptor",
     "MemorySharing",
     "NvidiaConfig",
@@ -277,7 +278,7 @@ def _read(cls: type[NvidiaConfig], r: ConfigReader, extra_keys: Sequence[str]) -
     mig_strategy, sharing, slicing = _sharing_sections(r, cls.mig_strategy)
 
     health = r.section("health")
-    health.known("disabled", "ignoredXids", "probeInterval", "recoveryPeriod")
+    health.known(*_HEALTH["properties"])
     return cls(
         resource_name=r.resource_name("resourceName", cls.resource_name),
         mig_strategy=mig_strategy,
@@ -305,7 +306,7 @@ def _sharing_sections(r: ConfigReader, mig_default: str) -> tuple[str, ConfigRea
     """``migStrategy``, and the ``sharing`` and ``sharing.timeSlicing`` sections, checked
     together: one way of sharing, and none but time-slicing under ``single``."""
     sharing = r.section("sharing")
-    sharing.known(*_ONE_WAY_TO_SHARE, hint={"mps": "MPS sharing is not supported"})
+    sharing.known(*_SHARING["properties"], hint={"mps": "MPS sharing is not supported"})
     ways = [w for w in _ONE_WAY_TO_SHARE if sharing.has(w)]
     if len(ways) > 1:
         raise ConfigError(
@@ -317,9 +318,7 @@ def _sharing_sections(r: ConfigReader, mig_default: str) -> tuple[str, ConfigRea
         raise ConfigError(sharing.key(ways[0]), _SHARING_UNDER_SINGLE)
     slicing = sharing.section("timeSlicing")
     slicing.known(
-        "replicas",
-        "renameByDefault",
-        "failRequestsGreaterThanOne",
+        *_TIME_SLICING["properties"],
         hint={"resources": "use sharing.timeSlicing.replicas (one count for every resource)"},
     )
     return mig_strategy, sharing, slicing
@@ -332,9 +331,7 @@ _SHARING_UNDER_SINGLE = (
 
 def _memory_sharing(sharing: ConfigReader) -> MemorySharing:
     memory = sharing.section("memory")
-    memory.known(
-        "resourceName", "unit", "placement", "countResourceName", "multiGpu", "interceptor"
-    )
+    memory.known(*_MEMORY["properties"])
     name = memory.resource_name("resourceName", MemorySharing.resource_name)
     count = memory.resource_name("countResourceName") if memory.has("countResourceName") else None
     if count == name:
@@ -353,7 +350,7 @@ def _memory_sharing(sharing: ConfigReader) -> MemorySharing:
 
 def _vgpu_sharing(sharing: ConfigReader) -> VgpuSharing:
     vgpu = sharing.section("vgpu")
-    vgpu.known("slices", "memoryLimit", "coreLimit", "interceptor")
+    vgpu.known(*_VGPU["properties"])
     if not vgpu.has("slices"):
         raise ConfigError(vgpu.key("slices"), "is required: how many devices each GPU becomes")
     return VgpuSharing(
@@ -369,20 +366,109 @@ def _interceptor(section: ConfigReader) -> Interceptor | None:
     if not section.has("interceptor"):
         return None
     interceptor = section.section("interceptor")
-    interceptor.known("hostPath")
+    interceptor.known(*_INTERCEPTOR["properties"])
     return Interceptor(interceptor.path("hostPath", Interceptor.host_path))
 
 
-_TOP_KEYS = (
-    "version",
-    "resourceName",
-    "migStrategy",
-    "deviceListStrategy",
-    "cdiKind",
-    "passDeviceSpecs",
-    "sharing",
-    "health",
-    "sysfsRoot",
-    "devRoot",
-    "procRoot",
-)
+# The keys, as JSON Schema: ``from_mapping`` takes each level's keys from here (``known``), and
+# schemas/nvidia.json is generated from it (scripts/gen_schemas.py).
+_PATH = {"type": "string", "pattern": "^/", "description": "an absolute path"}
+_RESOURCE_NAME = {"type": "string", "minLength": 1, "description": "vendor.com/name"}
+_INTERCEPTOR: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"hostPath": {**_PATH, "default": str(Interceptor.host_path)}},
+    "description": "mount a HAMi-core compatible interceptor (libvgpu.so) from the host",
+}
+_TIME_SLICING: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "replicas": {"type": "integer", "minimum": 1, "default": NvidiaConfig.replicas},
+        "renameByDefault": {"type": "boolean", "default": NvidiaConfig.rename_by_default},
+        "failRequestsGreaterThanOne": {
+            "type": "boolean",
+            "default": NvidiaConfig.fail_requests_greater_than_one,
+        },
+    },
+}
+_MEMORY: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "resourceName": {**_RESOURCE_NAME, "default": MemorySharing.resource_name},
+        "unit": {"enum": list(MEMORY_UNITS), "default": MemorySharing.unit},
+        "placement": {"enum": list(PLACEMENTS), "default": MemorySharing.placement},
+        "countResourceName": {"anyOf": [_RESOURCE_NAME, {"type": "null"}], "default": None},
+        "multiGpu": {"type": "boolean", "default": MemorySharing.multi_gpu},
+        "interceptor": _INTERCEPTOR,
+    },
+}
+_VGPU: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["slices"],
+    "properties": {
+        "slices": {"type": "integer", "minimum": 1, "maximum": 100},
+        "memoryLimit": {"type": "boolean", "default": VgpuSharing.memory_limit},
+        "coreLimit": {"type": "boolean", "default": VgpuSharing.core_limit},
+        "interceptor": _INTERCEPTOR,
+    },
+}
+_SHARING: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "maxProperties": 1,
+    "properties": {"timeSlicing": _TIME_SLICING, "memory": _MEMORY, "vgpu": _VGPU},
+    "description": "one way of sharing GPUs",
+}
+assert tuple(_SHARING["properties"]) == _ONE_WAY_TO_SHARE
+_HEALTH: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "disabled": {"type": "boolean", "default": NvidiaConfig.health_disabled},
+        "ignoredXids": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 1},
+            "default": sorted(DEFAULT_IGNORED_XIDS),
+            "description": "replaces the default list",
+        },
+        "probeInterval": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": NvidiaConfig.probe_interval,
+        },
+        "recoveryPeriod": {
+            "anyOf": [{"type": "number", "minimum": 0}, {"type": "null"}],
+            "default": NvidiaConfig.recovery_period,
+            "description": "seconds a faulted GPU must probe clean; null: never recover",
+        },
+    },
+}
+_STRATEGY = {"enum": list(DEVICE_LIST_STRATEGIES)}
+#: The backend's keys as a JSON Schema object (its part of a ``devplugin run`` file).
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "version": {"enum": ["v1"], "default": "v1"},
+        "resourceName": {**_RESOURCE_NAME, "default": NvidiaConfig.resource_name},
+        "migStrategy": {"enum": list(MIG_STRATEGIES), "default": NvidiaConfig.mig_strategy},
+        "deviceListStrategy": {
+            "anyOf": [_STRATEGY, {"type": "array", "minItems": 1, "items": _STRATEGY}],
+            "default": NvidiaConfig.device_list_strategy[0],
+        },
+        "cdiKind": {
+            "type": "string",
+            "pattern": _CDI_KIND.pattern,
+            "default": NvidiaConfig.cdi_kind,
+        },
+        "passDeviceSpecs": {"type": "boolean", "default": NvidiaConfig.pass_device_specs},
+        "sharing": _SHARING,
+        "health": _HEALTH,
+        "sysfsRoot": {**_PATH, "default": str(NvidiaConfig.sysfs_root)},
+        "devRoot": {**_PATH, "default": str(NvidiaConfig.dev_root)},
+        "procRoot": {**_PATH, "default": str(NvidiaConfig.proc_root)},
+    },
+}
+_TOP_KEYS = tuple(SCHEMA["properties"])

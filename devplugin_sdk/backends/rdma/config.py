@@ -5,7 +5,7 @@ to the first resource whose selectors match it) and the settings they share.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from devplugin_sdk.backends.rdma.selection import (
 from devplugin_sdk.config import ConfigReader, shown
 from devplugin_sdk.errors import ConfigError
 
-__all__ = ["RdmaConfig", "load_config"]
+__all__ = ["SCHEMA", "RdmaConfig", "load_config"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,8 @@ class RdmaConfig:
 
 
 _MODES: tuple[Mode, ...] = ("exclusive", "shared")
+# What an absent key reads as.
+_DEFAULT: dict[str, Any] = {f.name: f.default for f in fields(RdmaConfig)}
 
 
 # YAML key -> Selector field; the keys of the Mellanox and SR-IOV plugins' selectors.
@@ -55,6 +57,60 @@ _SELECTOR_KEYS = {
     "linkTypes": "link_types",
     "rdmaDevices": "rdma_devices",
     "pciAddresses": "pci_addresses",
+}
+
+# The keys, as JSON Schema: ``load_config`` takes each level's keys from here (``known``), and
+# schemas/rdma.json is generated from it (scripts/gen_schemas.py).
+_PATH = {"type": "string", "pattern": "^/", "description": "an absolute path"}
+_STRINGS = {"type": "array", "items": {"type": "string", "minLength": 1}}
+_SELECTOR: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        **{key: dict(_STRINGS) for key in _SELECTOR_KEYS},
+        "vendors": {"type": "array", "items": {"type": "string", "pattern": _HEX_ID.pattern}},
+        "deviceIDs": {"type": "array", "items": {"type": "string", "pattern": _HEX_ID.pattern}},
+        "linkTypes": {"type": "array", "items": {"type": "string", "minLength": 1}},
+    },
+}
+_RESOURCE: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["resourceName"],
+    "properties": {
+        "resourceName": {"type": "string", "minLength": 1, "description": "vendor.com/name"},
+        "mode": {"enum": list(_MODES), "default": "exclusive"},
+        "shares": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "mode shared: containers per HCA",
+        },
+        "selectors": {
+            "anyOf": [_SELECTOR, {"type": "array", "minItems": 1, "items": _SELECTOR}],
+            "description": "absent: every device; a list: any group matches",
+        },
+        "ports": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+        "issm": {"type": "boolean", "default": True},
+        "rdmaCm": {"type": "boolean", "default": True},
+        "cdiKind": {"type": "string", "minLength": 1, "description": "vendor.com/class"},
+        "envPrefix": {"type": "string", "pattern": _ENV_NAME.pattern, "default": "RDMA"},
+    },
+}
+#: The backend's keys as a JSON Schema object (its part of a ``devplugin run`` file).
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["resources"],
+    "properties": {
+        "resources": {"type": "array", "minItems": 1, "items": _RESOURCE},
+        "sysfsRoot": {**_PATH, "default": str(_DEFAULT["sysfs_root"])},
+        "devRoot": {**_PATH, "default": str(_DEFAULT["dev_root"])},
+        "healthInterval": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "default": _DEFAULT["rescan_interval"],
+            "description": "seconds between rescans (port state)",
+        },
+    },
 }
 
 
@@ -75,10 +131,10 @@ def load_config(config: Mapping[str, Any]) -> RdmaConfig:
         ConfigError: naming the dotted key and what is wrong with it.
     """
     top = ConfigReader(config)
-    top.known("resources", "sysfsRoot", "devRoot", "healthInterval")
-    sysfs_root = top.path("sysfsRoot", "/sys")
-    dev_root = top.path("devRoot", "/dev")
-    interval = top.interval("healthInterval", 5.0)
+    top.known(*SCHEMA["properties"])
+    sysfs_root = top.path("sysfsRoot", _DEFAULT["sysfs_root"])
+    dev_root = top.path("devRoot", _DEFAULT["dev_root"])
+    interval = top.interval("healthInterval", _DEFAULT["rescan_interval"])
     resources: list[RdmaResource] = []
     claimed: list[Selector] = []
     for reader in top.sections("resources", required=True):
@@ -98,17 +154,7 @@ def load_config(config: Mapping[str, Any]) -> RdmaConfig:
 
 
 def _resource(reader: ConfigReader, exclude: tuple[Selector, ...]) -> RdmaResource:
-    reader.known(
-        "resourceName",
-        "mode",
-        "shares",
-        "selectors",
-        "ports",
-        "issm",
-        "rdmaCm",
-        "cdiKind",
-        "envPrefix",
-    )
+    reader.known(*_RESOURCE["properties"])
     name = reader.resource_name("resourceName")
     mode = reader.choice("mode", _MODES, "exclusive")
     if mode == "shared":
@@ -159,7 +205,7 @@ def _selectors(reader: ConfigReader) -> tuple[Selector, ...]:
 
 def _selector(group: ConfigReader) -> Selector:
     """One selector group, every value checked here so that ``Selector`` never refuses it."""
-    group.known(*_SELECTOR_KEYS)
+    group.known(*_SELECTOR["properties"])
     values = {key: group.strings(key) for key in _SELECTOR_KEYS}
     for key in ("vendors", "deviceIDs"):
         for i, value in enumerate(values[key]):
