@@ -21,7 +21,7 @@ from sdk_helpers import ROOT
 from devplugin_sdk.settings import Settings
 
 KUSTOMIZE = ROOT / "deploy" / "kustomize"
-MANIFESTS = sorted(ROOT.glob("examples/*/daemonset*.yaml")) + [KUSTOMIZE / "base/daemonset.yaml"]
+MANIFESTS = [*sorted(ROOT.glob("examples/*/daemonset*.yaml")), KUSTOMIZE / "base/daemonset.yaml"]
 PATCHES = sorted(KUSTOMIZE.glob("overlays/*/daemonset-patch.yaml"))
 OVERLAYS = sorted(p.name for p in (KUSTOMIZE / "overlays").iterdir() if p.is_dir())
 NFD = "feature.node.kubernetes.io/"
