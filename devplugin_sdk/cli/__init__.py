@@ -200,8 +200,11 @@ def _with_cdi(plugins: list[DevicePlugin], config: RunConfig) -> list[DevicePlug
 
 def _cmd_run(args: argparse.Namespace) -> int:
     _from_environment(args, os.environ)
+    chosen = _node_config(args)
     config = _read_run_config(args)
     configure_logging(config.log_level, config.log_format)
+    if chosen is not None:
+        log.info("configuration chosen by the node label: %s", chosen)
     assert config.backend is not None
     settings = Settings(
         device_plugin_dir=config.device_plugin_dir,
@@ -242,6 +245,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         dra=config.dra,
     )
     return 0
+
+
+def _node_config(args: argparse.Namespace) -> str | None:
+    """With ``--node-config-label``, point ``args.config`` at the file the node's label
+    chooses; why it was chosen (for the log), or None without the option."""
+    if args.node_config_label is None:
+        return None
+    if not args.config:
+        raise ConfigError(
+            "--node-config-label",
+            "needs --config: the default file, beside the files the label chooses from",
+        )
+    from devplugin_sdk.cli import nodeconfig  # noqa: PLC0415 - only with the option (cold start)
+
+    path, why = nodeconfig.node_config(Path(args.config), args.node_config_label)
+    args.config = str(path)
+    return why
 
 
 def _preflight(args: argparse.Namespace, config: RunConfig, settings: Settings) -> None:
@@ -401,6 +421,7 @@ _ENVIRONMENT: dict[str, Any] = {
     "stuck_after": _seconds,
     "log_level": "levels",
     "log_format": ("text", "json"),
+    "node_config_label": None,
 }
 
 
@@ -508,6 +529,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="/healthz fails when a device list stays unsent this long" + _env("stuck_after"),
+    )
+    run_p.add_argument(
+        "--node-config-label",
+        default=None,
+        metavar="LABEL",
+        help="choose the configuration by this node label, as NVIDIA's "
+        "nvidia.com/device-plugin.config: a node labelled LABEL=NAME runs with NAME.yaml "
+        "(or NAME) beside --config, a node without it with --config; read from the API "
+        "server at start (needs devplugin-sdk[dra], $NODE_NAME and get on nodes)"
+        + _env("node_config_label"),
     )
     run_p.set_defaults(func=_cmd_run)
 

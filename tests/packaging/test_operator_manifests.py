@@ -9,6 +9,7 @@ the rendered overlays when kubectl is installed.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -141,3 +142,47 @@ def test_no_example_takes_a_vendors_dra_driver_name() -> None:
     assert names, "no DRA driver name found in the examples"
     for where, name in names.items():
         assert name.endswith(".example.com"), f"{where}: DRA driver {name}"
+
+
+def test_the_node_config_component_lets_the_plugin_read_its_node(tmp_path: Path) -> None:
+    """components/node-config: NODE_NAME, the label's variable, and a service account that may
+    get Nodes and nothing else, all renamed with the overlay's prefix."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl (with built-in kustomize) is not installed")
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "namespace": "kube-system",
+                "namePrefix": "generic-",
+                "resources": [os.path.relpath(KUSTOMIZE / "base", tmp_path)],
+                "components": [os.path.relpath(KUSTOMIZE / "components/node-config", tmp_path)],
+            }
+        ),
+        encoding="utf-8",
+    )
+    out = subprocess.run(
+        ["kubectl", "kustomize", "--load-restrictor=LoadRestrictionsNone", str(tmp_path)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    docs = {d["kind"]: d for d in yaml.safe_load_all(out) if d}
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    account = docs["ServiceAccount"]["metadata"]
+    assert pod["serviceAccountName"] == account["name"] == "generic-device-plugin"
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["DEVPLUGIN_NODE_CONFIG_LABEL"]["value"] == (
+        "devplugin.example.com/device-plugin.config"
+    )
+    assert any(a.startswith("--config=") for a in container["args"])
+    (rule,) = docs["ClusterRole"]["rules"]
+    assert (rule["resources"], rule["verbs"]) == (["nodes"], ["get"])
+    binding = docs["ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == docs["ClusterRole"]["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
