@@ -110,8 +110,15 @@ def _time_slicing(slicing: ConfigReader, config: Mapping[str, Any]) -> dict[str,
     (this backend has one count for every resource)."""
     if slicing.has("replicas"):
         raise ConfigError(slicing.key("resources"), "cannot be combined with replicas: keep one")
+    entries = slicing.data["resources"]
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(
+            slicing.key("resources"),
+            "must be a non-empty list of {name, replicas} (NVIDIA's form), or use "
+            f"sharing.timeSlicing.replicas; got {shown(entries)}",
+        )
     counts: dict[int, str] = {}
-    for item in slicing.sections("resources", required=True):
+    for item in slicing.sections("resources"):
         item.known("name", "replicas", hint=_SLICING_HINTS)
         item.resource_name("name")
         counts.setdefault(item.integer("replicas", 1, minimum=1), item.key("replicas"))
