@@ -16,7 +16,16 @@ import time
 __all__ = ["QUIET_LIBRARIES", "configure_logging", "parse_levels", "printable"]
 
 #: Loggers of libraries kept at warning (unless named in the level) whatever the level.
-QUIET_LIBRARIES = ("asyncio", "grpc", "anyio", "hpack", "h2", "urllib3", "prometheus_client")
+QUIET_LIBRARIES = (
+    "asyncio",
+    "grpc",
+    "anyio",
+    "hpack",
+    "h2",
+    "urllib3",
+    "prometheus_client",
+    "httpx2",  # lightkube's client logs every request at info
+)
 _LEVELS = ("debug", "info", "warning", "error")
 _named: set[str] = set()  # loggers the last configure_logging call set by name
 

@@ -11,6 +11,7 @@ driver) is decided once, when ``serve`` starts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import signal
@@ -196,6 +197,7 @@ async def serve(
     """
     settings = settings or Settings()
     watcher, strategy, driver = _registration(plugins, settings, api, dra)
+    _log_startup(plugins, settings, api, dra=dra, http=http, reload=reload)
     if http is not None and observer is None:
         observer = _prometheus_observer(http.registry)
     events = Events(observer)
@@ -310,6 +312,47 @@ def _registration(
     expected = [p.resource_name for p in plugins]
     driver = DraDriver(dra, settings, watcher, both=api == "both", expected=expected)
     return watcher, driver.strategy(strategy), driver
+
+
+def _log_startup(
+    plugins: Sequence[DevicePlugin],
+    settings: Settings,
+    api: str,
+    *,
+    dra: Dra | None,
+    http: Http | None,
+    reload: Reload | None,
+) -> None:
+    """One line that says what starts and how: the SDK's version, the resources, the
+    registration path and why it was chosen, and every setting that differs from its default."""
+    from devplugin_sdk import __version__  # noqa: PLC0415 - the package imports this module
+
+    parts = [", ".join(p.resource_name for p in plugins), f"api {api}"]
+    if api != "dra":
+        mode, why = settings.registration_choice()
+        if mode == "watcher":
+            where = f"the plugin watcher in {settings.plugins_registry_dir}"
+        else:
+            where = f"kubelet.sock at {settings.kubelet_socket}"
+        parts.append(f"registering through {where} ({why})")
+    if dra is not None:
+        parts.append(
+            f"DRA driver {dra.driver} registering through the plugin watcher in "
+            f"{settings.plugins_registry_dir}"
+        )
+    if reload is not None and reload.config_path is not None:
+        parts.append(f"config {reload.config_path}")
+    if http is not None:
+        parts.append(f"http {http.host or '*'}:{http.port}")
+    changed = [
+        f"{field.name}={getattr(settings, field.name)}"
+        for field in dataclasses.fields(settings)
+        if field.name not in ("device_plugin_dir", "plugins_registry_dir", "registration")
+        and getattr(settings, field.name) != field.default
+    ]
+    if changed:
+        parts.append(f"settings {' '.join(changed)}")
+    log.info("devplugin-sdk %s starting: %s", __version__, "; ".join(parts))
 
 
 async def _start(

@@ -45,7 +45,9 @@ class Settings:
         registration: ``"kubelet"`` registers through ``kubelet.sock``; ``"watcher"`` puts the
             socket in ``plugins_registry_dir`` for the kubelet's plugin watcher; ``"auto"``
             picks the watcher when that directory exists (as Mellanox's and the SR-IOV
-            plugins do).
+            plugins do), unless ``device_plugin_dir`` alone was moved from its default: a
+            directory given explicitly is where the plugin was told to register, and wins
+            over what a kubelet on the machine left behind.
         plugins_registry_dir: The kubelet's plugin-watcher directory (follows --root-dir).
     """
 
@@ -93,9 +95,24 @@ class Settings:
 
     def uses_plugin_watcher(self) -> bool:
         """Whether plugins register through the plugin watcher (resolves ``"auto"``)."""
-        if self.registration == "auto":
-            return self.plugins_registry_dir.is_dir()
-        return self.registration == "watcher"
+        return self.registration_choice()[0] == "watcher"
+
+    def registration_choice(self) -> tuple[Literal["kubelet", "watcher"], str]:
+        """How plugins register, and why: ``("kubelet" | "watcher", reason)``.
+
+        ``"auto"`` is resolved here, once: an explicit ``device_plugin_dir`` (with the
+        plugin-watcher directory left at its default) means ``kubelet.sock`` there, whatever
+        exists under /var/lib/kubelet; otherwise the watcher when its directory exists.
+        """
+        if self.registration != "auto":
+            return self.registration, f"registration {self.registration}"
+        moved = self.device_plugin_dir != Path(constants.DEVICE_PLUGIN_PATH)
+        registry_default = self.plugins_registry_dir == Path(constants.PLUGINS_REGISTRY_PATH)
+        if moved and registry_default:
+            return "kubelet", "registration auto: the device-plugin directory was given"
+        if self.plugins_registry_dir.is_dir():
+            return "watcher", f"registration auto: {self.plugins_registry_dir} exists"
+        return "kubelet", f"registration auto: no {self.plugins_registry_dir}"
 
     @property
     def kubelet_socket(self) -> Path:

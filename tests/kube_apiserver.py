@@ -57,6 +57,7 @@ class FakeApiServer:
         watch_fault: None, "end" or "silent" (see the module's docstring).
         conflicts: Answer every PUT with 409 Conflict.
         mutate: Applied to every slice a POST or PUT writes, before it is stored.
+        node_labels: The labels each Node is served with, by node name.
     """
 
     def __init__(self, api: MemoryApi) -> None:
@@ -67,6 +68,7 @@ class FakeApiServer:
         self.watch_fault: Literal["end", "silent"] | None = None
         self.conflicts = False
         self.mutate: Callable[[ResourceSlice], ResourceSlice] | None = None
+        self.node_labels: dict[str, dict[str, str]] = {}
         self._watched = anyio.Event()
 
     async def wait_for_watches(self, count: int) -> None:
@@ -157,7 +159,11 @@ class FakeApiServer:
                 return 200, {
                     "apiVersion": "v1",
                     "kind": "Node",
-                    "metadata": {"name": name, "uid": uid},
+                    "metadata": {
+                        "name": name,
+                        "uid": uid,
+                        "labels": self.node_labels.get(name, {}),
+                    },
                 }
             if method == "GET" and "/resourceclaims/" in path:
                 parts = path.split("/")

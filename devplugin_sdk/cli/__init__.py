@@ -31,7 +31,7 @@ import anyio.to_thread
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup, ExceptionGroup
 
-from devplugin_sdk import __version__, backends, runner
+from devplugin_sdk import __version__, _logging, backends, runner
 from devplugin_sdk._logging import configure_logging
 from devplugin_sdk.api import constants
 from devplugin_sdk.cli.runfile import RunConfig, parse_run_config
@@ -218,8 +218,12 @@ def _with_cdi(plugins: list[DevicePlugin], config: RunConfig) -> list[DevicePlug
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    _from_environment(args, os.environ)
+    chosen = _node_config(args)
     config = _read_run_config(args)
     configure_logging(config.log_level, config.log_format)
+    if chosen is not None:
+        log.info("configuration chosen by the node label: %s", chosen)
     assert config.backend is not None
     settings = Settings(
         device_plugin_dir=config.device_plugin_dir,
@@ -260,6 +264,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         dra=config.dra,
     )
     return 0
+
+
+def _node_config(args: argparse.Namespace) -> str | None:
+    """With ``--node-config-label``, point ``args.config`` at the file the node's label
+    chooses; why it was chosen (for the log), or None without the option."""
+    if args.node_config_label is None:
+        return None
+    if not args.config:
+        raise ConfigError(
+            "--node-config-label",
+            "needs --config: the default file, beside the files the label chooses from",
+        )
+    from devplugin_sdk.cli import nodeconfig  # noqa: PLC0415 - only with the option (cold start)
+
+    path, why = nodeconfig.node_config(Path(args.config), args.node_config_label)
+    args.config = str(path)
+    return why
 
 
 def _preflight(args: argparse.Namespace, config: RunConfig, settings: Settings) -> None:
@@ -405,6 +426,57 @@ def _add_global_options(parser: argparse.ArgumentParser, default: Any) -> None:
     )
 
 
+#: ``devplugin run``'s options that the environment may set (``DEVPLUGIN_<OPTION>``, as NVIDIA's
+#: plugin reads its flags): the argument's name and how its value is checked. The command line
+#: wins over the environment, the environment over the file.
+_ENVIRONMENT: dict[str, Any] = {
+    "target": None,
+    "config": None,
+    "device_plugin_dir": _directory,
+    "registration": ("auto", "kubelet", "watcher"),
+    "plugins_registry_dir": _directory,
+    "metrics_port": _port,
+    "metrics_host": None,
+    "stuck_after": _seconds,
+    "log_level": "levels",
+    "log_format": ("text", "json"),
+    "node_config_label": None,
+}
+
+
+def environment_name(dest: str) -> str:
+    """The variable that sets ``devplugin run``'s option ``dest`` (the target: BACKEND)."""
+    return "DEVPLUGIN_" + ("BACKEND" if dest == "target" else dest.upper())
+
+
+def _from_environment(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    """Fill every option the command line left unset from its ``DEVPLUGIN_<OPTION>``
+    variable (an empty value counts as unset), checked as the option's value is."""
+    for dest, check in _ENVIRONMENT.items():
+        name = environment_name(dest)
+        text = environ.get(name, "")
+        if getattr(args, dest, None) is not None or not text:
+            continue
+        value: Any = text
+        if isinstance(check, tuple) and text not in check:
+            raise ConfigError(name, f"must be one of {', '.join(check)}, got {text[:40]!r}")
+        if check == "levels":
+            try:
+                _logging.parse_levels(text)
+            except ValueError as exc:
+                raise ConfigError(name, str(exc)) from None
+        elif callable(check):
+            try:
+                value = check(text)
+            except argparse.ArgumentTypeError as exc:
+                raise ConfigError(name, str(exc)) from None
+        setattr(args, dest, value)
+
+
+def _env(dest: str) -> str:
+    return f" [env {environment_name(dest)}]"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``devplugin`` argument parser."""
     parser: argparse.ArgumentParser = _Parser(
@@ -418,35 +490,43 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run device plugins until SIGTERM",
         description="Run device plugins until SIGTERM or SIGINT. MODULE is imported with the "
-        "working directory on the import path.",
+        "working directory on the import path. Every option can also be set as an environment "
+        "variable DEVPLUGIN_<OPTION> (DEVPLUGIN_METRICS_PORT=8080, DEVPLUGIN_LOG_LEVEL=debug, "
+        "DEVPLUGIN_LOG_FORMAT=json; the target as DEVPLUGIN_BACKEND; an empty value counts as "
+        "unset); the command line wins over the environment, the environment over the "
+        "configuration file.",
     )
     run_p.add_argument(
         "target",
         nargs="?",
         help=f"built-in backend ({', '.join(sorted(backends.BUILTIN))}) or MODULE:ATTR; "
-        "may come from the config file's `backend` key instead",
+        "may come from the config file's `backend` key instead" + _env("target"),
     )
-    run_p.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    run_p.add_argument("--config", metavar="FILE", help="YAML configuration file" + _env("config"))
     run_p.add_argument(
         "--device-plugin-dir",
         type=_directory,
         default=None,
         metavar="DIR",
-        help=f"the kubelet's device-plugin directory (default {constants.DEVICE_PLUGIN_PATH})",
+        help=f"the kubelet's device-plugin directory (default {constants.DEVICE_PLUGIN_PATH}); "
+        "given, it is where the plugin registers, whatever plugins_registry exists"
+        + _env("device_plugin_dir"),
     )
     run_p.add_argument(
         "--registration",
         choices=["auto", "kubelet", "watcher"],
         default=None,
-        help="register through kubelet.sock or the plugin watcher (auto: watcher if "
-        "--plugins-registry-dir exists)",
+        help="register through kubelet.sock or the plugin watcher (auto: kubelet.sock in "
+        "--device-plugin-dir when only that is given, else the watcher if "
+        "--plugins-registry-dir exists)" + _env("registration"),
     )
     run_p.add_argument(
         "--plugins-registry-dir",
         type=_directory,
         default=None,
         metavar="DIR",
-        help=f"the kubelet's plugin-watcher directory (default {constants.PLUGINS_REGISTRY_PATH})",
+        help=f"the kubelet's plugin-watcher directory (default {constants.PLUGINS_REGISTRY_PATH})"
+        + _env("plugins_registry_dir"),
     )
     run_p.add_argument(
         "--metrics-port",
@@ -454,17 +534,30 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="PORT",
         help="serve /healthz, /metrics and /status on this TCP port "
-        "(metrics need devplugin-sdk[metrics])",
+        "(metrics need devplugin-sdk[metrics])" + _env("metrics_port"),
     )
     run_p.add_argument(
-        "--metrics-host", default=None, metavar="ADDR", help="address for --metrics-port"
+        "--metrics-host",
+        default=None,
+        metavar="ADDR",
+        help="address for --metrics-port" + _env("metrics_host"),
     )
     run_p.add_argument(
         "--stuck-after",
         type=_seconds,
         default=None,
         metavar="SECONDS",
-        help="/healthz fails when a device list stays unsent this long",
+        help="/healthz fails when a device list stays unsent this long" + _env("stuck_after"),
+    )
+    run_p.add_argument(
+        "--node-config-label",
+        default=None,
+        metavar="LABEL",
+        help="choose the configuration by this node label, as NVIDIA's "
+        "nvidia.com/device-plugin.config: a node labelled LABEL=NAME runs with NAME.yaml "
+        "(or NAME) beside --config, a node without it with --config; read from the API "
+        "server at start (needs devplugin-sdk[dra], $NODE_NAME and get on nodes)"
+        + _env("node_config_label"),
     )
     run_p.set_defaults(func=_cmd_run)
 

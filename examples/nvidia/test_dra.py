@@ -24,7 +24,7 @@ def test_the_dra_config_selects_dra_and_the_manifests_wire_it() -> None:
     config = parse_run_config(load_yaml(HERE / "config-dra.yaml"))
     assert config.api == "dra"
     assert config.dra is not None
-    assert config.dra.driver == "gpu.nvidia.com"
+    assert config.dra.driver == "gpu.devplugin.example.com"
     config_map, daemonset = yaml.safe_load_all((HERE / "daemonset-dra.yaml").read_text())
     shipped = yaml.safe_load(config_map["data"]["config.yaml"])
     assert shipped == yaml.safe_load((HERE / "config-dra.yaml").read_text())

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from devplugin_sdk.allocation import PLACEMENTS
+from devplugin_sdk.backends.nvidia.compat import translated
 from devplugin_sdk.config import ConfigReader, shown
 from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.types import Mount
@@ -251,6 +252,10 @@ class NvidiaConfig:
             devRoot: /dev
             procRoot: /proc
 
+        NVIDIA's own file is read too: ``flags.migStrategy``, ``flags.plugin.passDeviceSpecs``
+        and ``flags.plugin.deviceListStrategy`` as the keys of those names, and
+        ``sharing.timeSlicing.resources`` with one replica count (``compat``).
+
         Args:
             config: The mapping.
             extra_keys: Top-level keys the caller reads itself (a subclass's own options):
@@ -259,7 +264,8 @@ class NvidiaConfig:
         Raises:
             ConfigError: naming the dotted key and what is wrong with it.
         """
-        return _read(cls, ConfigReader(config), extra_keys)
+        # NVIDIA's own file (flags:, sharing.timeSlicing.resources) in this backend's terms.
+        return _read(cls, ConfigReader(translated(config)), extra_keys)
 
 
 def _read(cls: type[NvidiaConfig], r: ConfigReader, extra_keys: Sequence[str]) -> NvidiaConfig:
