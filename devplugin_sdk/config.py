@@ -496,12 +496,18 @@ class FileOptions(dict[str, Any]):
     read, or one of the file's other keys (``sdk_keys``, the SDK's), which share its top level.
     """
 
-    __slots__ = ("_ledger", "sdk_keys")
+    __slots__ = ("_ledger", "_successor", "sdk_keys")
 
     def __init__(self, items: Iterable[tuple[str, Any]] = (), sdk_keys: Sequence[str] = ()) -> None:
         super().__init__(items)
         self.sdk_keys = tuple(sdk_keys)
         self._ledger: _Ledger | None = None
+        self._successor: FileOptions | None = None
+
+    def replaced_by(self, successor: FileOptions) -> None:
+        """The backend reads ``successor`` instead (a translation of these options, such as the
+        nvidia backend's of NVIDIA's own file): ``check_read`` and ``likely_typo`` judge it."""
+        self._successor = successor
 
     def ledger(self) -> _Ledger:
         """The record of the keys read, shared by every reader of these options."""
@@ -530,6 +536,18 @@ class FileOptions(dict[str, Any]):
         self._level().everything = True
         return super().__iter__()
 
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        if self._ledger is not None:  # readers made from now on see the change
+            level = self._ledger.levels[""]
+            level.raw = {**level.raw, key: value}
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        if self._ledger is not None:
+            level = self._ledger.levels[""]
+            level.raw = {k: v for k, v in level.raw.items() if k != key}
+
     def keys(self) -> Any:
         self._level().everything = True
         return super().keys()
@@ -551,6 +569,9 @@ class FileOptions(dict[str, Any]):
         Raises:
             ConfigError: ``<key>: unknown key; did you mean ...? expected one of ...``.
         """
+        if self._successor is not None:
+            self._successor.check_read()
+            return
         ledger = self.ledger()
         if not any(level.asked or level.everything for level in ledger.levels.values()):
             return
@@ -561,6 +582,8 @@ class FileOptions(dict[str, Any]):
     def likely_typo(self) -> ConfigError | None:
         """After reading failed half-way: the error for an unread key close to one that was
         asked for (``resourcess`` when ``resources`` is missing), the likelier first mistake."""
+        if self._successor is not None:
+            return self._successor.likely_typo()
         return self.ledger().unread_error(typo_only=True)
 
 

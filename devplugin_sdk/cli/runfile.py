@@ -194,9 +194,9 @@ def _parse_dra(data: Mapping[str, Any]) -> tuple[Api, Dra | None]:
         "kubeconfig",
         "pluginDir",
         "cdiDir",
-        "devices",
         "noExecute",
         "healthTimeout",
+        "devices",
     )
     driver = section.string("driver")
     problem = _names.driver_name_problem(driver)

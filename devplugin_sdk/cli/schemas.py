@@ -72,6 +72,18 @@ _SDK: dict[str, Any] = {
             "kubeconfig": _PATH,
             "pluginDir": _PATH,
             "cdiDir": {**_PATH, "default": "/var/run/cdi"},
+            "noExecute": {
+                "type": "boolean",
+                "default": False,
+                "description": "taint NoExecute when the backend says a signal calls for it",
+            },
+            "healthTimeout": {
+                "type": "integer",
+                "minimum": 3,
+                "maximum": 3600,
+                "default": 30,
+                "description": "seconds the kubelet trusts a device's health on the stream",
+            },
             "devices": {
                 "type": "array",
                 "items": {

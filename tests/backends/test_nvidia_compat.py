@@ -119,3 +119,15 @@ def test_the_command_names_nvidias_key(tmp_path: Path) -> None:
         "devplugin: error: flags.failOnInitError: only true is supported here, got false; "
         "see docs/deployment.md, 'Coming from NVIDIA's plugin'"
     )
+
+
+def test_a_typo_in_nvidias_file_is_refused_after_translation() -> None:
+    """`devplugin run` checks the translated file, which the backend reads: a misspelt key
+    that the translation passed on is still one line."""
+    from devplugin_sdk.config import FileOptions
+
+    text = NVIDIA_FILE.replace("renameByDefault", "renameByDefualt")
+    options = FileOptions(yaml.safe_load(text).items())
+    with pytest.raises(ConfigError, match=r"sharing\.timeSlicing\.renameByDefualt: unknown key"):
+        NvidiaConfig.from_mapping(options)
+        options.check_read()

@@ -48,6 +48,8 @@ def translated(config: Mapping[str, Any]) -> Mapping[str, Any]:
         del out["flags"]
     if slicing is not None and has_resources:
         out["sharing"] = {**config["sharing"], "timeSlicing": _time_slicing(slicing, config)}
+    if isinstance(config, FileOptions):
+        config.replaced_by(out)  # `devplugin run` checks what the backend reads: the translation
     return out
 
 
