@@ -121,13 +121,15 @@ def test_the_command_names_nvidias_key(tmp_path: Path) -> None:
     )
 
 
-def test_a_typo_in_nvidias_file_is_refused_after_translation() -> None:
-    """`devplugin run` checks the translated file, which the backend reads: a misspelt key
-    that the translation passed on is still one line."""
+def test_what_the_translation_passes_on_is_checked() -> None:
+    """`devplugin run` checks the translated file, which the backend reads: a misspelt key the
+    translation passed on is one line, and a translated file read whole passes the check."""
     from devplugin_sdk.config import FileOptions
 
     text = NVIDIA_FILE.replace("renameByDefault", "renameByDefualt")
     options = FileOptions(yaml.safe_load(text).items())
     with pytest.raises(ConfigError, match=r"sharing\.timeSlicing\.renameByDefualt: unknown key"):
         NvidiaConfig.from_mapping(options)
-        options.check_read()
+    clean = FileOptions(yaml.safe_load(NVIDIA_FILE).items())
+    NvidiaConfig.from_mapping(clean)
+    clean.check_read()  # the original's timeSlicing.renameByDefault was read in the translation
