@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 
-__all__ = ["QUIET_LIBRARIES", "configure_logging", "parse_levels", "printable"]
+__all__ = ["QUIET_LIBRARIES", "configure_logging", "fatal", "parse_levels", "printable"]
 
 #: Loggers of libraries kept at warning (unless named in the level) whatever the level.
 QUIET_LIBRARIES = ("asyncio", "grpc", "anyio", "hpack", "h2", "urllib3", "prometheus_client")
@@ -110,6 +110,37 @@ def configure_logging(level: str = "info", fmt: str = "text") -> None:
         logging.getLogger(name).setLevel(named.get(name, quiet).upper())
     for name, value in named.items():
         logging.getLogger(name).setLevel(value.upper())
+
+
+def fatal(line: str, exc: BaseException | None = None) -> None:
+    """Write the line that ends a command to stderr: as it is, or as a JSON record when the
+    log is JSON (a log collector parses every line). With ``exc``, its traceback comes first
+    (in the record's ``exception`` field under JSON)."""
+    handlers = logging.getLogger().handlers
+    json_log = any(isinstance(h.formatter, JsonFormatter) for h in handlers)
+    if json_log:
+        prog, _, message = line.partition(": error: ")
+        record = logging.LogRecord(
+            prog,
+            logging.ERROR,
+            "",
+            0,
+            message or line,
+            None,
+            None if exc is None else (type(exc), exc, exc.__traceback__),
+        )
+        text = JsonFormatter().format(record)
+    else:
+        text = line
+        if exc is not None:
+            import traceback  # noqa: PLC0415 - only at debug, on the way out
+
+            text = "".join(traceback.format_exception(exc)).rstrip() + "\n" + line
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed too: nowhere left to say it
+        pass
 
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}

@@ -6,6 +6,7 @@ rules follow from how the kubelet joins the endpoint onto its directory and clea
 
 from __future__ import annotations
 
+import os
 import re
 
 from devplugin_sdk.api import constants
@@ -148,4 +149,20 @@ def pool_name_problem(name: str) -> str | None:
     for part in name.split("/"):
         if not _DNS1123_SUBDOMAIN.match(part):
             return "each '/'-separated part must be a lower-case DNS-1123 subdomain"
+    return None
+
+
+# sockaddr_un.sun_path is 108 bytes on Linux, the terminating NUL included.
+MAX_SOCKET_PATH = 107
+
+
+def socket_path_problem(path: object) -> str | None:
+    """Why ``path`` cannot be a Unix socket address (too long for ``sun_path``), or None.
+
+    gRPC's own refusal is a C-core log line and a traceback; a kubelet.sock path that can
+    never be dialled is a silent wait.
+    """
+    size = len(os.fsencode(str(path)))
+    if size > MAX_SOCKET_PATH:
+        return f"{path} is {size} bytes long; a Unix socket path holds at most {MAX_SOCKET_PATH}"
     return None
