@@ -581,6 +581,8 @@ def _message(exc: BaseException) -> str:
     """Our own errors (and the OS's, which name their path) as they are; anything else with its
     type, and with the resource and hook it came from."""
     context = hooks.failure_context(exc)
+    if isinstance(exc, ConfigError):  # names its key already, wherever it was found
+        return " ".join(str(exc).split())
     if context is not None:
         return f"{context}: {hooks.describe(exc)}"
     if isinstance(exc, (DevicePluginError, ValueError, TypeError, OSError)):
@@ -591,9 +593,11 @@ def _message(exc: BaseException) -> str:
 def _usage_error(exc: BaseException) -> bool:
     """A mistake in the command line, the file or the plugin's definition (exit code 2), found
     before anything ran: not one that a running hook raised."""
+    if isinstance(exc, ConfigError):  # a backend's discover() may find the mistake
+        return True
     if hooks.failure_context(exc) is not None:
         return False
-    return isinstance(exc, (ConfigError, TypeError)) or type(exc) is ValueError
+    return isinstance(exc, TypeError) or type(exc) is ValueError
 
 
 def _leaves(group: BaseException | None) -> list[BaseException]:
