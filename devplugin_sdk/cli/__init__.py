@@ -40,7 +40,7 @@ from devplugin_sdk._names import socket_path_problem
 from devplugin_sdk.api import constants
 from devplugin_sdk.cli.runfile import RunConfig, parse_run_config
 from devplugin_sdk.config import load_yaml
-from devplugin_sdk.errors import ConfigError, DevicePluginError
+from devplugin_sdk.errors import ConfigError, DevicePluginError, SocketInUseError
 from devplugin_sdk.kubelet import _cli_fake_kubelet, _cli_probe
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.settings import Settings
@@ -593,7 +593,9 @@ def _message(exc: BaseException) -> str:
 def _usage_error(exc: BaseException) -> bool:
     """A mistake in the command line, the file or the plugin's definition (exit code 2), found
     before anything ran: not one that a running hook raised."""
-    if isinstance(exc, ConfigError):  # a backend's discover() may find the mistake
+    if isinstance(exc, (ConfigError, SocketInUseError)):
+        # A backend's discover() may find the mistake; a socket another instance serves is
+        # refused as the metrics port in use is (--metrics-port), before taking anything over.
         return True
     if hooks.failure_context(exc) is not None:
         return False
