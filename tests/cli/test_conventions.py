@@ -62,6 +62,15 @@ class PlainStop(DevicePlugin):
     def on_stop(self):
         pass
 
+class Sick(DevicePlugin):
+    resource_name = "acme.com/widget"
+
+    async def discover(self):
+        return [Device(id="w0")]
+
+    async def check_health(self, devices):
+        raise RuntimeError("sensor gone")
+
 class Nameless(DevicePlugin):
     async def discover(self):
         return []
@@ -152,6 +161,31 @@ def test_the_traceback_comes_at_log_level_debug(project: Path) -> None:
         .splitlines()[-1]
         .startswith("devplugin: error: acme.com/widget: discover() failed: RuntimeError")
     )
+
+
+@pytest.mark.parametrize(
+    ("level", "traceback"), [("info", False), ("debug", True)], ids=["info", "debug"]
+)
+async def test_a_hook_failing_while_serving_is_one_log_line_its_traceback_at_debug(
+    project: Path, level: str, traceback: bool
+) -> None:
+    async with running(
+        "--log-level", level, "run", "acme:Sick", "--registration", "kubelet",
+        "--device-plugin-dir", str(project / "kubelet"), cwd=project,
+    ) as proc:  # fmt: skip
+        line = await proc.wait_for_line("check_health failed")
+        assert (
+            line.endswith(
+                "devplugin_sdk: acme.com/widget: check_health failed; health unchanged: "
+                "RuntimeError: sensor gone"
+            )
+            != traceback
+        )
+        if traceback:
+            await proc.wait_for_line("Traceback (most recent call last)")
+        proc.signal(signal.SIGTERM)
+        assert await proc.exited() == 0
+    assert ("Traceback" in proc.text()) == traceback
 
 
 @pytest.mark.parametrize(("target", "hook"), [("Plain", "discover"), ("PlainStop", "on_stop")])
