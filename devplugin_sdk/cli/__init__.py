@@ -70,7 +70,7 @@ def resolve_plugins(target: str, config: Mapping[str, Any] | None) -> list[Devic
     if target in backends.BUILTIN:
         module = importlib.import_module(backends.BUILTIN[target])
         try:
-            made = module.from_config(config or {})
+            made = _building(target, "from_config", module.from_config, config or {})
         except ConfigError as exc:
             if config is not None:
                 raise
@@ -89,8 +89,23 @@ def resolve_plugins(target: str, config: Mapping[str, Any] | None) -> list[Devic
             f"{target} has no from_config() to take the file's backend keys ({keys}); "
             "add that classmethod, or keep only the SDK's keys in the file",
         )
-    made = factory(config) if factory is not None and config is not None else _call(target, obj)
+    if factory is not None and config is not None:
+        made = _building(target, "from_config", factory, config)
+    else:
+        made = _call(target, obj)
     return _checked(target, made)
+
+
+def _building(target: str, hook: str, build: Any, *args: Any) -> object:
+    """Call what builds the plugins; what it raises, other than a mistake in the file or the
+    plugin's definition, says where it came from (``nvidia: from_config() failed: ...``)."""
+    try:
+        return build(*args)
+    except (ConfigError, TypeError, ValueError):
+        raise
+    except Exception as exc:
+        hooks.note_failure(exc, target, hook)
+        raise
 
 
 def _import_target(target: str) -> object:
@@ -141,7 +156,7 @@ def _call(target: str, obj: object) -> object:
         ) from None
     except ValueError:  # no signature (a builtin): just call it
         pass
-    return obj()
+    return _building(target, getattr(obj, "__name__", "factory"), obj)
 
 
 def _checked(target: str, made: object) -> list[DevicePlugin]:

@@ -71,6 +71,16 @@ class Sick(DevicePlugin):
     async def check_health(self, devices):
         raise RuntimeError("sensor gone")
 
+class Unloaded(DevicePlugin):
+    resource_name = "acme.com/widget"
+
+    def __init__(self):
+        from devplugin_sdk.errors import BackendError
+        raise BackendError("vendor library not loaded")
+
+    async def discover(self):
+        return []
+
 class Nameless(DevicePlugin):
     async def discover(self):
         return []
@@ -148,6 +158,13 @@ def test_a_failing_hook_is_one_line_naming_resource_hook_and_error(
     project: Path, target: str, line: str
 ) -> None:
     assert _one_line(_run(project, target), 1) == line
+
+
+def test_an_error_building_the_plugin_says_what_raised_it(project: Path) -> None:
+    assert _one_line(_run(project, "Unloaded"), 1) == (
+        "devplugin: error: acme:Unloaded: Unloaded() failed: BackendError: "
+        "vendor library not loaded"
+    )
 
 
 def test_the_traceback_comes_at_log_level_debug(project: Path) -> None:
