@@ -68,11 +68,15 @@ def note_failure(exc: BaseException, resource: str, hook: str) -> None:
     context = f"{resource}: {hook}() failed"
     with contextlib.suppress(AttributeError, TypeError):  # an exception with __slots__
         setattr(exc, _CONTEXT, context)
-        notes = getattr(exc, "__notes__", None)
-        if not isinstance(notes, list):
-            notes = []
-            setattr(exc, "__notes__", notes)  # noqa: B010 - add_note, also on Python 3.10
-        notes.append(context)
+        add_note = getattr(exc, "add_note", None)
+        if add_note is not None:
+            add_note(context)
+        else:  # Python 3.10: what add_note does (the exceptiongroup backport prints it)
+            notes = getattr(exc, "__notes__", None)
+            if not isinstance(notes, list):
+                notes = []
+                setattr(exc, "__notes__", notes)  # noqa: B010 - a dunder mypy does not know
+            notes.append(context)
 
 
 def describe(exc: BaseException) -> str:
