@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 
 
 def main() -> int:
@@ -14,6 +15,10 @@ def main() -> int:
     loaded they are frozen out of later collections, which then scan only what the plugin
     makes.
     """
+    # gRPC's C core writes INFO lines of its own to stderr (a GOAWAY when the process stops
+    # while a peer is connected); the command's stderr carries our lines only, and a user who
+    # sets GRPC_VERBOSITY still gets theirs.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     gc.disable()
     try:
         from devplugin_sdk import cli  # noqa: PLC0415 - loaded with the collector paused

@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 
-__all__ = ["QUIET_LIBRARIES", "configure_logging", "parse_levels", "printable"]
+__all__ = ["QUIET_LIBRARIES", "configure_logging", "fatal", "parse_levels", "printable"]
 
 #: Loggers of libraries kept at warning (unless named in the level) whatever the level.
 QUIET_LIBRARIES = (
@@ -33,8 +33,23 @@ _named: set[str] = set()  # loggers the last configure_logging call set by name
 _FIELDS = ("resource", "device", "health")
 
 
+def _one_line(exc: BaseException) -> str:
+    """``RuntimeError: sensor gone``: what went wrong, without where."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message and the SDK's fields."""
+    """One JSON object per line: time, level, logger, message and the SDK's fields.
+
+    Args:
+        tracebacks: Put an exception's traceback in the ``exception`` field; without, only its
+            type and message (``--log-level debug`` asks for them).
+    """
+
+    def __init__(self, tracebacks: bool = True) -> None:
+        super().__init__()
+        self.tracebacks = tracebacks
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
@@ -48,18 +63,34 @@ class JsonFormatter(logging.Formatter):
             value = getattr(record, name, None)
             if value is not None:
                 entry[name] = value
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            entry["exception"] = (
+                self.formatException(record.exc_info) if self.tracebacks else _one_line(exc)
+            )
         return json.dumps(entry)
 
 
 class TextFormatter(logging.Formatter):
-    """``time level logger: message`` plus ``key=value`` for the SDK's fields."""
+    """``time level logger: message`` plus ``key=value`` for the SDK's fields.
 
-    def __init__(self) -> None:
+    Args:
+        tracebacks: Follow a record's exception with its traceback; without, the exception's
+            type and message end the line (``--log-level debug`` asks for tracebacks).
+    """
+
+    def __init__(self, tracebacks: bool = True) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        self.tracebacks = tracebacks
 
     def format(self, record: logging.LogRecord) -> str:
+        if not self.tracebacks and record.exc_info and record.exc_info[1] is not None:
+            # One line: a copy of the record, its exception said after the message.
+            exc = record.exc_info[1]
+            record = logging.makeLogRecord(record.__dict__)
+            record.msg = f"{record.getMessage()}: {_one_line(exc)}"
+            record.args = None
+            record.exc_info = record.exc_text = None
         line = super().format(record)
         fields = [f"{n}={getattr(record, n)}" for n in _FIELDS[1:] if getattr(record, n, None)]
         return f"{line} [{' '.join(fields)}]" if fields else line
@@ -99,6 +130,9 @@ def configure_logging(level: str = "info", fmt: str = "text") -> None:
             named (or unless ``level`` is error, which applies to them too).
         fmt: ``text`` or ``json``.
 
+    A record's exception is its type and message at the end of the line, its traceback only at
+    ``debug``.
+
     Raises:
         ValueError: unknown level or format.
     """
@@ -106,7 +140,9 @@ def configure_logging(level: str = "info", fmt: str = "text") -> None:
     if fmt not in ("text", "json"):
         raise ValueError(f"unknown log format {fmt[:40]!r}; use text or json")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    # A traceback is for the one who debugs; the operator's log gets one line per error.
+    tracebacks = main == "debug"
+    handler.setFormatter(JsonFormatter(tracebacks) if fmt == "json" else TextFormatter(tracebacks))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(main.upper())
@@ -119,6 +155,37 @@ def configure_logging(level: str = "info", fmt: str = "text") -> None:
         logging.getLogger(name).setLevel(named.get(name, quiet).upper())
     for name, value in named.items():
         logging.getLogger(name).setLevel(value.upper())
+
+
+def fatal(line: str, exc: BaseException | None = None) -> None:
+    """Write the line that ends a command to stderr: as it is, or as a JSON record when the
+    log is JSON (a log collector parses every line). With ``exc``, its traceback comes first
+    (in the record's ``exception`` field under JSON)."""
+    handlers = logging.getLogger().handlers
+    json_log = any(isinstance(h.formatter, JsonFormatter) for h in handlers)
+    if json_log:
+        prog, _, message = line.partition(": error: ")
+        record = logging.LogRecord(
+            prog,
+            logging.ERROR,
+            "",
+            0,
+            message or line,
+            None,
+            None if exc is None else (type(exc), exc, exc.__traceback__),
+        )
+        text = JsonFormatter(tracebacks=exc is not None).format(record)
+    else:
+        text = line
+        if exc is not None:
+            import traceback  # noqa: PLC0415 - only at debug, on the way out
+
+            text = "".join(traceback.format_exception(exc)).rstrip() + "\n" + line
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed too: nowhere left to say it
+        pass
 
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}

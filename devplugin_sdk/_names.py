@@ -6,6 +6,7 @@ rules follow from how the kubelet joins the endpoint onto its directory and clea
 
 from __future__ import annotations
 
+import os
 import re
 
 from devplugin_sdk.api import constants
@@ -183,4 +184,20 @@ def label_name_problem(name: str) -> str | None:
         return f"prefix {prefix!r} must be a DNS-1123 subdomain"
     if not ident or len(ident) > MAX_LABEL_VALUE or not _QUALIFIED_NAME_PART.match(ident):
         return f"name {ident!r} must be 1-63 alphanumeric characters with '-', '_' or '.' inside"
+    return None
+
+
+# sockaddr_un.sun_path is 108 bytes on Linux, the terminating NUL included.
+MAX_SOCKET_PATH = 107
+
+
+def socket_path_problem(path: object) -> str | None:
+    """Why ``path`` cannot be a Unix socket address (too long for ``sun_path``), or None.
+
+    gRPC's own refusal is a C-core log line and a traceback; a kubelet.sock path that can
+    never be dialled is a silent wait.
+    """
+    size = len(os.fsencode(str(path)))
+    if size > MAX_SOCKET_PATH:
+        return f"{path} is {size} bytes long; a Unix socket path holds at most {MAX_SOCKET_PATH}"
     return None

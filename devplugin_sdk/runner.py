@@ -31,6 +31,7 @@ from devplugin_sdk._engine import kubelet_sock
 from devplugin_sdk._engine.events import Events
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._engine.supervisor import Supervisor
+from devplugin_sdk._engine.watchdog import watch_loop
 from devplugin_sdk._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_STUCK_AFTER
 from devplugin_sdk.errors import ConfigError, MissingDependencyError
 from devplugin_sdk.observe import DraStatus, Observer, PluginStatus
@@ -203,6 +204,7 @@ async def serve(
     events = Events(observer)
     try:
         async with anyio.create_task_group() as tg:
+            tg.start_soon(watch_loop)  # says when a hook blocks the loop
             supervisor = Supervisor(tg, settings, watcher, events, strategy)
             running = Running(supervisor, driver, await _serve_http(tg, http, supervisor.statuses))
             events.serving(running.statuses)
@@ -272,6 +274,9 @@ def raise_errors(group: BaseExceptionGroup[BaseException]) -> NoReturn:
 
     collect(group)
     if len(errors) == 1:
+        # Raised from inside the group's handling: the group is no context worth a second
+        # traceback (its one real error is this one).
+        errors[0].__suppress_context__ = True
         raise errors[0]
     if not errors:
         raise group

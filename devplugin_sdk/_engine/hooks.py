@@ -1,20 +1,121 @@
-"""Awaiting a plugin hook inside a gRPC call: one coroutine step when it finishes at once, a
-bound once it suspends.
+"""Driving plugin hooks: awaiting one inside a gRPC call (one coroutine step when it finishes at
+once, a bound once it suspends); saying which resource and hook an error or a long wait belongs
+to; refusing hooks that are not ``async def``.
 
 Most hooks finish without suspending (a merge, a lookup), and Allocate is the plugin's hot path
 (every pod admission waits on it), so such a hook costs one ``send`` here: no cancel scope, timer
 or event. Only a hook that really suspends is driven on under its bound, a native cancellation
-of the call's task. The servicer is the only user.
+of the call's task. The servicer awaits hooks here; ``served`` names failures and long waits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
+import logging
 import types
-from collections.abc import Awaitable, Coroutine, Generator
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Coroutine, Generator, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from devplugin_sdk.plugin import DevicePlugin
 
 T = TypeVar("T")
+
+log = logging.getLogger("devplugin_sdk")
+
+#: Seconds a hook runs before the log says it is still running (then after twice as long, ...).
+STILL_RUNNING_AFTER = 5.0
+_STILL_RUNNING_MAX = 60.0
+
+#: The hooks the engine awaits: each must be a coroutine function (``watch`` is an iterator).
+COROUTINE_HOOKS = (
+    "discover",
+    "check_health",
+    "allocate",
+    "preferred_allocation",
+    "pre_start_container",
+    "on_stop",
+)
+
+_CONTEXT = "_devplugin_context"  # the attribute a failed hook's exception carries
+
+
+def require_async(plugin: DevicePlugin) -> None:
+    """Refuse a plugin whose hooks are not coroutine functions, before anything starts.
+
+    Raises:
+        TypeError: naming the hook and saying ``async def``.
+    """
+    for name in COROUTINE_HOOKS:
+        hook = getattr(plugin, name, None)
+        if hook is None or inspect.iscoroutinefunction(hook):
+            continue
+        owner = type(plugin)
+        raise TypeError(
+            f"{owner.__module__}.{owner.__qualname__}.{name} must be defined with async def "
+            "(hooks are coroutines; run blocking work through anyio.to_thread.run_sync)"
+        )
+
+
+def note_failure(exc: BaseException, resource: str, hook: str) -> None:
+    """Record on ``exc`` (unchanged in type, so callers still catch what the hook raised) that
+    it came out of ``hook`` of ``resource``; ``failure_context`` reads it back, and the
+    traceback shows it as a note (PEP 678)."""
+    if getattr(exc, _CONTEXT, None) is not None:
+        return
+    context = f"{resource}: {hook}() failed"
+    with contextlib.suppress(AttributeError, TypeError):  # an exception with __slots__
+        setattr(exc, _CONTEXT, context)
+        add_note = getattr(exc, "add_note", None)
+        if add_note is not None:
+            add_note(context)
+        else:  # Python 3.10: what add_note does (the exceptiongroup backport prints it)
+            notes = getattr(exc, "__notes__", None)
+            if not isinstance(notes, list):
+                notes = []
+                setattr(exc, "__notes__", notes)  # noqa: B010 - a dunder mypy does not know
+            notes.append(context)
+
+
+def describe(exc: BaseException) -> str:
+    """``RuntimeError: cannot open /dev/x``: an exception in one line, its type named (a bare
+    ``KeyError`` says only ``'x'``)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def failure_context(exc: BaseException) -> str | None:
+    """``acme.com/widget: discover() failed`` for an exception ``note_failure`` marked."""
+    context = getattr(exc, _CONTEXT, None)
+    return context if isinstance(context, str) else None
+
+
+@contextlib.contextmanager
+def still_running(resource: str, hook: str, extra: dict[str, Any] | None = None) -> Iterator[None]:
+    """Log that ``hook`` of ``resource`` is still running after ``STILL_RUNNING_AFTER``
+    seconds, then after twice as long each time (up to a minute apart), until the block ends.
+
+    A timer of the running asyncio loop, not a task: the block's exceptions pass through as
+    they are.
+    """
+    loop = asyncio.get_running_loop()
+    delay = elapsed = STILL_RUNNING_AFTER
+    handle: asyncio.TimerHandle | None = None
+
+    def report() -> None:
+        nonlocal handle, delay, elapsed
+        log.warning("%s: %s() still running after %gs", resource, hook, elapsed, extra=extra)
+        delay = min(delay * 2, _STILL_RUNNING_MAX)
+        elapsed += delay
+        handle = loop.call_later(delay, report)
+
+    handle = loop.call_later(delay, report)
+    try:
+        yield
+    finally:
+        handle.cancel()
 
 
 class Calls(Protocol):

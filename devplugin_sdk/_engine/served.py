@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import anyio
 from anyio.abc import TaskStatus
 
+from devplugin_sdk._engine import hooks
 from devplugin_sdk._engine.events import Events
 from devplugin_sdk._engine.feed import DeviceFeed
 from devplugin_sdk._engine.handle import PluginHandle, Strategy
@@ -91,20 +92,44 @@ class ServedPlugin:
             Exception: whatever the first ``discover()`` raises, and the strategy's permanent
                 errors (``RegistrationRejectedError``, ``SocketInUseError``).
         """
+        extra = {"resource": self.resource}
         try:
-            await self.feed.discover()
+            try:
+                with hooks.still_running(self.resource, "discover", extra):
+                    await self.feed.discover()
+            except Exception as exc:
+                hooks.note_failure(exc, self.resource, "discover")
+                raise
             task_status.started()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.feed.run)
                 await self.strategy(self.handle, self.settings, self.watcher)
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self.settings.stop_timeout):
-                try:
+            await self._stop_plugin(extra)
+
+    async def _stop_plugin(self, extra: dict[str, str]) -> None:
+        """Run ``on_stop`` under ``Settings.stop_timeout``, shielded; say when it is slow,
+        fails (one line; the traceback at debug) or is left behind at the bound."""
+        timeout = self.settings.stop_timeout
+        with anyio.CancelScope(shield=True), anyio.move_on_after(timeout) as bound:
+            try:
+                with hooks.still_running(self.resource, "on_stop", extra):
                     await self.plugin.on_stop()
-                except Exception:
-                    log.exception(
-                        "%s: on_stop failed", self.resource, extra={"resource": self.resource}
-                    )
+            except Exception as exc:
+                log.error(  # noqa: TRY400 - the traceback only at debug
+                    "%s: on_stop() failed: %s",
+                    self.resource,
+                    hooks.describe(exc),
+                    exc_info=exc if log.isEnabledFor(logging.DEBUG) else None,
+                    extra=extra,
+                )
+        if bound.cancelled_caught:
+            log.warning(
+                "%s: on_stop() did not finish within %gs; left behind",
+                self.resource,
+                timeout,
+                extra=extra,
+            )
 
     def status(self) -> PluginStatus:
         """This plugin's state for liveness checks (see ``observe.PluginStatus``)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import anyio
 import anyio.abc
 
+from devplugin_sdk._engine import hooks
 from devplugin_sdk._engine.events import Events
 from devplugin_sdk._engine.handle import Strategy
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
@@ -96,9 +97,11 @@ class Supervisor:
 
         Raises:
             ValueError: bad names or two plugins for one resource or socket; nothing changes.
+            TypeError: a hook that is not ``async def``; nothing changes.
         """
         for plugin in plugins:
             plugin.validate_names()
+            hooks.require_async(plugin)
         _check_unique(plugins)
         wanted = {p.resource_name: p for p in plugins}
         for resource, entry in list(self._running.items()):
@@ -147,12 +150,15 @@ class Supervisor:
                 # call in flight (a Register) and raises a CancelledError of its own, which the
                 # scope does not recognise. Left to escape, it would cancel the runner's whole
                 # task group: every other plugin, the reload loop, the HTTP endpoints.
-            except Exception:
+            except Exception as exc:
                 if fatal:
                     raise
-                log.exception(
-                    "%s: failed to start from the new configuration",
-                    served.resource,
+                context = hooks.failure_context(exc) or f"{served.resource}: failed to start"
+                log.error(  # noqa: TRY400 - one line; the traceback only at debug
+                    "%s: %s (starting it from the new configuration)",
+                    context,
+                    hooks.describe(exc),
+                    exc_info=exc if log.isEnabledFor(logging.DEBUG) else None,
                     extra={"resource": served.resource},
                 )
             finally:

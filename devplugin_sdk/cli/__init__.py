@@ -4,7 +4,8 @@
 ``devplugin run MODULE:ATTR`` runs your own plugin class or factory. ``fake-kubelet``,
 ``probe`` and ``conformance`` live in ``_cli_fake_kubelet`` and ``_cli_probe``. Every error a
 user can cause is one line on stderr naming the option or key, the value and the cause, with
-exit code 2; the global options are accepted before and after the subcommand.
+exit code 2; a runtime failure is one line naming the resource and the hook, with exit code 1;
+the global options are accepted before and after the subcommand.
 """
 
 from __future__ import annotations
@@ -29,14 +30,17 @@ import anyio
 import anyio.to_thread
 
 if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup, ExceptionGroup
+    from exceptiongroup import BaseExceptionGroup
 
 from devplugin_sdk import __version__, _logging, backends, runner
-from devplugin_sdk._logging import configure_logging
+from devplugin_sdk._engine import hooks
+from devplugin_sdk._limits import DEFAULT_STUCK_AFTER
+from devplugin_sdk._logging import configure_logging, fatal
+from devplugin_sdk._names import socket_path_problem
 from devplugin_sdk.api import constants
 from devplugin_sdk.cli.runfile import RunConfig, parse_run_config
 from devplugin_sdk.config import FileOptions, load_yaml
-from devplugin_sdk.errors import ConfigError, DevicePluginError
+from devplugin_sdk.errors import ConfigError, DevicePluginError, SocketInUseError
 from devplugin_sdk.kubelet import _cli_fake_kubelet, _cli_probe
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.settings import Settings
@@ -66,7 +70,7 @@ def resolve_plugins(target: str, config: Mapping[str, Any] | None) -> list[Devic
     if target in backends.BUILTIN:
         module = importlib.import_module(backends.BUILTIN[target])
         try:
-            made = _read_by(module.from_config, config or {})
+            made = _read_by(target, module.from_config, config or {})
         except ConfigError as exc:
             if config is not None:
                 raise
@@ -85,19 +89,18 @@ def resolve_plugins(target: str, config: Mapping[str, Any] | None) -> list[Devic
             f"{target} has no from_config() to take the file's backend keys ({keys}); "
             "add that classmethod, or keep only the SDK's keys in the file",
         )
-    made = (
-        _read_by(factory, config)
-        if factory is not None and config is not None
-        else _call(target, obj)
-    )
+    if factory is not None and config is not None:
+        made = _read_by(target, factory, config)
+    else:
+        made = _call(target, obj)
     return _checked(target, made)
 
 
-def _read_by(from_config: Any, config: Mapping[str, Any]) -> object:
+def _read_by(target: str, from_config: Any, config: Mapping[str, Any]) -> object:
     """``from_config(config)``, then refuse the file's keys it never asked for (typos): the
     reader keeps the record (``FileOptions.check_read``), so no backend has to list its keys."""
     try:
-        made = from_config(config)
+        made = _building(target, "from_config", from_config, config)
     except ConfigError:
         typo = config.likely_typo() if isinstance(config, FileOptions) else None
         if typo is not None:
@@ -106,6 +109,18 @@ def _read_by(from_config: Any, config: Mapping[str, Any]) -> object:
     if isinstance(config, FileOptions):
         config.check_read()
     return made
+
+
+def _building(target: str, hook: str, build: Any, *args: Any) -> object:
+    """Call what builds the plugins; what it raises, other than a mistake in the file or the
+    plugin's definition, says where it came from (``nvidia: from_config() failed: ...``)."""
+    try:
+        return build(*args)
+    except (ConfigError, TypeError, ValueError):
+        raise
+    except Exception as exc:
+        hooks.note_failure(exc, target, hook)
+        raise
 
 
 def _import_target(target: str) -> object:
@@ -120,6 +135,10 @@ def _import_target(target: str) -> object:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError("target", f"cannot import {module_name!r}: {exc}") from None
+    except SyntaxError as exc:  # the module's own mistake, found before anything ran
+        raise ConfigError(
+            "target", f"cannot import {module_name!r}: {hooks.describe(exc)}"
+        ) from None
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -152,7 +171,7 @@ def _call(target: str, obj: object) -> object:
         ) from None
     except ValueError:  # no signature (a builtin): just call it
         pass
-    return obj()
+    return _building(target, getattr(obj, "__name__", "factory"), obj)
 
 
 def _checked(target: str, made: object) -> list[DevicePlugin]:
@@ -233,6 +252,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _preflight(args, config, settings)
     options = config.backend_options if args.config else None
     plugins = _with_cdi(resolve_plugins(config.backend, options), config)
+    _check_socket_paths(args, settings, plugins)
     reload = None
     if args.config:
         path = Path(args.config)
@@ -300,6 +320,23 @@ def _preflight(args: argparse.Namespace, config: RunConfig, settings: Settings) 
             config.metrics_host,
             config.metrics_port,
         )
+
+
+def _check_socket_paths(
+    args: argparse.Namespace, settings: Settings, plugins: Sequence[DevicePlugin]
+) -> None:
+    """Every socket the plugins serve or dial fits a Unix socket address."""
+    if settings.uses_plugin_watcher():
+        option = "--plugins-registry-dir" if args.plugins_registry_dir else "pluginsRegistryDir"
+        directory, paths = settings.plugins_registry_dir, []
+    else:
+        option = "--device-plugin-dir" if args.device_plugin_dir else "devicePluginDir"
+        directory = settings.device_plugin_dir
+        paths = [directory / constants.KUBELET_SOCKET_NAME]
+    for path in [*paths, *(directory / p.effective_socket_name for p in plugins)]:
+        problem = socket_path_problem(path)
+        if problem is not None:
+            raise ConfigError(option, problem)
 
 
 def _check_directory(option: str, path: Path, *, create: bool = True) -> None:
@@ -477,6 +514,11 @@ def _env(dest: str) -> str:
     return f" [env {environment_name(dest)}]"
 
 
+def _examples(*commands: str) -> str:
+    """The ``examples:`` block at the end of a subcommand's ``--help``."""
+    return "examples:\n" + "\n".join(f"  {command}" for command in commands)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``devplugin`` argument parser."""
     parser: argparse.ArgumentParser = _Parser(
@@ -494,7 +536,16 @@ def build_parser() -> argparse.ArgumentParser:
         "variable DEVPLUGIN_<OPTION> (DEVPLUGIN_METRICS_PORT=8080, DEVPLUGIN_LOG_LEVEL=debug, "
         "DEVPLUGIN_LOG_FORMAT=json; the target as DEVPLUGIN_BACKEND; an empty value counts as "
         "unset); the command line wins over the environment, the environment over the "
-        "configuration file.",
+        "configuration file. Exit codes: 0 stopped by a signal, 1 a runtime failure (a hook "
+        "raised, the kubelet refused), 2 a usage or configuration error.",
+        formatter_class=_cli_probe.HelpFormatter,
+        epilog=_examples(
+            "devplugin fake-kubelet --dir /tmp/kubelet &",
+            "devplugin run generic --config examples/generic/config.yaml "
+            "--device-plugin-dir /tmp/kubelet",
+            "devplugin run acme_plugin:AcmePlugin --device-plugin-dir /tmp/kubelet "
+            "--log-level debug",
+        ),
     )
     run_p.add_argument(
         "target",
@@ -502,7 +553,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"built-in backend ({', '.join(sorted(backends.BUILTIN))}) or MODULE:ATTR; "
         "may come from the config file's `backend` key instead" + _env("target"),
     )
-    run_p.add_argument("--config", metavar="FILE", help="YAML configuration file" + _env("config"))
+    run_p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML configuration file, reloaded when it changes (default: none; the command "
+        "line and the SDK's defaults)" + _env("config"),
+    )
     run_p.add_argument(
         "--device-plugin-dir",
         type=_directory,
@@ -516,8 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--registration",
         choices=["auto", "kubelet", "watcher"],
         default=None,
-        help="register through kubelet.sock or the plugin watcher (auto: kubelet.sock in "
-        "--device-plugin-dir when only that is given, else the watcher if "
+        help="register through kubelet.sock or the plugin watcher (default: auto, kubelet.sock "
+        "in --device-plugin-dir when only that is given, else the watcher if "
         "--plugins-registry-dir exists)" + _env("registration"),
     )
     run_p.add_argument(
@@ -534,20 +590,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="PORT",
         help="serve /healthz, /metrics and /status on this TCP port "
-        "(metrics need devplugin-sdk[metrics])" + _env("metrics_port"),
+        "(metrics need devplugin-sdk[metrics]; default: none served)" + _env("metrics_port"),
     )
     run_p.add_argument(
         "--metrics-host",
         default=None,
         metavar="ADDR",
-        help="address for --metrics-port" + _env("metrics_host"),
+        help="address for --metrics-port (default: every address)" + _env("metrics_host"),
     )
     run_p.add_argument(
         "--stuck-after",
         type=_seconds,
         default=None,
         metavar="SECONDS",
-        help="/healthz fails when a device list stays unsent this long" + _env("stuck_after"),
+        help="/healthz fails when a device list stays unsent this long "
+        f"(default: {DEFAULT_STUCK_AFTER:g})" + _env("stuck_after"),
     )
     run_p.add_argument(
         "--node-config-label",
@@ -556,12 +613,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="choose the configuration by this node label, as NVIDIA's "
         "nvidia.com/device-plugin.config: a node labelled LABEL=NAME runs with NAME.yaml "
         "(or NAME) beside --config, a node without it with --config; read from the API "
-        "server at start (needs devplugin-sdk[dra], $NODE_NAME and get on nodes)"
-        + _env("node_config_label"),
+        "server at start (needs devplugin-sdk[dra], $NODE_NAME and get on nodes; default: "
+        "none)" + _env("node_config_label"),
     )
     run_p.set_defaults(func=_cmd_run)
 
-    demo_p = sub.add_parser("demo", help="run the generic backend against an embedded FakeKubelet")
+    demo_p = sub.add_parser(
+        "demo",
+        help="run the generic backend against an embedded FakeKubelet",
+        description="Run the generic backend on a temporary device tree against an embedded "
+        "fake kubelet and print each step of a plugin's life: registration, the device list, "
+        "an allocation, a health change, a kubelet restart. Needs no root, kubelet or hardware.",
+        formatter_class=_cli_probe.HelpFormatter,
+        epilog=_examples("devplugin demo", "devplugin demo --json | head -1"),
+    )
     demo_p.add_argument("--json", action="store_true", help="print the timeline as JSON")
     demo_p.set_defaults(func=_cmd_demo)
 
@@ -573,7 +638,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``devplugin``; returns the exit code."""
+    """Entry point of ``devplugin``; returns the exit code.
+
+    0 success; 1 a runtime failure (a hook raised, the kubelet refused, the plugin under test
+    failed); 2 a usage or configuration error; 130 interrupted (Ctrl-C). Whatever ends the
+    command is one line on stderr (JSON under ``--log-format json``), with its traceback
+    before it at ``--log-level debug``; a closed stdout (``devplugin demo | head -1``) ends it
+    quietly with 0.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -585,23 +657,69 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"argument --log-level: {exc}")
     try:
         code: int = args.func(args)
-    except (DevicePluginError, ValueError, OSError) as exc:
-        print(f"devplugin: error: {exc}", file=sys.stderr)
-        return 2
-    except ExceptionGroup as group:
-        # Several failed at once (runner.raise_errors: a second instance of a DRA driver with
-        # api both finds both its sockets served): one line that says each, or the traceback of
-        # what is not an expected error.
-        expected = (DevicePluginError, ValueError, OSError)
-        matched, rest = group.split(expected)
-        if rest is not None:
-            raise
-        errors = list(dict.fromkeys(str(error) for error in _leaves(matched)))
-        print(f"devplugin: error: {'; '.join(errors)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # pragma: no cover
+    except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if isinstance(exc, BrokenPipeError) or _only(exc, BrokenPipeError):
+            return _stdout_gone()
+        return _fatal(exc)
+    except BaseExceptionGroup as group:  # a KeyboardInterrupt among other errors
+        if _only(group, KeyboardInterrupt):
+            return 130
+        return _fatal(group)
     return code
+
+
+def _only(exc: BaseException, kind: type[BaseException]) -> bool:
+    leaves = _leaves(exc)
+    return bool(leaves) and all(isinstance(leaf, kind) for leaf in leaves)
+
+
+def _stdout_gone() -> int:
+    """The reader of stdout went away: nothing more can be said there, and nothing is wrong.
+
+    stdout is pointed at /dev/null so that flushing it at exit does not fail again (Python's
+    own advice for SIGPIPE, docs.python.org/3/library/signal.html#note-on-sigpipe).
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
+
+
+def _fatal(exc: BaseException) -> int:
+    """Say what ended the command in one line; return its exit code (2 usage or configuration,
+    1 anything else)."""
+    leaves = _leaves(exc) or [exc]
+    messages = list(dict.fromkeys(_message(leaf) for leaf in leaves))
+    traceback = exc if log.isEnabledFor(logging.DEBUG) else None
+    fatal(f"devplugin: error: {'; '.join(messages)}", traceback)
+    return 2 if all(_usage_error(leaf) for leaf in leaves) else 1
+
+
+def _message(exc: BaseException) -> str:
+    """Our own errors (and the OS's, which name their path) as they are; anything else with its
+    type, and with the resource and hook it came from."""
+    context = hooks.failure_context(exc)
+    if isinstance(exc, ConfigError):  # names its key already, wherever it was found
+        return " ".join(str(exc).split())
+    if context is not None:
+        return f"{context}: {hooks.describe(exc)}"
+    if isinstance(exc, (DevicePluginError, ValueError, TypeError, OSError)):
+        return " ".join(str(exc).split()) or hooks.describe(exc)
+    return hooks.describe(exc)
+
+
+def _usage_error(exc: BaseException) -> bool:
+    """A mistake in the command line, the file or the plugin's definition (exit code 2), found
+    before anything ran: not one that a running hook raised."""
+    if isinstance(exc, (ConfigError, SocketInUseError)):
+        # A backend's discover() may find the mistake; a socket another instance serves is
+        # refused as the metrics port in use is (--metrics-port), before taking anything over.
+        return True
+    if hooks.failure_context(exc) is not None:
+        return False
+    return isinstance(exc, TypeError) or type(exc) is ValueError
 
 
 def _leaves(group: BaseException | None) -> list[BaseException]:

@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING, TextIO
 
 import anyio
 
+from devplugin_sdk._names import socket_path_problem
 from devplugin_sdk.api import constants
 from devplugin_sdk.errors import ConfigError
+from devplugin_sdk.kubelet import _cli_probe
 
 if TYPE_CHECKING:
     from devplugin_sdk.kubelet import fake as _fake_kubelet
@@ -49,6 +51,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "real kubelet it deletes the other files in DIR when it starts (plugins register "
             "again); SIGHUP restarts it."
         ),
+        formatter_class=_cli_probe.HelpFormatter,
+        epilog="examples:\n  devplugin fake-kubelet --dir /tmp/kubelet\n"
+        "  devplugin run generic --config examples/generic/config.yaml "
+        "--device-plugin-dir /tmp/kubelet",
     )
     p.add_argument(
         "--dir",
@@ -77,6 +83,9 @@ def run_fake_kubelet(args: argparse.Namespace, out: TextIO | None = None) -> int
 def _check_directory(directory: Path) -> list[str]:
     """Refuse a directory the fake kubelet must not take; return the plugin sockets in it."""
     option = "--dir"
+    problem = socket_path_problem(directory / constants.KUBELET_SOCKET_NAME)
+    if problem is not None:
+        raise ConfigError(option, problem)
     try:
         entries = list(os.scandir(directory))
     except FileNotFoundError:

@@ -2,7 +2,7 @@
 
 ``register(subparsers)`` adds both to the ``devplugin`` parser (``cli.py`` calls it); the work is
 done by ``probe`` and ``conformance``. Exit codes: 0 success, 1 the plugin failed or could not be
-reached, 2 bad arguments (argparse).
+reached, 2 bad arguments, 130 interrupted (Ctrl-C). Results go to stdout, errors to stderr.
 """
 
 from __future__ import annotations
@@ -23,7 +23,16 @@ from devplugin_sdk.api import constants
 if TYPE_CHECKING:
     from devplugin_sdk.kubelet import probe
 
-__all__ = ["parse_allocate", "register", "run_conformance", "run_probe"]
+__all__ = ["HelpFormatter", "parse_allocate", "register", "run_conformance", "run_probe"]
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, with the ``examples:`` epilog kept line by line (commands to copy)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,8 +48,13 @@ def _add_probe(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description=(
             "Connect to a device plugin's socket the way the kubelet does and print what the "
             "kubelet would get: options, the first ListAndWatch list and, with --allocate, the "
-            "preferred choice and the container response. Works with any plugin."
+            "preferred choice and the container response. Works with any plugin. Exit codes: "
+            "0 success, 1 the plugin failed or could not be reached, 2 bad arguments."
         ),
+        formatter_class=HelpFormatter,
+        epilog="examples:\n  devplugin probe --socket /tmp/kubelet/acme.com_widget.sock\n"
+        "  devplugin probe --socket /tmp/kubelet/acme.com_widget.sock --allocate 2\n"
+        "  devplugin probe --socket /tmp/kubelet/acme.com_widget.sock --watch --json",
     )
     p.add_argument("--socket", required=True, type=Path, metavar="PATH", help="plugin socket")
     p.add_argument(
@@ -49,7 +63,8 @@ def _add_probe(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=parse_allocate,
         help=(
             "allocate N devices the kubelet's way (GetPreferredAllocation when advertised, then "
-            "Allocate), or exactly the listed IDs; a trailing comma makes '3,' an ID"
+            "Allocate), or exactly the listed IDs; a trailing comma makes '3,' an ID "
+            "(default: no allocation)"
         ),
     )
     p.add_argument("--watch", action="store_true", help="keep ListAndWatch open, print changes")
@@ -77,6 +92,9 @@ def _add_conformance(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
             "the plugin's intent is lost. Exit code 0 when no check fails (and, with --strict, "
             "none warns)."
         ),
+        formatter_class=HelpFormatter,
+        epilog="examples:\n  devplugin conformance --socket /tmp/kubelet/acme.com_widget.sock\n"
+        "  devplugin conformance --register-dir /tmp/kubelet --strict",
     )
     target = c.add_mutually_exclusive_group(required=True)
     target.add_argument(
@@ -184,7 +202,7 @@ def _run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
     try:
         return anyio.run(main, backend="asyncio")
     except KeyboardInterrupt:
-        return 0
+        return 130  # 128 + SIGINT, as a shell reports an interrupted command
 
 
 # ------------------------------------------------------------------------------------------ probe
@@ -195,12 +213,12 @@ def run_probe(args: argparse.Namespace, out: TextIO | None = None) -> int:
     stream = out or sys.stdout
 
     async def main() -> int:
-        return await _probe(args, stream)
+        return await _probe(args, stream, out or sys.stderr)
 
     return _run(main)
 
 
-async def _probe(args: argparse.Namespace, out: TextIO) -> int:
+async def _probe(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
     # Loaded for this command only: ``devplugin run`` starts faster without it.
     from devplugin_sdk.kubelet import probe  # noqa: PLC0415
 
@@ -220,7 +238,7 @@ async def _probe(args: argparse.Namespace, out: TextIO) -> int:
             async for devices, changes in probe.watch(client, since=report.devices):
                 _print(out, _format_change(devices, changes, json_lines=args.json))
     except probe.ProbeError as exc:
-        _print_error(out, exc, json_output=args.json)
+        _print_error(err or sys.stderr, exc, json_output=args.json)
         return 1
     finally:
         if client is not None:
@@ -237,7 +255,7 @@ def _print_error(out: TextIO, exc: probe.ProbeError, *, json_output: bool) -> No
     if json_output:
         _print(out, json.dumps({"error": {"kind": exc.kind, "message": str(exc)}}))
     else:
-        _print(out, f"error: {exc}")
+        _print(out, f"devplugin: error: {exc}")
 
 
 def _format_report(report: probe.ProbeReport) -> str:
@@ -336,12 +354,12 @@ def run_conformance(args: argparse.Namespace, out: TextIO | None = None) -> int:
     stream = out or sys.stdout
 
     async def main() -> int:
-        return await _conformance(args, stream)
+        return await _conformance(args, stream, out or sys.stderr)
 
     return _run(main)
 
 
-async def _conformance(args: argparse.Namespace, out: TextIO) -> int:
+async def _conformance(args: argparse.Namespace, out: TextIO, err: TextIO | None = None) -> int:
     # The checks bring the fake kubelet and the DRA client: loaded for this command only.
     from devplugin_sdk.kubelet import conformance  # noqa: PLC0415
 
@@ -367,10 +385,11 @@ async def _conformance(args: argparse.Namespace, out: TextIO) -> int:
         if not args.json:
             _print(out, f"serving {socket_path}; waiting for a plugin to register")
 
+    errors = err or sys.stderr
     try:
         if args.dra:
             if args.socket is None:
-                _print(out, "error: --dra needs --socket (the plugin's registration socket)")
+                _print(errors, "devplugin: error: --dra needs --socket (its registration socket)")
                 return 2
             report = await conformance.check_dra_socket(args.socket, limits, line)
         elif args.socket is not None:
@@ -381,9 +400,9 @@ async def _conformance(args: argparse.Namespace, out: TextIO) -> int:
             )
     except conformance.ConformanceError as exc:
         if args.json:
-            _print(out, json.dumps({"error": {"kind": "setup", "message": str(exc)}}))
+            _print(errors, json.dumps({"error": {"kind": "setup", "message": str(exc)}}))
         else:
-            _print(out, f"error: {exc}")
+            _print(errors, f"devplugin: error: {exc}")
         return 1
     if args.json:
         _print(out, json.dumps(report.to_json(strict=args.strict)))

@@ -105,7 +105,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 async def run_probe(*argv: str) -> tuple[int, str]:
     out = io.StringIO()
-    code = await _cli_probe._probe(parse(["probe", *argv]), out)
+    code = await _cli_probe._probe(parse(["probe", *argv]), out, out)
     return code, out.getvalue()
 
 
@@ -261,7 +261,9 @@ async def test_watch_exits_one_when_the_plugin_ends_the_stream(short_dir: Path) 
     async with serving_raw(short_dir / "raw.sock", "ends-stream"):
         code, text = await run_probe("--socket", str(short_dir / "raw.sock"), "--watch")
     assert code == 1
-    assert text.splitlines()[-1].startswith("error: the plugin ended the ListAndWatch stream")
+    assert text.splitlines()[-1].startswith(
+        "devplugin: error: the plugin ended the ListAndWatch stream"
+    )
 
 
 # ------------------------------------------------------------------------------------------ errors
@@ -359,7 +361,10 @@ async def test_probe_command_exits_one_with_a_message_for_a_missing_socket(
         check=False,
     )
     assert result.returncode == 1
-    assert result.stdout.decode().startswith(f"error: no socket at {short_dir / 'gone.sock'}")
+    assert result.stdout.decode() == ""
+    assert result.stderr.decode().startswith(
+        f"devplugin: error: no socket at {short_dir / 'gone.sock'}"
+    )
 
 
 async def test_a_timed_out_dial_leaves_no_grpc_watch_behind(short_dir: Path) -> None:
