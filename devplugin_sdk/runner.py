@@ -30,8 +30,8 @@ from devplugin_sdk._engine import kubelet_sock
 from devplugin_sdk._engine.events import Events
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._engine.supervisor import Supervisor
-from devplugin_sdk._logging import configure_logging
 from devplugin_sdk._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_STUCK_AFTER
+from devplugin_sdk._logging import configure_logging
 from devplugin_sdk.errors import ConfigError, MissingDependencyError
 from devplugin_sdk.observe import DraStatus, Observer, PluginStatus
 from devplugin_sdk.settings import Settings

@@ -34,6 +34,10 @@ class Settings:
             long after stopping the old server, so the old stream's end cannot tear down the
             new registration (kubelet issue #121994).
         health_interval: Period of ``check_health()`` polling, seconds.
+        rescan_interval: Period of rediscovery, seconds: every plugin's ``discover()`` runs
+            again this often, so a device that appears or goes after the start is seen (the
+            kubelet hears only of a changed list). 0 turns it off. A plugin's own
+            ``rescan_interval`` attribute wins.
         prestart_timeout: Bound on ``pre_start_container()``; the kubelet gives up at 30 s.
         hook_timeout: Bound on ``allocate()`` and ``preferred_allocation()``; the kubelet sets
             none, and admission of every pod on the node waits behind a hanging call.
@@ -54,6 +58,7 @@ class Settings:
     stream_lost_grace: float = 5.0
     reregister_delay: float = 1.5
     health_interval: float = 10.0
+    rescan_interval: float = 10.0
     prestart_timeout: float = 20.0
     hook_timeout: float = 8.0
     stop_grace: float = 1.0
@@ -80,7 +85,7 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Settings.{name} must be > 0, got {getattr(self, name)}")
-        for name in ("stream_lost_grace", "reregister_delay", "stop_grace"):
+        for name in ("stream_lost_grace", "reregister_delay", "stop_grace", "rescan_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Settings.{name} must be >= 0, got {getattr(self, name)}")
         if self.prestart_timeout >= constants.PRE_START_CONTAINER_TIMEOUT_S:

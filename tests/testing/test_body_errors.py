@@ -16,7 +16,7 @@ RESOURCE = "acme.com/widget"
 
 async def test_an_error_in_the_body_of_both_comes_out_as_itself() -> None:
     plugin = StaticPlugin(RESOURCE, [Device("w0")])
-    with pytest.raises(KeyError, match="w9"):
+    with pytest.raises(KeyError, match="w9"):  # noqa: PT012 - the body is the point
         async with FakeKubelet() as kubelet, serving(plugin, settings=kubelet.settings()):
             await kubelet.wait_for_allocatable(RESOURCE, 1)
             kubelet.devices(RESOURCE)["w9"]
@@ -30,7 +30,7 @@ async def test_an_error_in_the_body_of_the_kubelet_alone_comes_out_as_itself() -
 
 async def test_an_error_in_the_body_of_serving_alone_comes_out_as_itself() -> None:
     async with FakeKubelet() as kubelet:
-        with pytest.raises(AssertionError, match="not 2"):
+        with pytest.raises(AssertionError, match="not 2"):  # noqa: PT012 - as above
             async with serving(StaticPlugin(RESOURCE, [Device("w0")]), settings=kubelet.settings()):
                 await kubelet.wait_for_allocatable(RESOURCE, 1)
                 raise AssertionError("not 2")
