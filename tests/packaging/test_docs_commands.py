@@ -9,7 +9,7 @@ commands failed). Each page is one reader, in a fresh working directory, top to 
 * ``<!-- docs-test: sh -->``: the block runs in bash (``set -e``) and must succeed;
   ``sh install``: its venv creation and ``pip install`` steps are left out (the package is
   installed here already; ``tests/packaging`` builds and installs it) and ``.venv/bin/`` is
-  this environment's;
+  this environment's; ``sh repo`` runs the same way in the clone itself (the examples' tests);
 * ``<!-- docs-test: background -->``: each line starts as a long-running process (the fake
   kubelet, ``devplugin run``), stopped with Ctrl-C when the page ends;
 * ``until="TEXT"`` on either: after the block, wait until a background process prints a line
@@ -81,6 +81,8 @@ def steps(page: Path) -> list[Step]:
             found.append(Step("sh", code, until=text))
         elif words == ["sh", "install"]:
             found.append(Step("install", code, until=text))
+        elif words == ["sh", "repo"]:
+            found.append(Step("repo", code, until=text))
         elif words == ["background"]:
             found.append(Step("background", code, until=text))
         elif words != ["run"]:
@@ -153,11 +155,13 @@ class Reader:
             self.places[page_path] = self.places["/tmp"] / page_path.removeprefix("/tmp/")
         return self.places[page_path]
 
-    async def shell(self, code: str, what: str) -> None:
+    async def shell(self, code: str, what: str, cwd: Path | None = None) -> None:
         script = f"set -e\n{self.swap(code)}"
+        # In the clone (``sh repo``) as the suite's user: the checkout is not nobody's.
+        user = self.user if cwd is None else {}
         with anyio.fail_after(120):
             result = await anyio.run_process(
-                ["bash", "-c", script], cwd=self.work, env=self.env, check=False, **self.user
+                ["bash", "-c", script], cwd=cwd or self.work, env=self.env, check=False, **user
             )
         out = result.stdout.decode(errors="replace") + result.stderr.decode(errors="replace")
         assert result.returncode == 0, f"{what} exited {result.returncode}:\n{code}\n{out[-6000:]}"
@@ -263,6 +267,8 @@ async def test_the_page_runs_as_written(
                 await reader.shell(step.code, what)
             elif step.kind == "install":
                 await reader.shell(without_install(step.code, bin_dir), what)
+            elif step.kind == "repo":
+                await reader.shell(without_install(step.code, bin_dir), what, cwd=ROOT)
             else:
                 await reader.background(tg, step.code)
             if step.until is not None:
