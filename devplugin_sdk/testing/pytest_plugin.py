@@ -47,7 +47,11 @@ def pytest_pycollect_makeitem(
 def _asyncio_only(anyio_backend: object) -> None:
     name = anyio_backend if isinstance(anyio_backend, str) else anyio_backend[0]  # type: ignore[index]
     if name != "asyncio":
-        pytest.skip(f"devplugin-sdk's fixtures need the asyncio backend (grpc.aio), not {name}")
+        # Not pytest.skip: its BaseException would end anyio's test runner.
+        raise RuntimeError(
+            f"devplugin-sdk's fixtures need anyio's asyncio backend (grpc.aio), not {name}: "
+            "make the anyio_backend fixture return 'asyncio'"
+        )
 
 
 @pytest.fixture
