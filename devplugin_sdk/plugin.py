@@ -50,11 +50,16 @@ class DevicePlugin(abc.ABC):
             resource name with ``/`` replaced by ``_`` plus ``.sock``.
         health_interval: Seconds between ``check_health`` polls for this plugin; None means
             ``Settings.health_interval``. Backends set it from their own configuration.
+        rescan_interval: Seconds between calls of ``discover()`` after the first (a periodic
+            rescan: devices that appear or go are seen); None means
+            ``Settings.rescan_interval`` (10 s by default), 0 turns it off for this plugin
+            (one whose ``watch()`` pushes a ``RescanEvent`` on every change needs none).
     """
 
     resource_name: str
     socket_name: str | None = None
     health_interval: float | None = None
+    rescan_interval: float | None = None
 
     def __init__(self, *, resource_name: str | None = None, socket_name: str | None = None) -> None:
         """Validate the names with the kubelet's rules.
@@ -95,7 +100,8 @@ class DevicePlugin(abc.ABC):
     async def discover(self) -> Sequence[Device]:
         """Return every device of the resource, healthy or not.
 
-        Called once at start and again for every ``RescanEvent``. IDs must be unique.
+        Called at start, again every ``rescan_interval`` seconds (10 s by default) and for
+        every ``RescanEvent``. IDs must be unique.
 
         Raises:
             BackendError: discovery failed; at start this stops the plugin, on a rescan the

@@ -33,6 +33,7 @@ from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._engine.supervisor import Supervisor
 from devplugin_sdk._engine.watchdog import watch_loop
 from devplugin_sdk._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_STUCK_AFTER
+from devplugin_sdk._logging import configure_logging
 from devplugin_sdk.errors import ConfigError, MissingDependencyError
 from devplugin_sdk.observe import DraStatus, Observer, PluginStatus
 from devplugin_sdk.settings import Settings
@@ -226,8 +227,11 @@ def run(
     """Serve ``plugins`` in a new event loop until SIGTERM or SIGINT, then clean up.
 
     The blocking twin of ``serve`` (same arguments, same errors), for a plugin's ``__main__``
-    and for ``devplugin run``.
+    and for ``devplugin run``. A program that set up no logging (no handler on the root logger)
+    gets the ``devplugin`` command's: INFO and up, as text on stderr; one that did keeps its own.
     """
+    if not log.hasHandlers():
+        configure_logging("info", "text")
 
     async def main() -> None:
         try:

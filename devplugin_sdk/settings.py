@@ -37,6 +37,10 @@ class Settings:
         advisory_hold: How long an advisory (``Effect.ADVISORY``: the device works, operators
             should look) stays on a device after its last advisory signal, seconds, unless the
             device's health changes first.
+        rescan_interval: Period of rediscovery, seconds: every plugin's ``discover()`` runs
+            again this often, so a device that appears or goes after the start is seen (the
+            kubelet hears only of a changed list). 0 turns it off. A plugin's own
+            ``rescan_interval`` attribute wins.
         prestart_timeout: Bound on ``pre_start_container()``; the kubelet gives up at 30 s.
         hook_timeout: Bound on ``allocate()`` and ``preferred_allocation()``; the kubelet sets
             none, and admission of every pod on the node waits behind a hanging call.
@@ -60,6 +64,7 @@ class Settings:
     reregister_delay: float = 1.5
     health_interval: float = 10.0
     advisory_hold: float = 3600.0
+    rescan_interval: float = 10.0
     prestart_timeout: float = 20.0
     hook_timeout: float = 8.0
     stop_grace: float = 1.0
@@ -87,7 +92,7 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Settings.{name} must be > 0, got {getattr(self, name)}")
-        for name in ("stream_lost_grace", "reregister_delay", "stop_grace"):
+        for name in ("stream_lost_grace", "reregister_delay", "stop_grace", "rescan_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Settings.{name} must be >= 0, got {getattr(self, name)}")
         if self.prestart_timeout >= constants.PRE_START_CONTAINER_TIMEOUT_S:

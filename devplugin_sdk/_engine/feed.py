@@ -64,6 +64,7 @@ class DeviceFeed:
         self._own: list[Device] = []
         self._before: held.Stamp = None  # the kubelet's checkpoint when this plugin started
         self._extra = {"resource": self.resource}
+        self._rescanning = anyio.Lock()
 
     async def discover(self) -> None:
         """The first discovery. Its errors propagate: a plugin that cannot start stops."""
@@ -87,7 +88,13 @@ class DeviceFeed:
                 tg.start_soon(self._consume_events)
 
     async def rescan(self, reason: str = "") -> None:
-        """Call ``discover()`` again; keep the previous list if it fails."""
+        """Call ``discover()`` again; keep the previous list if it fails. One at a time: a
+        periodic rescan and a pushed ``RescanEvent`` never run ``discover()`` at once (the
+        later-started one would otherwise be overwritten by an earlier, older list)."""
+        async with self._rescanning:
+            await self._rescan(reason)
+
+    async def _rescan(self, reason: str) -> None:
         try:
             devices = await self.plugin.discover()
             if self._set(devices):

@@ -1,8 +1,9 @@
 """One plugin while it is served: its state, streams, servicer, feed and registration, wired up.
 
 ``ServedPlugin`` only assembles the small pieces (``state``, ``streams``, ``servicer``,
-``feed``, ``link``) and runs the registration strategy the runner chose once for the process
-with the plugin's ``PluginHandle``; each piece knows only what it is handed.
+``feed`` with its periodic ``rescan``, ``link``) and runs the registration strategy the runner
+chose once for the process with the plugin's ``PluginHandle``; each piece knows only what it is
+handed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from devplugin_sdk._engine.feed import DeviceFeed
 from devplugin_sdk._engine.handle import PluginHandle, Strategy
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._engine.link import Link
+from devplugin_sdk._engine.rescan import rescan_every, rescan_interval
 from devplugin_sdk._engine.servicer import DevicePluginServicer
 from devplugin_sdk._engine.state import DeviceState
 from devplugin_sdk._engine.streams import Streams
@@ -72,6 +74,7 @@ class ServedPlugin:
             prestart_timeout=settings.prestart_timeout,
         )
         self.handle = PluginHandle(plugin, self.state, self.streams, self.link, servicer)
+        self.rescan_interval = rescan_interval(plugin, settings)
         self.feed = DeviceFeed(
             plugin,
             self.state,
@@ -103,6 +106,8 @@ class ServedPlugin:
             task_status.started()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.feed.run)
+                if self.rescan_interval:
+                    tg.start_soon(rescan_every, self.feed, self.rescan_interval)
                 await self.strategy(self.handle, self.settings, self.watcher)
         finally:
             await self._stop_plugin(extra)

@@ -126,6 +126,7 @@ class CdiPlugin(DevicePlugin):
         super().__init__(resource_name=plugin.resource_name, socket_name=plugin.socket_name)
         self.plugin = plugin
         self.health_interval = plugin.health_interval
+        self.rescan_interval = plugin.rescan_interval
         self.kind = kind if kind is not None else plugin.resource_name
         self.spec_path = _target(CdiSpec(self.kind), Path(directory), spec_name)
         # A plugin with its own allocate() may compute env over the whole allocation (a joined

@@ -30,6 +30,7 @@ SDK_KEYS = (
     "devicePluginDir",
     "registration",
     "pluginsRegistryDir",
+    "rescanInterval",
     "logging",
     "metrics",
     "cdi",
@@ -47,6 +48,8 @@ class RunConfig:
         device_plugin_dir: The kubelet's device-plugin directory.
         registration: ``auto``, ``kubelet`` or ``watcher``.
         plugins_registry_dir: The plugin-watcher directory.
+        rescan_interval: Seconds between rediscoveries (``Settings.rescan_interval``; 0: none);
+            None for the default.
         log_level: Logging level name.
         log_format: ``text`` or ``json``.
         metrics_port: Port of /healthz, /metrics and /status; None for none.
@@ -63,6 +66,7 @@ class RunConfig:
     device_plugin_dir: Path = Path(constants.DEVICE_PLUGIN_PATH)
     registration: str = "auto"
     plugins_registry_dir: Path = Path(constants.PLUGINS_REGISTRY_PATH)
+    rescan_interval: float | None = None
     log_level: str = "info"
     log_format: str = "text"
     metrics_port: int | None = None
@@ -80,6 +84,7 @@ class RunConfig:
             "devicePluginDir": (self.device_plugin_dir, other.device_plugin_dir),
             "registration": (self.registration, other.registration),
             "pluginsRegistryDir": (self.plugins_registry_dir, other.plugins_registry_dir),
+            "rescanInterval": (self.rescan_interval, other.rescan_interval),
             "cdi": (self.cdi_dir, other.cdi_dir),
             "api": (self.api, other.api),
             "dra": (self.dra, other.dra),
@@ -154,12 +159,23 @@ def parse_run_config(data: Mapping[str, Any]) -> RunConfig:
     for key, value in (("devicePluginDir", dp_dir), ("pluginsRegistryDir", reg_dir)):
         if not value.startswith("/"):
             raise ConfigError(key, f"must be an absolute path, got {shown(value)}")
+    rescan = data.get("rescanInterval")
+    if rescan is not None and (
+        isinstance(rescan, bool)
+        or not isinstance(rescan, (int, float))
+        or not math.isfinite(rescan)
+        or rescan < 0
+    ):
+        raise ConfigError(
+            "rescanInterval", f"must be a number of seconds >= 0 (0: never), got {shown(rescan)}"
+        )
     api, dra = _parse_dra(data)
     return RunConfig(
         backend=_string(data, "backend", ""),
         device_plugin_dir=Path(dp_dir),
         registration=registration,
         plugins_registry_dir=Path(reg_dir),
+        rescan_interval=None if rescan is None else float(rescan),
         log_level=level,
         log_format=fmt,
         metrics_port=port,

@@ -520,7 +520,7 @@ def test_health_interval_paces_rescans_and_nothing_polls(tmp_path: Path) -> None
     host = connectx_ib_host(tmp_path)
     (plugin,) = plugins(host, {"resourceName": "rdma/ib"}, healthInterval=2)
 
-    assert plugin.rescan_interval == 2.0
+    assert plugin.watch_interval == 2.0
     assert plugin.health_interval is None
     assert not plugin.overrides("check_health")
     assert plugin.overrides("watch")
@@ -550,7 +550,7 @@ def test_from_config_makes_one_plugin_per_resource(mixed: RdmaHost) -> None:
     assert [p.resource_name for p in found] == ["example.com/ib", "example.com/roce"]
     roce = found[1]
     assert isinstance(roce, rdma.RdmaPlugin)
-    assert (roce.resource.mode, roce.resource.shares, roce.rescan_interval) == ("shared", 100, 2.0)
+    assert (roce.resource.mode, roce.resource.shares, roce.watch_interval) == ("shared", 100, 2.0)
     assert len(roce.resource.selectors) == 2
     assert (roce.sysfs_root, roce.dev_root) == (host.sysfs_root, host.dev_root)
 

@@ -426,7 +426,7 @@ def test_a_misspelt_sdk_key_suggests_it_among_every_valid_key(tmp_path: Path) ->
     )
     assert line.startswith("devplugin: error: loging: unknown key; did you mean 'logging'?")
     assert (
-        "or the SDK's (backend, devicePluginDir, registration, pluginsRegistryDir, logging, metrics, cdi, api, dra)"
+        "or the SDK's (backend, devicePluginDir, registration, pluginsRegistryDir, rescanInterval, logging, metrics, cdi, api, dra)"
         in line
     )
 

@@ -135,7 +135,10 @@ def _run(project: Path, target: str, *options: str) -> subprocess.CompletedProce
 
 def _one_line(result: subprocess.CompletedProcess[str], code: int) -> str:
     assert result.returncode == code, (result.returncode, result.stderr)
-    lines = [line for line in result.stderr.splitlines() if "discovered" not in line]
+    # The routine INFO lines of a start (the startup line, "discovered N devices") are not the
+    # failure's: what ends the command is the one line left.
+    routine = (" INFO ", "discovered")
+    lines = [line for line in result.stderr.splitlines() if not any(r in line for r in routine)]
     assert len(lines) == 1, result.stderr
     return lines[0]
 

@@ -74,6 +74,8 @@ class FpgaPlugin(DevicePlugin):
         socket_name: Optional socket file name.
     """
 
+    rescan_interval = 0.0  # watch() rescans on its own (inotify and a full rescan per interval)
+
     def __init__(
         self,
         *,

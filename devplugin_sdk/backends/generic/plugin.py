@@ -85,6 +85,8 @@ class GenericPlugin(DevicePlugin):
     a hash. IDs are kept for the plugin's lifetime.
     """
 
+    rescan_interval = 0.0  # watch() rescans on its own (inotify and a full rescan per interval)
+
     def __init__(
         self,
         resource_name: str,

@@ -42,7 +42,7 @@ class RdmaPlugin(DevicePlugin):
 
     Every discovery reads each device's health as it is now (``evaluate_health``: port state
     and device nodes). ``watch`` asks for a rescan at once when ``/dev/infiniband`` changes
-    (hot-plug, VFs, driver reload) and otherwise every ``rescan_interval`` seconds, because
+    (hot-plug, VFs, driver reload) and otherwise every ``watch_interval`` seconds, because
     sysfs (port state, devices) sends no inotify events; the SDK diffs the devices and their
     health on every rescan, so faults and recoveries both reach the kubelet. In shared mode
     every share of an RDMA device carries that device's health.
@@ -60,6 +60,8 @@ class RdmaPlugin(DevicePlugin):
         ValueError: on an invalid resource name or interval.
     """
 
+    rescan_interval = 0.0  # the SDK's periodic rescan: watch() rescans every watch_interval
+
     def __init__(
         self,
         resource: RdmaResource,
@@ -75,7 +77,7 @@ class RdmaPlugin(DevicePlugin):
         self.resource = resource
         self.sysfs_root = Path(sysfs_root)
         self.dev_root = Path(dev_root)
-        self.rescan_interval = float(rescan_interval)
+        self.watch_interval = float(rescan_interval)
         # Why each device is unhealthy, as last logged: the SDK logs each health flip, this
         # logs the reason once per change instead of on every rescan. Only for the log.
         self._logged_reasons: dict[str, str] = {}
@@ -191,10 +193,10 @@ class RdmaPlugin(DevicePlugin):
         return devices
 
     def watch(self) -> AsyncIterator[HealthEvent | RescanEvent]:
-        """Rescans: at once when ``/dev/infiniband`` changes, else every ``rescan_interval``."""
+        """Rescans: at once when ``/dev/infiniband`` changes, else every ``watch_interval``."""
         # udev creates and removes /dev/infiniband nodes (inotify sees them within a
         # millisecond); sysfs sends no inotify events, so port state is read on every rescan.
-        return fswatch.watch_or_rescan([self.dev_root / _DEV_SUBDIR], self.rescan_interval)
+        return fswatch.watch_or_rescan([self.dev_root / _DEV_SUBDIR], self.watch_interval)
 
     # ------------------------------------------------------------------ allocation
 
