@@ -1,6 +1,6 @@
 """Every command and file a reader is told to run or save, run from the Markdown as written.
 
-README.md and docs/*.md mark what a reader runs with an HTML comment before the fence (issue
+README.md, docs/*.md and the examples' READMEs mark what a reader runs with an HTML comment before the fence (issue
 27: the README's example did nothing on a laptop, its test snippet timed out, 5 of 17 documented
 commands failed). Each page is one reader, in a fresh working directory, top to bottom:
 
@@ -46,7 +46,9 @@ from sdk_helpers import ROOT
 
 pytestmark = pytest.mark.timeout(180)
 
-PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+PAGES = sorted(
+    [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "examples").glob("*/README.md")]
+)
 _MARKED = re.compile(
     r"^<!-- docs-test: (?P<marker>[^\n]*?) -->\n```(?P<language>\w*)\n(?P<code>.*?)^```",
     re.M | re.S,
