@@ -33,6 +33,12 @@ _SDK: dict[str, Any] = {
     "devicePluginDir": {**_PATH, "default": "/var/lib/kubelet/device-plugins"},
     "registration": {"enum": ["auto", "kubelet", "watcher"], "default": "auto"},
     "pluginsRegistryDir": {**_PATH, "default": "/var/lib/kubelet/plugins_registry"},
+    "rescanInterval": {
+        "type": "number",
+        "minimum": 0,
+        "default": 10,
+        "description": "seconds between rediscoveries of every plugin's devices (0: never)",
+    },
     "logging": {
         "type": ["object", "null"],
         "additionalProperties": False,
