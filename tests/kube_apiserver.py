@@ -253,6 +253,17 @@ def _parse_slice(body: bytes) -> ResourceSlice:
     return slice_from_kube(KubeSlice.from_dict(json.loads(body)))
 
 
+def _config_json(entry: Any) -> dict[str, Any]:
+    """A ``status.allocation.devices.config`` entry (resource/v1 DeviceAllocationConfiguration)."""
+    out: dict[str, Any] = {
+        "source": entry.source,
+        "opaque": {"driver": entry.driver, "parameters": entry.parameters},
+    }
+    if entry.requests:
+        out["requests"] = list(entry.requests)
+    return out
+
+
 def _claim_json(claim: Any) -> dict[str, Any]:
     status: dict[str, Any] = {
         "reservedFor": [
@@ -265,7 +276,8 @@ def _claim_json(claim: Any) -> dict[str, Any]:
                 "results": [
                     {"request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device}
                     for r in claim.results
-                ]
+                ],
+                "config": [_config_json(c) for c in claim.config],
             }
         }
     return {

@@ -26,7 +26,9 @@ MAX_ATTR_BYTES = max(4096, mmap.PAGESIZE)
 
 __all__ = [
     "MAX_ATTR_BYTES",
+    "NUMA_NODE_ATTRIBUTE",
     "list_dir",
+    "numa_attribute",
     "numa_node",
     "pci_device_dir",
     "pcie_root",
@@ -88,6 +90,20 @@ def numa_node(device_dir: Path) -> int | None:
     if node is None or node < 0:
         return None
     return node
+
+
+#: The standard DRA attribute of a device's NUMA node, an int (KEP-6072, stable in 1.37; the name
+#: dra-driver-cpu and NVIDIA's DRA driver publish): one ``matchAttribute`` on it keeps devices of
+#: several drivers (a GPU and a NIC) on one NUMA node.
+NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
+
+
+def numa_attribute(nodes: int | tuple[int, ...] | None) -> dict[str, int]:
+    """``{NUMA_NODE_ATTRIBUTE: node}`` for a device on exactly one known NUMA node, else empty
+    (an unknown node is left out rather than guessed; a device on several has no one node)."""
+    if isinstance(nodes, tuple):
+        nodes = nodes[0] if len(nodes) == 1 else None
+    return {} if nodes is None else {NUMA_NODE_ATTRIBUTE: nodes}
 
 
 def pcie_root(sysfs_root: Path, pci_address: str) -> str | None:

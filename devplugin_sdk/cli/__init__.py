@@ -633,9 +633,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     _cli_fake_kubelet.register(sub)
     _cli_probe.register(sub)
+    _dra_group(sub)
     for subparser in sub.choices.values():
         _add_global_options(subparser, argparse.SUPPRESS)
     return parser
+
+
+def _dra_group(sub: Any) -> None:
+    from devplugin_sdk.cli import dra  # noqa: PLC0415 - its modules load only with the parser
+
+    dra.register(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

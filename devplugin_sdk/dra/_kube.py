@@ -27,6 +27,7 @@ from lightkube.resources.resource_v1 import ResourceSlice as KubeSlice
 
 from devplugin_sdk.dra.resources import (
     AllocatedDevice,
+    DeviceConfig,
     DeviceTaint,
     ResourceClaim,
     ResourceSlice,
@@ -332,6 +333,9 @@ def claim_from_kube(obj: Any) -> ResourceClaim:
             for r in allocation.devices.results or []
         ]
     reserved = tuple(r.uid for r in (status.reservedFor or [])) if status is not None else ()
+    config: tuple[DeviceConfig, ...] = ()
+    if allocation is not None and allocation.devices is not None:
+        config = tuple(_config_from_kube(c) for c in allocation.devices.config or [])
     return ResourceClaim(
         namespace=meta.namespace or "",
         name=meta.name or "",
@@ -339,4 +343,17 @@ def claim_from_kube(obj: Any) -> ResourceClaim:
         allocated=allocation is not None,
         results=tuple(results),
         reserved_for=reserved,
+        config=config,
+    )
+
+
+def _config_from_kube(raw: Any) -> DeviceConfig:
+    """One ``status.allocation.devices.config`` entry; a non-opaque one (a future kind of
+    configuration) keeps an empty driver, so no driver takes it for its own."""
+    opaque = raw.opaque
+    return DeviceConfig(
+        source="FromClass" if raw.source == "FromClass" else "FromClaim",
+        requests=tuple(raw.requests or ()),
+        driver=opaque.driver if opaque is not None else "",
+        parameters=opaque.parameters if opaque is not None else None,
     )

@@ -30,6 +30,7 @@ import anyio.to_thread
 from devplugin_sdk import cdi
 from devplugin_sdk._logging import printable
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim, PreparedDevice
+from devplugin_sdk.dra import config as claim_config
 from devplugin_sdk.dra._checkpoint import Checkpoint, Entry, Loaded
 from devplugin_sdk.dra.resources import AllocatedDevice, ResourceApi, ResourceClaim
 from devplugin_sdk.errors import KubeApiError
@@ -289,10 +290,13 @@ class Preparer:
             found = self._check(result, ref)
             # kubeletplugin reports the request without its subrequest ("gpus/large" -> gpus).
             by_request.setdefault(result.request.split("/")[0], []).append((result, found))
+        configs = _configs(claim, self.driver, by_request)
         spec_devices: dict[str, Allocation] = {}
         prepared: list[PreparedDevice] = []
         for request, members in by_request.items():
-            edits, extra_ids = await self._edits(request, [f for _, f in members], ref)
+            edits, extra_ids = await self._edits(
+                request, [f for _, f in members], ref, configs[request]
+            )
             ids = list(extra_ids)
             if edits is not None:
                 name = f"{ref.uid}-{request}"
@@ -355,7 +359,11 @@ class Preparer:
         return found
 
     async def _edits(
-        self, request: str, found: Sequence[Found], ref: ClaimRef
+        self,
+        request: str,
+        found: Sequence[Found],
+        ref: ClaimRef,
+        config: claim_config.RequestConfig,
     ) -> tuple[Allocation | None, tuple[str, ...]]:
         """One request's container edits (its devices' plugins' allocations, merged) and the
         CDI names the plugins return themselves."""
@@ -367,7 +375,11 @@ class Preparer:
             plugin = items[0].plugin
             try:
                 with anyio.fail_after(self.hook_timeout):
-                    allocations.append(await plugin.allocate([i.device for i in items]))
+                    devices = [i.device for i in items]
+                    if isinstance(plugin, claim_config.Configurable):
+                        allocations.append(await plugin.allocate_configured(devices, config))
+                    else:
+                        allocations.append(await plugin.allocate(devices))
             except TimeoutError:
                 raise _ClaimError(
                     f"{resource}: allocate() did not finish within {self.hook_timeout:g}s"
@@ -428,6 +440,27 @@ class Preparer:
     def in_use(self) -> set[str]:
         """Names of the devices prepared for some claim."""
         return {d.device for entry in self.prepared.values() for d in entry.devices}
+
+
+def _configs(
+    claim: ResourceClaim, driver: str, by_request: dict[str, list[tuple[AllocatedDevice, Found]]]
+) -> dict[str, claim_config.RequestConfig]:
+    """Each request's configuration (``dra.config.resolve``), keyed like ``by_request``: the
+    kinds a request takes are those its devices' plugins declare."""
+    kinds = {
+        members[0][0].request: [
+            kind
+            for _, found in members
+            if isinstance(found.plugin, claim_config.Configurable)
+            for kind in found.plugin.config_kinds
+        ]
+        for members in by_request.values()
+    }
+    try:
+        resolved = claim_config.resolve(claim, driver, kinds)
+    except claim_config.ClaimConfigError as exc:
+        raise _ClaimError(str(exc)) from None
+    return {main: resolved[members[0][0].request] for main, members in by_request.items()}
 
 
 def _claim_or_raise(claim: ResourceClaim | Exception | None) -> ResourceClaim:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from devplugin_sdk.types import AttributeValue, Quantity
 
@@ -21,6 +21,7 @@ __all__ = [
     "MAX_DEVICES_PER_SLICE_WITH_TAINTS",
     "MAX_TAINTS_PER_DEVICE",
     "AllocatedDevice",
+    "DeviceConfig",
     "DeviceTaint",
     "ResourceApi",
     "ResourceClaim",
@@ -126,6 +127,28 @@ class AllocatedDevice:
     device: str
 
 
+ConfigSource = Literal["FromClass", "FromClaim"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceConfig:
+    """One ``DeviceAllocationConfiguration`` of a claim's ``status.allocation.devices.config``.
+
+    Args:
+        source: ``FromClass`` (a DeviceClass's config, set by the administrator) or ``FromClaim``
+            (the claim's own); a claim's entries override its classes' for the same request.
+        requests: The requests (``name`` or ``name/subrequest``) it applies to; empty: all.
+        driver: ``opaque.driver``: the driver whose kubelet plugin reads it.
+        parameters: ``opaque.parameters``, as decoded from JSON (a driver-defined object with
+            ``apiVersion`` and ``kind``; at most 10 KiB).
+    """
+
+    source: ConfigSource
+    requests: tuple[str, ...]
+    driver: str
+    parameters: Any
+
+
 @dataclass(frozen=True, slots=True)
 class ResourceClaim:
     """A ResourceClaim as a kubelet plugin reads it.
@@ -137,6 +160,8 @@ class ResourceClaim:
         allocated: Whether ``status.allocation`` is set.
         results: The allocated devices, of every driver.
         reserved_for: UIDs of the pods in ``status.reservedFor``.
+        config: The opaque configuration entries of the allocation, of every driver, classes'
+            first (``status.allocation.devices.config``).
     """
 
     namespace: str
@@ -145,6 +170,7 @@ class ResourceClaim:
     allocated: bool = False
     results: tuple[AllocatedDevice, ...] = ()
     reserved_for: tuple[str, ...] = ()
+    config: tuple[DeviceConfig, ...] = ()
 
 
 class ResourceApi(Protocol):

@@ -30,6 +30,7 @@ from devplugin_sdk.dra.resources import (
     MAX_DEVICES_PER_SLICE_WITH_TAINTS,
     MAX_TAINTS_PER_DEVICE,
     AllocatedDevice,
+    DeviceConfig,
     ResourceClaim,
     ResourceSlice,
     SliceDevice,
@@ -99,6 +100,7 @@ class MemoryApi:
         driver: str,
         pool: str,
         pods: Sequence[str] = (),
+        config: Sequence[DeviceConfig] = (),
     ) -> ResourceClaim:
         """Allocate devices to a claim and reserve it for pods, as the scheduler does.
 
@@ -111,6 +113,8 @@ class MemoryApi:
             driver: The driver of every device.
             pool: Their pool (the node name for a node-local driver).
             pods: UIDs of the pods the claim is reserved for.
+            config: The allocation's opaque configuration entries, as the scheduler copies
+                them from the DeviceClasses and the claim (classes' first).
 
         Raises:
             KubeApiError: a device is not in a published slice of that driver and pool (the
@@ -140,7 +144,13 @@ class MemoryApi:
                     )
                 results.append(AllocatedDevice(request, driver, pool, device))
         claim = self.claims.get((namespace, name)) or self.add_claim(namespace, name)
-        claim = replace(claim, allocated=True, results=tuple(results), reserved_for=tuple(pods))
+        claim = replace(
+            claim,
+            allocated=True,
+            results=tuple(results),
+            reserved_for=tuple(pods),
+            config=_ordered_config(config),
+        )
         self.claims[(namespace, name)] = claim
         return claim
 
@@ -380,3 +390,10 @@ def _taint_problems(i: int, device: SliceDevice) -> list[str]:
         if taint.effect not in ("None", "NoSchedule", "NoExecute"):
             problems.append(f"{where}.effect: unsupported value {taint.effect!r}")
     return problems
+
+
+def _ordered_config(config: Sequence[DeviceConfig]) -> tuple[DeviceConfig, ...]:
+    """The entries as the scheduler records them: every class's before the claim's
+    (k8s.io/dynamic-resource-allocation structured allocator: ``FromClass`` entries are
+    appended per request first, then the claim's ``spec.devices.config``)."""
+    return tuple(sorted(config, key=lambda c: 0 if c.source == "FromClass" else 1))

@@ -13,6 +13,7 @@ import anyio
 from typing_extensions import Self
 
 from devplugin_sdk import fswatch
+from devplugin_sdk.backends import _sysfs
 from devplugin_sdk.backends.fpga.board import Board
 from devplugin_sdk.backends.fpga.config import FpgaConfig
 from devplugin_sdk.backends.fpga.dfl import scan_dfl
@@ -48,6 +49,7 @@ def _dra_attributes(board: Board) -> dict[str, str | int]:
     }
     if board.numa_node is not None:
         attributes["numaNode"] = board.numa_node
+    attributes.update(_sysfs.numa_attribute(board.numa_node))
     return attributes
 
 

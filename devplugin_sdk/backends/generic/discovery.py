@@ -21,6 +21,7 @@ from typing import Any
 from devplugin_sdk import allocation
 from devplugin_sdk.api import constants
 from devplugin_sdk.backends import _generic_host as host
+from devplugin_sdk.backends import _sysfs
 from devplugin_sdk.backends.generic.groups import Group, PathSpec
 from devplugin_sdk.backends.generic.health import _device, _Member, _state, _Unit
 from devplugin_sdk.types import Device, Health, replicate
@@ -366,7 +367,7 @@ class Scanner:
                     (*problems, *missing),
                     group.count,
                     card.numa_nodes,
-                    {"pciAddress": address},
+                    {"pciAddress": address, **_sysfs.numa_attribute(card.numa_nodes)},
                 )
             )
         return units

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from devplugin_sdk.backends import _generic_host as host
-from devplugin_sdk.types import Device, DeviceNode, Health, Mount
+from devplugin_sdk.types import AttributeValue, Device, DeviceNode, Health, Mount
 
 __all__: list[str] = []  # nothing public: the scanner and the plugin use these
 
@@ -40,7 +40,7 @@ class _Unit:
     problems: tuple[str, ...]
     count: int
     numa_nodes: tuple[int, ...] = ()
-    attributes: Mapping[str, str] = field(default_factory=dict)
+    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
 
 
 def _state(unit: _Unit) -> tuple[Health, str, frozenset[str]]:

@@ -275,6 +275,7 @@ def _facts(gpu: GpuInfo) -> dict[str, str | int | Version]:
     }
     with contextlib.suppress(ValueError):
         out["resource.kubernetes.io/pciBusID"] = pci_address(gpu.pci_bus_id)
+    out.update(_sysfs.numa_attribute(gpu.numa_node))
     return {k: v for k, v in out.items() if v is not None}
 
 

@@ -18,7 +18,7 @@ import anyio.to_thread
 from typing_extensions import Self
 
 from devplugin_sdk.allocation import TopologyScorer
-from devplugin_sdk.backends.nvidia import sharing
+from devplugin_sdk.backends.nvidia import claim_config, sharing
 from devplugin_sdk.backends.nvidia.config import NvidiaConfig, VgpuSharing
 from devplugin_sdk.backends.nvidia.container import container_setup
 from devplugin_sdk.backends.nvidia.discovery import GpuInfo, Inventory, Scanner, select
@@ -26,6 +26,7 @@ from devplugin_sdk.backends.nvidia.events import XidEvents
 from devplugin_sdk.backends.nvidia.health import GpuHealth
 from devplugin_sdk.backends.nvidia.library import NvmlLibrary, load_nvml
 from devplugin_sdk.backends.nvidia.topology import TopologyCache
+from devplugin_sdk.dra.config import Configurable, RequestConfig
 from devplugin_sdk.errors import AllocationError, BackendError, ConfigError
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.types import Allocation, Device, Health, HealthEvent, RescanEvent, replicate
@@ -33,7 +34,7 @@ from devplugin_sdk.types import Allocation, Device, Health, HealthEvent, RescanE
 __all__ = ["NvmlPlugin"]
 
 
-class NvmlPlugin(DevicePlugin):
+class NvmlPlugin(DevicePlugin, Configurable):
     """NVIDIA GPUs (or MIG devices of one profile) as one extended resource.
 
     Devices are GPU or MIG UUIDs (``<uuid>::<n>`` with time-slicing); each carries its device
@@ -317,6 +318,22 @@ class NvmlPlugin(DevicePlugin):
         # Replicas of one GPU are one GPU to the container.
         uuids = list(dict.fromkeys(d.text("uuid") for d in devices))
         return container_setup(cfg, uuids, devices)
+
+    #: DRA claims may carry a ``GpuConfig`` (``claim_config``: time slice, MPS limits).
+    config_kinds = (claim_config.GPU_CONFIG,)
+    #: The command that sets a GPU's time slice (a claim's ``TimeSlicing`` interval).
+    nvidia_smi: tuple[str, ...] = ("nvidia-smi",)
+
+    async def allocate_configured(
+        self, devices: Sequence[Device], config: RequestConfig
+    ) -> Allocation:
+        """``allocate``, then the request's ``GpuConfig`` (DRA): the time slice set on its
+        GPUs, or MPS limits in the container's environment."""
+        allocation = await self.allocate(devices)
+        gpu = config.get(claim_config.GPU_CONFIG)
+        if gpu is None:
+            return allocation
+        return await claim_config.apply_gpu_config(gpu, devices, allocation, self.nvidia_smi)
 
     async def preferred_allocation(
         self, available: Sequence[Device], must_include: Sequence[Device], size: int

@@ -147,6 +147,7 @@ class RdmaPlugin(DevicePlugin):
         }
         if info.numa_node is not None:
             attributes["numaNode"] = info.numa_node
+        attributes.update(_sysfs.numa_attribute(info.numa_node))
         if info.pci_address:
             # The names Kubernetes gives these (k8s.io/dynamic-resource-allocation
             # deviceattribute): a GPU and a NIC under one root can be required together.
