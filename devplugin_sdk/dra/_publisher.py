@@ -16,6 +16,9 @@ carry their taints (64 devices per slice when any has one); a taint that a store
 has keeps its ``timeAdded``. An API server that silently drops taints (``DRADeviceTaints`` off)
 is noticed on the first write that carried one: from then on a device with a ``NoSchedule`` or
 ``NoExecute`` taint is withdrawn instead, and advisories are not published, with one warning.
+The pool's counter sets (partitionable devices) go in slices of their own, first, as Kubernetes
+1.35 requires ("only one of Devices and SharedCounters can be set"), 8 sets per slice; a slice
+with a device that consumes counters holds 64 devices, as with taints.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ import anyio
 
 from devplugin_sdk._backoff import Backoff
 from devplugin_sdk.dra.resources import (
+    MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+    CounterSet,
     DeviceTaint,
     ResourceApi,
     ResourceSlice,
@@ -91,6 +96,8 @@ class Publisher:
         self._retry = Backoff(retry_first, retry_max)
         self._watch_retry = Backoff(retry_first, retry_max)
         self._wanted: tuple[SliceDevice, ...] = ()
+        self._wanted_counters: tuple[CounterSet, ...] = ()
+        self.published_counters: tuple[CounterSet, ...] = ()
         self._wanted_at = time.monotonic()
         self._dirty = anyio.Event()
         # Set by the first ``want``: before it, the content is unknown, not empty (a restarted
@@ -109,11 +116,14 @@ class Publisher:
         # server that defaults or a webhook that adds fields is no reason to write again.
         self._echo: dict[str, tuple[tuple[SliceDevice, ...], tuple[SliceDevice, ...]]] = {}
 
-    def want(self, devices: Sequence[SliceDevice]) -> None:
-        """Make ``devices`` (sorted by name) the pool's content; published soon after."""
+    def want(self, devices: Sequence[SliceDevice], counter_sets: Sequence[CounterSet] = ()) -> None:
+        """Make ``devices`` and ``counter_sets`` (each sorted by name) the pool's content;
+        published soon after."""
         wanted = tuple(sorted(devices, key=lambda d: d.name))
-        if wanted != self._wanted:
+        counters = tuple(sorted(counter_sets, key=lambda c: c.name))
+        if wanted != self._wanted or counters != self._wanted_counters:
             self._wanted = wanted
+            self._wanted_counters = counters
             self._wanted_at = time.monotonic()
             self._new_content.set()
             self._new_content = anyio.Event()
@@ -132,7 +142,7 @@ class Publisher:
 
     async def wait_published(self) -> None:
         """Wait until the wanted content is published (for tests and start-up)."""
-        while self.published != self._wanted:
+        while self.published != self._wanted or self.published_counters != self._wanted_counters:
             await self._done.wait()
 
     async def run(self) -> None:
@@ -273,25 +283,26 @@ class Publisher:
     async def _sync(self) -> bool:
         """List the pool and write what differs; whether anything was written."""
         asked = self._wanted
+        asked_counters = self._wanted_counters
         current = await self.api.list_slices(self.driver, self.node_name)
         self.syncs += 1
         wanted = _keep_time_added(self._shaped(asked), current)
-        size = (
-            MAX_DEVICES_PER_SLICE_WITH_TAINTS
-            if any(d.taints for d in wanted)
-            else MAX_DEVICES_PER_SLICE
-        )
-        chunks = [wanted[i : i + size] for i in range(0, len(wanted), size)] or [()]
+        chunks = _chunks(wanted, asked_counters)
         if self._matches(current, chunks):
             self.generation = current[0].generation
-            self._published(asked)
+            self._published(asked, asked_counters)
             return False
         owner = await self._owner()
         generation = max([s.generation for s in current] + [self.generation]) + 1
         count = len(chunks)
-        for i, devices in enumerate(chunks):
+        for i, (devices, counters) in enumerate(chunks):
             stored = await self._write(
-                current[i] if i < len(current) else None, owner, generation, count, devices
+                current[i] if i < len(current) else None,
+                owner,
+                generation,
+                count,
+                devices,
+                counters=counters,
             )
             if any(d.taints for d in devices) and not any(d.taints for d in stored.devices):
                 self._taints_dropped()
@@ -316,7 +327,7 @@ class Publisher:
             generation,
             extra={"driver": self.driver},
         )
-        self._published(asked)
+        self._published(asked, asked_counters)
         return True
 
     def _shaped(self, wanted: tuple[SliceDevice, ...]) -> tuple[SliceDevice, ...]:
@@ -348,8 +359,11 @@ class Publisher:
         generation: int,
         count: int,
         devices: tuple[SliceDevice, ...],
+        *,
+        counters: tuple[CounterSet, ...] = (),
     ) -> ResourceSlice:
-        """Update ``old`` (or create a slice) to hold ``devices``; what the server stored."""
+        """Update ``old`` (or create a slice) to hold ``devices`` or ``counters``; what the
+        server stored."""
         if old is not None:
             return await self.api.update_slice(
                 replace(
@@ -359,6 +373,7 @@ class Publisher:
                     slice_count=count,
                     devices=devices,
                     node_uid=old.node_uid or owner,
+                    shared_counters=counters,
                 )
             )
         return await self.api.create_slice(
@@ -371,17 +386,19 @@ class Publisher:
                 slice_count=count,
                 devices=devices,
                 node_uid=owner,
+                shared_counters=counters,
             )
         )
 
-    def _published(self, wanted: tuple[SliceDevice, ...]) -> None:
+    def _published(
+        self, wanted: tuple[SliceDevice, ...], counters: tuple[CounterSet, ...] = ()
+    ) -> None:
         self.published = wanted
+        self.published_counters = counters
         self._done.set()
         self._done = anyio.Event()
 
-    def _matches(
-        self, current: Sequence[ResourceSlice], chunks: Sequence[Sequence[SliceDevice]]
-    ) -> bool:
+    def _matches(self, current: Sequence[ResourceSlice], chunks: Sequence[_Chunk]) -> bool:
         if len(current) != len(chunks):
             return False
         generation = current[0].generation
@@ -390,7 +407,8 @@ class Publisher:
             and s.slice_count == len(chunks)
             and s.pool == self.node_name
             and self._same_devices(s, tuple(devices))
-            for s, devices in zip(current, chunks, strict=True)
+            and tuple(s.shared_counters) == counters
+            for s, (devices, counters) in zip(current, chunks, strict=True)
         )
 
     def _same_devices(self, stored: ResourceSlice, devices: tuple[SliceDevice, ...]) -> bool:
@@ -398,6 +416,27 @@ class Publisher:
         them (defaulted, or changed by an admission webhook) and nobody changed since."""
         held = tuple(stored.devices)
         return held == devices or self._echo.get(stored.name) == (held, devices)
+
+
+_Chunk = tuple[tuple[SliceDevice, ...], tuple[CounterSet, ...]]
+
+
+def _chunks(devices: tuple[SliceDevice, ...], counters: tuple[CounterSet, ...]) -> list[_Chunk]:
+    """The slices' contents: counter sets first, in slices of their own (Kubernetes 1.35: "only
+    one of Devices and SharedCounters can be set in a ResourceSlice"), then the devices, 64 a
+    slice when any has taints or consumes counters (the API's
+    ResourceSliceMaxDevicesWithTaintsOrConsumesCounters)."""
+    size = (
+        MAX_DEVICES_PER_SLICE_WITH_TAINTS
+        if any(d.taints or d.consumes_counters for d in devices)
+        else MAX_DEVICES_PER_SLICE
+    )
+    out: list[_Chunk] = [
+        ((), counters[i : i + MAX_COUNTER_SETS_PER_SLICE])
+        for i in range(0, len(counters), MAX_COUNTER_SETS_PER_SLICE)
+    ]
+    out += [(devices[i : i + size], ()) for i in range(0, len(devices), size)]
+    return out or [((), ())]
 
 
 def _keep_time_added(
