@@ -80,6 +80,7 @@ async def test_gpushare_units_are_one_shared_gpu_in_dra_with_the_same_limits(
             dra=options,
         ):
             await kubelet.wait_for(lambda: len(_published(api)) == 8, what="8 GPUs published")
+            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER))
             published = _published(api)
             assert set(published) == {device_name(g.uuid) for g in nvml.gpus}
             for device in published.values():
@@ -202,6 +203,7 @@ async def test_shares_survive_a_driver_restart(tmp_path: Path) -> None:
             dra=options,
         ):
             await kubelet.wait_for(lambda: len(_published(api)) == 8)
+            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER))
             await kubelet.dra.prepare(claim(0, 30))
         async with serving(
             *NvmlPlugin.build(config, nvml=nvml),
@@ -242,6 +244,7 @@ async def test_time_slicing_replicas_and_vgpu_slices_are_shares_too(tmp_path: Pa
                 dra=options,
             ):
                 await kubelet.wait_for(lambda: len(_published(api)) == 4)
+                await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER))
                 device = _published(api)[device_name(gpu0)]
                 assert device.allow_multiple_allocations
                 assert device.capacity == capacity
@@ -298,6 +301,7 @@ async def test_admin_access_gets_the_device_nodes_of_a_device_in_use_and_no_limi
             dra=options,
         ):
             await kubelet.wait_for(lambda: len(_published(api)) == 8)
+            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER))
             # Every unit of GPU 0 is taken by one claim.
             api.allocate(
                 "ml",
@@ -363,6 +367,7 @@ async def test_admin_access_to_an_exclusive_device_in_use(tmp_path: Path) -> Non
             NvmlPlugin(config, nvml=nvml), settings=kubelet.settings(), api="dra", dra=options
         ):
             await kubelet.wait_for(lambda: len(_published(api)) == 4)
+            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER))
             api.allocate("ml", "job", {"gpu": [name0]}, driver=DRIVER, pool="node-1", pods=["a"])
             await kubelet.dra.prepare(pod_of("job", "a"))
             # Exclusive: a second claim is refused by the scheduler, and by the driver.
