@@ -397,12 +397,10 @@ class Preparer:
             return (found.device,)
         if not found.shares:
             return (found.device,)
-        held = [u for e in self.prepared.values() for u in e.uses] + uses
-        holders = {
-            s: str(e.claim) for e in self.prepared.values() for u in e.uses for s in u.shares
-        }
+        held = [(u, str(e.claim)) for e in self.prepared.values() for u in e.uses]
+        held += [(u, "this claim") for u in uses]
         try:
-            got, use = _shares.take(result, found.shares, held, holders)
+            got, use = _shares.take(result, found.shares, held)
         except _shares.ShareError as exc:
             raise _ClaimError(str(exc)) from None
         uses.append(use)

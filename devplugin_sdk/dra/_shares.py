@@ -4,8 +4,10 @@ what a claim that holds one gets.
 A physical device advertised as shares (``Device.shareable``: replicas, memory units, slices)
 is published once, with ``allowMultipleAllocations`` and one consumable capacity whose
 ``requestPolicy`` takes whole shares (KEP-5075). A claim's ``consumedCapacity`` is turned back
-into that many free shares of the device, whose plugin's ``allocate()`` gives the limits the
-device-plugin API gives for them; which shares each claim holds is checkpointed with the claim.
+into that many shares of the device, whose plugin's ``allocate()`` gives the limits the
+device-plugin API gives for them; how many shares each claim holds is checkpointed with the
+claim (a count: shares of one device differ only in their IDs, which DRA never shows, and a
+count keeps the checkpoint small with MiB units).
 A partition (``Device.partition``: a MIG instance) is published with ``consumesCounters`` of a
 counter set of its whole device, which is published too and consumes all of it (KEP-4815).
 An allocation with ``adminAccess`` gets the devices' nodes only: no exclusivity, no limits.
@@ -49,13 +51,13 @@ class Use:
     Args:
         device: The device's name in the pool.
         share_id: The allocation's ``shareID`` (empty: exclusive).
-        shares: IDs of the share devices taken (a shared device's memory units, replicas).
+        shares: How many of a shared device's shares it holds (memory units, replicas).
         admin: Allocated for admin access: holds nothing, excludes nothing.
     """
 
     device: str
     share_id: str = ""
-    shares: tuple[str, ...] = ()
+    shares: int = 0
     admin: bool = False
 
     def to_raw(self) -> dict[str, object]:
@@ -64,7 +66,7 @@ class Use:
         if self.share_id:
             raw["shareID"] = self.share_id
         if self.shares:
-            raw["shares"] = list(self.shares)
+            raw["shares"] = self.shares
         if self.admin:
             raw["admin"] = True
         return raw
@@ -72,14 +74,11 @@ class Use:
     @classmethod
     def from_raw(cls, raw: Mapping[str, object]) -> Use:
         """From the checkpoint's form (``TypeError``/``KeyError`` on a damaged one)."""
-        shares = raw.get("shares", [])
-        if not isinstance(shares, list):
-            raise TypeError("uses[].shares is not a list")
+        shares = raw.get("shares", 0)
+        if isinstance(shares, bool) or not isinstance(shares, int) or shares < 0:
+            raise TypeError("uses[].shares is not a count")
         return cls(
-            str(raw["device"]),
-            str(raw.get("shareID") or ""),
-            tuple(str(s) for s in shares),
-            raw.get("admin") is True,
+            str(raw["device"]), str(raw.get("shareID") or ""), shares, raw.get("admin") is True
         )
 
 
@@ -148,16 +147,14 @@ def whole_device(name: str, partition: Partition, counters: str) -> SliceDevice:
 def take(
     result: AllocatedDevice,
     shares: Sequence[Device],
-    held: Iterable[Use],
-    holders: Mapping[str, str],
+    held: Iterable[tuple[Use, str]],
 ) -> tuple[list[Device], Use]:
     """The shares of a shared device a claim's ``result`` gets, and what it then holds.
 
     Args:
         result: The allocation result (its ``consumed`` capacity, or none: exclusive).
         shares: The device's shares, in order.
-        held: What the prepared claims hold.
-        holders: The claim holding each share ID, for messages.
+        held: What the prepared claims hold, each with its claim (for messages).
 
     Raises:
         ShareError: the consumption is not whole shares, more than a claim may take, or more
@@ -165,8 +162,8 @@ def take(
     """
     described = shares[0].shareable
     assert described is not None
-    taken = {s for use in held if use.device == result.device for s in use.shares}
-    free = [d for d in shares if d.id not in taken]
+    holding = [(use, claim) for use, claim in held if use.device == result.device and use.shares]
+    free = len(shares) - sum(use.shares for use, _ in holding)
     capacity, unit = described.capacity, described.unit
     if not result.share_id and not result.consumed:
         # Exclusive: an API server without consumable capacity dropped allowMultipleAllocations
@@ -192,15 +189,15 @@ def take(
                 f"device {result.device}: the allocation consumes {asked}; one claim may "
                 f"take at most {_amount(unit * described.most)}"
             )
-    if wanted > len(free):
-        users = sorted({holders[s] for s in taken if s in holders})
+    if wanted > free:
+        users = sorted({claim for _, claim in holding})
         raise ShareError(
-            f"device {result.device} has {_amount(unit * len(free))} of {capacity} free "
+            f"device {result.device} has {_amount(unit * max(free, 0))} of {capacity} free "
             f"(of {_amount(unit * len(shares))}; held by {', '.join(users) or 'other claims'}), "
             f"the allocation asks {asked}"
         )
-    got = free[:wanted]
-    return got, Use(result.device, result.share_id, tuple(d.id for d in got))
+    # Shares of one device differ only in their IDs: any ``wanted`` of them give the limits.
+    return list(shares[:wanted]), Use(result.device, result.share_id, wanted)
 
 
 def admin_edits(devices: Collection[Device]) -> Allocation:
