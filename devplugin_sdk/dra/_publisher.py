@@ -18,7 +18,12 @@ is noticed on the first write that carried one: from then on a device with a ``N
 ``NoExecute`` taint is withdrawn instead, and advisories are not published, with one warning.
 The pool's counter sets (partitionable devices) go in slices of their own, first, as Kubernetes
 1.35 requires ("only one of Devices and SharedCounters can be set"), 8 sets per slice; a slice
-with a device that consumes counters holds 64 devices, as with taints.
+with a device that consumes counters holds 64 devices, as with taints. An API server that drops
+counters (``DRAPartitionableDevices`` off, before 1.36) is noticed as taints are: from then on the
+whole devices of partitions are withdrawn (the scheduler could otherwise give a GPU and its MIG
+devices at once) and the partitions published without counters; one that drops
+``allowMultipleAllocations`` (``DRAConsumableCapacity`` off) is said once: its shared devices are
+allocated whole, which the preparer handles.
 """
 
 from __future__ import annotations
@@ -92,6 +97,9 @@ class Publisher:
         # The API server dropped the taints of a write (its DRADeviceTaints feature is off):
         # tainted devices are withdrawn instead, for the rest of this process.
         self.taints_dropped = False
+        # The same for counters (DRAPartitionableDevices off): whole devices are withdrawn.
+        self.counters_dropped = False
+        self._said_shares_dropped = False
         self.last_error: str | None = None
         self._retry = Backoff(retry_first, retry_max)
         self._watch_retry = Backoff(retry_first, retry_max)
@@ -287,7 +295,7 @@ class Publisher:
         current = await self.api.list_slices(self.driver, self.node_name)
         self.syncs += 1
         wanted = _keep_time_added(self._shaped(asked), current)
-        chunks = _chunks(wanted, asked_counters)
+        chunks = _chunks(wanted, () if self.counters_dropped else asked_counters)
         if self._matches(current, chunks):
             self.generation = current[0].generation
             self._published(asked, asked_counters)
@@ -307,6 +315,13 @@ class Publisher:
             if any(d.taints for d in devices) and not any(d.taints for d in stored.devices):
                 self._taints_dropped()
                 return True
+            if _lost_counters(devices, counters, stored):
+                self._counters_dropped()
+                return True
+            if any(d.allow_multiple_allocations for d in devices) and not any(
+                d.allow_multiple_allocations for d in stored.devices
+            ):
+                self._shares_dropped()
             self._echo[stored.name] = (tuple(stored.devices), tuple(devices))
         for stale in current[count:]:
             self._echo.pop(stale.name, None)
@@ -332,12 +347,44 @@ class Publisher:
 
     def _shaped(self, wanted: tuple[SliceDevice, ...]) -> tuple[SliceDevice, ...]:
         """``wanted`` as this API server can hold it: without taints when it drops them, a
-        device tainted ``NoSchedule`` or ``NoExecute`` withdrawn."""
+        device tainted ``NoSchedule`` or ``NoExecute`` withdrawn; without counters when it
+        drops them, a device that consumes a whole counter set (a GPU beside its MIG devices)
+        withdrawn."""
+        if self.counters_dropped:
+            totals = {c.name: c.counters for c in self._wanted_counters}
+            wanted = tuple(
+                replace(d, consumes_counters=())
+                for d in wanted
+                if not any(totals.get(c.counter_set) == c.counters for c in d.consumes_counters)
+            )
         if not self.taints_dropped:
             return wanted
         return tuple(
             replace(d, taints=()) for d in wanted if all(t.effect == "None" for t in d.taints)
         )
+
+    def _counters_dropped(self) -> None:
+        """The server stored a write without its counters: withdraw whole devices instead."""
+        self.counters_dropped = True
+        self._wrote = None
+        self._echo.clear()
+        self._dirty.set()
+        log.warning(
+            "DRA %s: the API server dropped the devices' counters (its DRAPartitionableDevices "
+            "feature is off; on by default from Kubernetes 1.36): whole devices that have "
+            "partitions (a GPU beside its MIG devices) are withdrawn, until this driver restarts",
+            self.driver,
+        )
+
+    def _shares_dropped(self) -> None:
+        if not self._said_shares_dropped:
+            self._said_shares_dropped = True
+            log.warning(
+                "DRA %s: the API server dropped allowMultipleAllocations (its "
+                "DRAConsumableCapacity feature is off; on by default from Kubernetes 1.36): each "
+                "shared device is allocated to one claim at a time, which gets all its shares",
+                self.driver,
+            )
 
     def _taints_dropped(self) -> None:
         """The server stored a write without the taints it carried: withdraw instead."""
@@ -419,6 +466,18 @@ class Publisher:
 
 
 _Chunk = tuple[tuple[SliceDevice, ...], tuple[CounterSet, ...]]
+
+
+def _lost_counters(
+    devices: tuple[SliceDevice, ...], counters: tuple[CounterSet, ...], stored: ResourceSlice
+) -> bool:
+    """Whether the server stored a write of counters (sets, or devices' consumption) without
+    them."""
+    if counters and not stored.shared_counters:
+        return True
+    return any(d.consumes_counters for d in devices) and not any(
+        d.consumes_counters for d in stored.devices
+    )
 
 
 def _chunks(devices: tuple[SliceDevice, ...], counters: tuple[CounterSet, ...]) -> list[_Chunk]:

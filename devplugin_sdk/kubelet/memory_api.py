@@ -59,13 +59,26 @@ class MemoryApi:
         device_taints: Whether the server has the ``DRADeviceTaints`` feature (on by default
             from Kubernetes 1.36); without it, devices' taints are dropped from every write,
             with no error.
+        partitionable_devices: Whether it has ``DRAPartitionableDevices`` (on from 1.36);
+            without it ``sharedCounters`` and ``consumesCounters`` are dropped, with no error.
+        consumable_capacity: Whether it has ``DRAConsumableCapacity`` (on from 1.36); without
+            it ``allowMultipleAllocations`` and request policies are dropped, with no error.
 
     Fault hooks: ``fail_next(status, reason, times)`` makes the next calls fail as an
     unreachable or refusing API server would; ``calls`` counts calls by method name.
     """
 
-    def __init__(self, nodes: Iterable[str] = (), *, device_taints: bool = True) -> None:
+    def __init__(
+        self,
+        nodes: Iterable[str] = (),
+        *,
+        device_taints: bool = True,
+        partitionable_devices: bool = True,
+        consumable_capacity: bool = True,
+    ) -> None:
         self.device_taints = device_taints
+        self.partitionable_devices = partitionable_devices
+        self.consumable_capacity = consumable_capacity
         self.claims: dict[tuple[str, str], ResourceClaim] = {}
         self.slices: dict[str, ResourceSlice] = {}
         self.nodes: dict[str, str] = {}
@@ -272,6 +285,7 @@ class MemoryApi:
 
     async def create_slice(self, resource_slice: ResourceSlice) -> ResourceSlice:
         self._call("create_slice")
+        resource_slice = self._without_disabled(resource_slice)
         self._validate(resource_slice)
         name = resource_slice.name
         if not name:
@@ -299,6 +313,7 @@ class MemoryApi:
                 f'Operation cannot be fulfilled on resourceslices.resource.k8s.io "'
                 f'{resource_slice.name}": the object has been modified',
             )
+        resource_slice = self._without_disabled(resource_slice)
         self._validate(resource_slice)
         stored = replace(self._stored(resource_slice), resource_version=str(next(self._versions)))
         self.slices[resource_slice.name] = stored
@@ -362,6 +377,21 @@ class MemoryApi:
             for d in s.devices
         )
         return replace(s, devices=devices)
+
+    def _without_disabled(self, s: ResourceSlice) -> ResourceSlice:
+        """The fields of disabled features dropped before validation, as the API server's
+        strategy does (dropDisabledFields in pkg/registry/resource/resourceslice)."""
+        if self.partitionable_devices and self.consumable_capacity:
+            return s
+        devices = s.devices
+        if not self.partitionable_devices:
+            devices = tuple(replace(d, consumes_counters=()) for d in devices)
+        if not self.consumable_capacity:
+            devices = tuple(
+                replace(d, allow_multiple_allocations=False, request_policies={}) for d in devices
+            )
+        counters = s.shared_counters if self.partitionable_devices else ()
+        return replace(s, devices=devices, shared_counters=counters)
 
     def _pool_generation(self, resource_slice: ResourceSlice) -> int:
         return max(

@@ -293,3 +293,38 @@ async def test_shares_and_counters_survive_the_real_client(tmp_path: Path) -> No
             assert result.admin_access
         finally:
             await api.aclose()
+
+
+async def test_without_partitionable_devices_the_gpu_beside_its_mig_devices_is_withdrawn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An API server before 1.36 drops counters silently (DRAPartitionableDevices off): the
+    driver notices and publishes the MIG devices alone, so the scheduler cannot give both."""
+    nvml = fake_nvml.a100_mig([("3g.40gb", "1g.10gb"), None])
+    roots = nvml.write_host(tmp_path / "host")
+    config = NvidiaConfig(
+        sysfs_root=roots.sysfs_root,
+        dev_root=roots.dev_root,
+        proc_root=roots.proc_root,
+        mig_strategy="mixed",
+    )
+    api = MemoryApi(nodes=["node-1"], partitionable_devices=False)
+    mig_gpu, plain_gpu = nvml.gpus
+    expected = {device_name(plain_gpu.uuid), *(device_name(m.uuid) for m in mig_gpu.migs)}
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api, driver=DRIVER)
+        async with serving(
+            *NvmlPlugin.build(config, nvml=nvml),
+            settings=kubelet.settings(),
+            api="dra",
+            dra=options,
+        ):
+            await kubelet.wait_for(
+                lambda: (
+                    api.pool_complete(DRIVER, "node-1")
+                    and {d.name for s in api.pool(DRIVER, "node-1") for d in s.devices} == expected
+                ),
+                what="the MIG devices without their GPU",
+            )
+            assert not any(s.shared_counters for s in api.pool(DRIVER, "node-1"))
+    assert "dropped the devices' counters" in caplog.text

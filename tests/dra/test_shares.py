@@ -397,3 +397,35 @@ async def test_admin_access_to_an_exclusive_device_in_use(tmp_path: Path) -> Non
             edits = _spec(options, monitor.uid)
             assert "/dev/nvidia0" in [n["path"] for n in edits["deviceNodes"]]
             assert not edits.get("env")
+
+
+async def test_without_consumable_capacity_a_shared_gpu_is_allocated_whole(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An API server before 1.36 drops allowMultipleAllocations: each GPU goes to one claim,
+    which gets every unit of it."""
+    nvml = fake_nvml.dgx_a100_40gb()
+    config = _config(tmp_path, nvml, memory=MemorySharing(unit="GiB"))
+    api = MemoryApi(nodes=["node-1"], consumable_capacity=False)
+    name0 = device_name(nvml.gpus[0].uuid)
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api, driver=DRIVER)
+        async with serving(
+            *NvmlPlugin.build(config, nvml=nvml),
+            settings=kubelet.settings(),
+            api="dra",
+            dra=options,
+        ):
+            await kubelet.wait_for(lambda: len(_published(api)) == 8)
+            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER))
+            assert not _published(api)[name0].allow_multiple_allocations
+            claim = api.allocate(
+                "ml", "whole", {"gpu": [name0]}, driver=DRIVER, pool="node-1", pods=["u1"]
+            )
+            assert not claim.results[0].share_id
+            pod = kubelet.dra.pod("ml", "p", ["whole"])
+            await kubelet.dra.prepare(type(pod)(pod.namespace, pod.name, pod.claims, "u1"))
+            assert _env(options, claim.uid)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "40960m"
+            with pytest.raises(KubeApiError, match="is allocated to ml/whole"):
+                api.allocate("ml", "other", {"gpu": [name0]}, driver=DRIVER, pool="node-1")
+    assert "dropped allowMultipleAllocations" in caplog.text
