@@ -27,8 +27,10 @@ __all__ = [
     "HealthEvent",
     "HealthReport",
     "Mount",
+    "Partition",
     "Quantity",
     "RescanEvent",
+    "Shareable",
     "Version",
     "replicate",
 ]
@@ -293,6 +295,76 @@ class Mount:
 
 
 @dataclass(frozen=True, slots=True)
+class Shareable:
+    """How the shares of one physical device reach DRA: as one device several claims take parts of.
+
+    A backend that advertises a device as several shares (time-slicing replicas, memory units,
+    slices, each with ``parent`` set to the physical device's ID) sets this on every share. The
+    device-plugin API lists the shares as they are; DRA publishes the physical device once, with
+    ``allowMultipleAllocations`` and the capacity ``capacity`` of ``unit`` times its shares,
+    whose ``requestPolicy`` lets a claim take whole units (KEP-5075, consumable capacity). A
+    claim's consumed capacity is turned back into that many shares, whose ``allocate()`` gives
+    the container the same limits a pod of the device-plugin API gets for them.
+
+    Args:
+        capacity: The capacity claims consume (``memory`` for memory units and slices,
+            ``shares`` for time-slicing replicas), a capacity name.
+        unit: What one share is worth, in the capacity's base units (1 GiB in bytes, 1).
+        most: The most shares one claim may take of one device (1 for slices); None is all.
+
+    Raises:
+        ValueError: a ``unit`` or ``most`` below 1, or an invalid capacity name.
+    """
+
+    capacity: str
+    unit: int
+    most: int | None = None
+
+    def __post_init__(self) -> None:
+        problem = _names.attribute_name_problem(self.capacity)
+        if problem is not None:
+            raise ValueError(f"Shareable.capacity {self.capacity!r}: {problem}")
+        if isinstance(self.unit, bool) or not isinstance(self.unit, int) or self.unit < 1:
+            raise ValueError(f"Shareable.unit must be a whole number >= 1, got {self.unit!r}")
+        if self.most is not None and self.most < 1:
+            raise ValueError(f"Shareable.most must be >= 1 or None, got {self.most!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """A device that is a partition of a physical device (a MIG instance), for DRA's counters.
+
+    DRA publishes the ``whole`` device beside its partitions, the ``counters`` in a counter set
+    of the whole's own, each partition consuming ``consumes`` of them and the whole consuming
+    all: the scheduler then gives either the whole device or partitions of it, never both
+    (KEP-4815, partitionable devices). The device-plugin API sees only the partitions.
+
+    Args:
+        whole: The physical device, as its plugin's ``allocate()`` gives it whole.
+        counters: What the whole device has (``{"memory": Quantity(80 * 2**30)}``); counter
+            names are DNS labels.
+        consumes: What this partition takes of them.
+
+    Raises:
+        ValueError: a counter this partition consumes that the whole does not have, or more
+            of one than it has.
+    """
+
+    whole: Device
+    counters: Mapping[str, Quantity]
+    consumes: Mapping[str, Quantity]
+
+    def __post_init__(self) -> None:
+        for name, amount in self.consumes.items():
+            have = self.counters.get(name)
+            if have is None or amount.value > have.value:
+                raise ValueError(
+                    f"Partition of {self.whole.id!r}: consumes {amount} of counter {name!r}, "
+                    f"which the whole device has {have if have is not None else 'none'} of"
+                )
+
+
+@dataclass(frozen=True, slots=True)
 class Device:
     """One schedulable unit of a resource, with everything a container needs to use it.
 
@@ -319,6 +391,10 @@ class Device:
         capacity: Amounts the device has (``{"memory": Quantity(80 * 2**30)}``), under the same
             name rules; published by DRA only. Attributes and capacities count together
             against DRA's limit of 32 per device.
+        shareable: This device is one share of ``parent``: DRA publishes the parent once, for
+            several claims to take shares of (see ``Shareable``).
+        partition: This device is a partition of a physical device: DRA publishes both, with
+            counters so that never both are allocated (see ``Partition``).
     """
 
     id: str
@@ -332,6 +408,8 @@ class Device:
     parent: str | None = None
     attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
     capacity: Mapping[str, Quantity] = field(default_factory=dict)
+    shareable: Shareable | None = None
+    partition: Partition | None = None
 
     def __post_init__(self) -> None:
         if not self.id:

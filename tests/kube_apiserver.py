@@ -273,10 +273,7 @@ def _claim_json(claim: Any) -> dict[str, Any]:
     if claim.allocated:
         status["allocation"] = {
             "devices": {
-                "results": [
-                    {"request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device}
-                    for r in claim.results
-                ],
+                "results": [_result_json(r) for r in claim.results],
                 "config": [_config_json(c) for c in claim.config],
             }
         }
@@ -287,3 +284,21 @@ def _claim_json(claim: Any) -> dict[str, Any]:
         "spec": {"devices": {}},
         "status": status,
     }
+
+
+def _result_json(r: Any) -> dict[str, Any]:
+    """One allocation result, with a share's ID and consumed capacity and admin access when set
+    (resource/v1 DeviceRequestAllocationResult)."""
+    out: dict[str, Any] = {
+        "request": r.request,
+        "driver": r.driver,
+        "pool": r.pool,
+        "device": r.device,
+    }
+    if r.share_id:
+        out["shareID"] = r.share_id
+    if r.consumed:
+        out["consumedCapacity"] = {k: str(v) for k, v in r.consumed.items()}
+    if r.admin_access:
+        out["adminAccess"] = True
+    return out

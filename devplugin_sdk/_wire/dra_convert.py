@@ -42,16 +42,21 @@ def prepare_response(pb: ModuleType, results: Mapping[str, PreparedClaim]) -> An
         entry = response.claims[uid]
         entry.error = result.error
         if not result.error:
-            entry.devices.extend(
-                pb.Device(
-                    request_names=list(d.request_names),
-                    pool_name=d.pool,
-                    device_name=d.device,
-                    cdi_device_ids=list(d.cdi_ids),
-                )
-                for d in result.devices
-            )
+            entry.devices.extend(_device(pb, d) for d in result.devices)
     return response
+
+
+def _device(pb: ModuleType, d: PreparedDevice) -> Any:
+    device = pb.Device(
+        request_names=list(d.request_names),
+        pool_name=d.pool,
+        device_name=d.device,
+        cdi_device_ids=list(d.cdi_ids),
+    )
+    # Only v1's Device has share_id (field 5): a v1beta1 kubelet never sees shares.
+    if d.share_id and pb is v1:
+        device.share_id = d.share_id
+    return device
 
 
 def unprepare_response(pb: ModuleType, errors: Mapping[str, str]) -> Any:
@@ -85,7 +90,11 @@ def prepared(response: Any) -> dict[str, PreparedClaim]:
         uid: PreparedClaim(
             devices=tuple(
                 PreparedDevice(
-                    tuple(d.request_names), d.pool_name, d.device_name, tuple(d.cdi_device_ids)
+                    tuple(d.request_names),
+                    d.pool_name,
+                    d.device_name,
+                    tuple(d.cdi_device_ids),
+                    _share_id(d),
                 )
                 for d in entry.devices
             ),
@@ -93,6 +102,13 @@ def prepared(response: Any) -> dict[str, PreparedClaim]:
         )
         for uid, entry in response.claims.items()
     }
+
+
+def _share_id(device: Any) -> str:
+    # v1 has the field (optional: HasField tells set from empty); v1beta1 has none.
+    if "share_id" in device.DESCRIPTOR.fields_by_name and device.HasField("share_id"):
+        return str(device.share_id)
+    return ""
 
 
 def unprepared(response: Any) -> dict[str, str]:

@@ -29,12 +29,14 @@ class ClaimRef:
 
 @dataclass(frozen=True, slots=True)
 class PreparedDevice:
-    """One prepared device of a claim: what the kubelet hands to the runtime for it."""
+    """One prepared device of a claim: what the kubelet hands to the runtime for it, and which
+    share of the device it is (``share_id``, answered on v1 only: v1beta1 has no field)."""
 
     request_names: tuple[str, ...]
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    share_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from typing import Any
 
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedDevice
 from devplugin_sdk.config import read_file
+from devplugin_sdk.dra._shares import Use
 from devplugin_sdk.errors import ConfigError
 
 __all__ = ["MAX_CHECKPOINT_BYTES", "Checkpoint", "Entry", "Loaded", "private_directory"]
@@ -49,6 +50,8 @@ class Entry:
     devices: tuple[PreparedDevice, ...]
     spec_file: str | None = None
     recovered: bool = False
+    #: What its devices hold beyond themselves: shares taken, admin access (``_shares``).
+    uses: tuple[Use, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,9 +210,11 @@ def _raw(entry: Entry) -> dict[str, Any]:
                 "pool": d.pool,
                 "device": d.device,
                 "cdiDeviceIDs": list(d.cdi_ids),
+                **({"shareID": d.share_id} if d.share_id else {}),
             }
             for d in entry.devices
         ],
+        **({"uses": [u.to_raw() for u in entry.uses]} if entry.uses else {}),
     }
 
 
@@ -220,6 +225,7 @@ def _entry(uid: str, raw: Mapping[str, Any]) -> Entry:
             str(d["pool"]),
             str(d["device"]),
             tuple(str(c) for c in d["cdiDeviceIDs"]),
+            str(d.get("shareID") or ""),
         )
         for d in raw["devices"]
     )
@@ -229,4 +235,5 @@ def _entry(uid: str, raw: Mapping[str, Any]) -> Entry:
         devices,
         str(spec) if spec else None,
         recovered=raw.get("recovered") is True,
+        uses=tuple(Use.from_raw(u) for u in raw.get("uses", [])),
     )

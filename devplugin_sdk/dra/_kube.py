@@ -27,8 +27,11 @@ from lightkube.resources.resource_v1 import ResourceSlice as KubeSlice
 
 from devplugin_sdk.dra.resources import (
     AllocatedDevice,
+    CounterConsumption,
+    CounterSet,
     DeviceConfig,
     DeviceTaint,
+    RequestPolicy,
     ResourceClaim,
     ResourceSlice,
     SliceDevice,
@@ -251,7 +254,22 @@ def slice_to_kube(s: ResourceSlice) -> KubeSlice:
         m.Device(
             name=d.name,
             attributes={k: _attribute_to_kube(v) for k, v in d.attributes.items()} or None,
-            capacity={k: m.DeviceCapacity(value=str(q)) for k, q in d.capacity.items()} or None,
+            capacity={
+                k: m.DeviceCapacity(
+                    value=str(q), requestPolicy=_policy_to_kube(d.request_policies.get(k))
+                )
+                for k, q in d.capacity.items()
+            }
+            or None,
+            allowMultipleAllocations=d.allow_multiple_allocations or None,
+            consumesCounters=[
+                m.DeviceCounterConsumption(
+                    counterSet=c.counter_set,
+                    counters={k: m.Counter(value=str(q)) for k, q in c.counters.items()},
+                )
+                for c in d.consumes_counters
+            ]
+            or None,
             taints=[
                 m.DeviceTaint(
                     key=t.key, value=t.value or None, effect=t.effect, timeAdded=t.time_added
@@ -266,9 +284,59 @@ def slice_to_kube(s: ResourceSlice) -> KubeSlice:
         driver=s.driver,
         pool=m.ResourcePool(name=s.pool, generation=s.generation, resourceSliceCount=s.slice_count),
         nodeName=s.node_name,
-        devices=devices,
+        # Since 1.35 a slice sets one of devices and sharedCounters, never both.
+        devices=devices or (None if s.shared_counters else []),
+        sharedCounters=[
+            m.CounterSet(
+                name=c.name, counters={k: m.Counter(value=str(q)) for k, q in c.counters.items()}
+            )
+            for c in s.shared_counters
+        ]
+        or None,
     )
     return KubeSlice(metadata=metadata, spec=spec)
+
+
+def _policy_to_kube(policy: RequestPolicy | None) -> m.CapacityRequestPolicy | None:
+    if policy is None:
+        return None
+    valid_range = None
+    if policy.minimum is not None:
+        valid_range = m.CapacityRequestPolicyRange(
+            min=str(policy.minimum),
+            max=str(policy.maximum) if policy.maximum is not None else None,
+            step=str(policy.step) if policy.step is not None else None,
+        )
+    return m.CapacityRequestPolicy(
+        default=str(policy.default),
+        validValues=[str(v) for v in policy.valid_values] or None,
+        validRange=valid_range,
+    )
+
+
+def _policy_from_kube(raw: Any) -> RequestPolicy | None:
+    if raw is None:
+        return None
+    valid_range = _field(raw, "validRange")
+
+    def quantity(value: Any) -> Quantity | None:
+        return None if value is None else _quantity(str(value))
+
+    return RequestPolicy(
+        default=_quantity(str(_field(raw, "default") or "0")),
+        valid_values=tuple(_quantity(str(v)) for v in _field(raw, "validValues") or []),
+        minimum=quantity(_field(valid_range, "min")) if valid_range is not None else None,
+        maximum=quantity(_field(valid_range, "max")) if valid_range is not None else None,
+        step=quantity(_field(valid_range, "step")) if valid_range is not None else None,
+    )
+
+
+def _counters_from_kube(raw: Any) -> dict[str, Quantity]:
+    return {
+        key: _quantity(str(_field(counter, "value")))
+        for key, counter in (raw or {}).items()
+        if _field(counter, "value") is not None
+    }
 
 
 def slice_from_kube(obj: Any) -> ResourceSlice:
@@ -292,7 +360,28 @@ def slice_from_kube(obj: Any) -> ResourceSlice:
             if _field(raw, "value")
         }
         taints = tuple(_taint_from_kube(raw) for raw in (getattr(d, "taints", None) or []))
-        devices.append(SliceDevice(d.name, attributes, capacity, taints))
+        policies = {
+            key: policy
+            for key, raw in (d.capacity or {}).items()
+            if (policy := _policy_from_kube(_field(raw, "requestPolicy"))) is not None
+        }
+        consumes = tuple(
+            CounterConsumption(
+                str(_field(c, "counterSet")), _counters_from_kube(_field(c, "counters"))
+            )
+            for c in (d.consumesCounters or [])
+        )
+        devices.append(
+            SliceDevice(
+                d.name,
+                attributes,
+                capacity,
+                taints,
+                allow_multiple_allocations=bool(d.allowMultipleAllocations),
+                request_policies=policies,
+                consumes_counters=consumes,
+            )
+        )
     return ResourceSlice(
         name=meta.name or "",
         driver=spec.driver,
@@ -303,6 +392,10 @@ def slice_from_kube(obj: Any) -> ResourceSlice:
         devices=tuple(devices),
         resource_version=meta.resourceVersion or "",
         node_uid=node_uid,
+        shared_counters=tuple(
+            CounterSet(str(_field(c, "name")), _counters_from_kube(_field(c, "counters")))
+            for c in (spec.sharedCounters or [])
+        ),
     )
 
 
@@ -329,7 +422,17 @@ def claim_from_kube(obj: Any) -> ResourceClaim:
     results: list[AllocatedDevice] = []
     if allocation is not None and allocation.devices is not None:
         results = [
-            AllocatedDevice(r.request, r.driver, r.pool, r.device)
+            AllocatedDevice(
+                r.request,
+                r.driver,
+                r.pool,
+                r.device,
+                share_id=r.shareID or "",
+                consumed={
+                    key: _quantity(str(value)) for key, value in (r.consumedCapacity or {}).items()
+                },
+                admin_access=bool(r.adminAccess),
+            )
             for r in allocation.devices.results or []
         ]
     reserved = tuple(r.uid for r in (status.reservedFor or [])) if status is not None else ()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -22,12 +24,12 @@ from devplugin_sdk._engine.handle import PluginHandle, Strategy
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._engine.state import Condition
 from devplugin_sdk._wire.dra_model import HealthStatus
-from devplugin_sdk.dra import Dra, device_name
+from devplugin_sdk.dra import Dra, _shares, device_name
 from devplugin_sdk.dra._health import HealthBoard, status_of
 from devplugin_sdk.dra._prepare import Found
-from devplugin_sdk.dra.resources import DeviceTaint, SliceDevice
+from devplugin_sdk.dra.resources import CounterSet, DeviceTaint, SliceDevice
 from devplugin_sdk.settings import Settings
-from devplugin_sdk.types import Effect
+from devplugin_sdk.types import Device, Effect, Health
 
 __all__ = ["DETACH_GRACE", "FIRST_LIST_WAIT", "Plugins"]
 
@@ -42,6 +44,10 @@ DETACH_GRACE = 10.0
 #: reported is published (and the driver registers) with a warning naming the missing plugins; a
 #: hung discovery must not keep the driver's other devices off the node forever.
 FIRST_LIST_WAIT = 30.0
+
+
+#: Takes the pool's devices and counter sets (``Publisher.want``).
+Want = Callable[[Sequence[SliceDevice], Sequence[CounterSet]], None]
 
 
 class Plugins:
@@ -76,7 +82,7 @@ class Plugins:
         self._registered = False
         self._found: dict[str, Found] = {}
         self._duplicates: set[str] = set()
-        self._want: Callable[[Sequence[SliceDevice]], None] | None = None
+        self._want: Want | None = None
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def run(self) -> None:
@@ -92,8 +98,9 @@ class Plugins:
                 # failure (a refused start) detaches at once instead of starting a task in it.
                 self._tg = None
 
-    def publish_to(self, want: Callable[[Sequence[SliceDevice]], None]) -> None:
-        """Hand the pool to ``want`` (the publisher's) once ready and on every change."""
+    def publish_to(self, want: Want) -> None:
+        """Hand the pool (devices, counter sets) to ``want`` (the publisher's) once ready and
+        on every change."""
         self._want = want
         self.refresh()
 
@@ -190,34 +197,62 @@ class Plugins:
 
     def refresh(self) -> None:
         """Recompute the pool from the attached plugins' states and hand it to the publisher
-        (every device, with its taints) and the health board."""
-        found: dict[str, Found] = {}
-        offered: list[SliceDevice] = []
-        health: dict[str, tuple[HealthStatus, str]] = {}
+        (every device, with its taints, and the counter sets) and the health board.
+
+        The shares of one physical device (``Device.shareable``) become that one device; a
+        partition (``Device.partition``) is published with its whole device and their counter
+        set (``dra/_shares.py``)."""
+        pool = _Pool(self)
+        shared: dict[str, list[_Member]] = {}
+        wholes: dict[str, list[_Member]] = {}
         for resource, plugin in self._attached.items():
             stopped = resource in self._stopped
             for device in plugin.state.devices:
                 if not self.options.selects(resource, device):
                     continue
-                name = device_name(device.id)
-                if name in found:
-                    self._duplicate(name, resource, device.id, found[name])
+                member = _Member(resource, plugin, device, stopped)
+                if device.shareable is not None and device.parent is not None:
+                    shared.setdefault(device.parent, []).append(member)
                     continue
-                condition = plugin.state.condition_of(device.id)
-                found[name] = Found(resource, plugin.plugin, device, condition.health)
-                taints = self._taints(condition)
-                offered.append(SliceDevice(name, device.attributes, device.capacity, taints))
-                health[name] = (
-                    ("UNKNOWN", f"the plugin of {resource} stopped")
-                    if stopped
-                    else status_of(condition)
+                name = device_name(device.id)
+                partition = device.partition
+                if partition is None:
+                    pool.offer(
+                        name, [member], SliceDevice(name, device.attributes, device.capacity)
+                    )
+                    continue
+                counters = device_name(partition.whole.id)
+                wholes.setdefault(partition.whole.id, []).append(member)
+                pool.offer(
+                    name,
+                    [member],
+                    _shares.partition_device(name, device, counters),
+                    whole=counters,
                 )
-        self._found = found
-        self.board.set(health)
+        for parent, members in shared.items():
+            name = device_name(parent)
+            devices = tuple(m.device for m in members)
+            shown = replace(devices[0], id=parent, shareable=None, parent=None)
+            pool.offer(name, members, _shares.shared_device(name, devices), shown, shares=devices)
+        for members in wholes.values():
+            partition = members[0].device.partition
+            assert partition is not None
+            name = device_name(partition.whole.id)
+            parts = tuple(device_name(m.device.id) for m in members)
+            if pool.offer(
+                name,
+                members,
+                _shares.whole_device(name, partition, name),
+                partition.whole,
+                parts=parts,
+            ):
+                pool.counter_sets.append(_shares.counter_set(name, partition))
+        self._found = pool.found
+        self.board.set(pool.health)
         if not self.ready.is_set() and self.expected <= set(self._attached):
             self.ready.set()
         if self.ready.is_set() and self._want is not None:
-            self._want(offered)
+            self._want(pool.offered, pool.counter_sets)
 
     def _taints(self, condition: Condition) -> tuple[DeviceTaint, ...]:
         """The taint a device in ``condition`` carries: none when Healthy with nothing to say;
@@ -249,3 +284,57 @@ class Plugins:
             first.device.id,
             first.resource,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Member:
+    """A device of an attached plugin that DRA gets."""
+
+    resource: str
+    plugin: PluginHandle
+    device: Device
+    stopped: bool
+
+
+class _Pool:
+    """The pool being built: the devices offered, their ``Found`` and health, counter sets."""
+
+    def __init__(self, plugins: Plugins) -> None:
+        self.plugins = plugins
+        self.found: dict[str, Found] = {}
+        self.offered: list[SliceDevice] = []
+        self.counter_sets: list[CounterSet] = []
+        self.health: dict[str, tuple[HealthStatus, str]] = {}
+
+    def offer(
+        self,
+        name: str,
+        members: Sequence[_Member],
+        published: SliceDevice,
+        device: Device | None = None,
+        **found: Any,
+    ) -> bool:
+        """Publish ``published`` for ``members`` (one device, or the shares or partitions
+        behind it; the first unhealthy one speaks for all); False for a duplicate name."""
+        first = next((m for m in members if m.stopped), None) or next(
+            (m for m in members if _condition(m).health is not Health.HEALTHY), members[0]
+        )
+        if name in self.found:
+            self.plugins._duplicate(name, first.resource, first.device.id, self.found[name])
+            return False
+        condition = _condition(first)
+        shown = device if device is not None else first.device
+        self.found[name] = Found(
+            first.resource, first.plugin.plugin, shown, condition.health, **found
+        )
+        self.offered.append(replace(published, taints=self.plugins._taints(condition)))
+        self.health[name] = (
+            ("UNKNOWN", f"the plugin of {first.resource} stopped")
+            if first.stopped
+            else status_of(condition)
+        )
+        return True
+
+
+def _condition(member: _Member) -> Condition:
+    return member.plugin.state.condition_of(member.device.id)

@@ -30,6 +30,7 @@ import anyio.to_thread
 from devplugin_sdk import cdi
 from devplugin_sdk._logging import printable
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim, PreparedDevice
+from devplugin_sdk.dra import _shares
 from devplugin_sdk.dra import config as claim_config
 from devplugin_sdk.dra._checkpoint import Checkpoint, Entry, Loaded
 from devplugin_sdk.dra.resources import AllocatedDevice, ResourceApi, ResourceClaim
@@ -46,12 +47,17 @@ log = logging.getLogger("devplugin_sdk")
 
 @dataclass(frozen=True, slots=True)
 class Found:
-    """A published device: the plugin that serves it, the device and its health now."""
+    """A published device: the plugin that serves it, the device and its health now; for a
+    shared device its shares, for a whole device the names of its partitions, for a partition
+    the name of its whole device (``dra/_shares.py``)."""
 
     resource: str
     plugin: DevicePlugin
     device: Device
     health: Health
+    shares: tuple[Device, ...] = ()
+    parts: tuple[str, ...] = ()
+    whole: str | None = None
 
 
 #: Finds a device of this driver's pool by its name in the slices.
@@ -276,18 +282,22 @@ class Preparer:
 
     async def _do_prepare(self, ref: ClaimRef, claim: ResourceClaim) -> Entry:
         ours = [r for r in claim.results if r.driver == self.driver]
-        seen: dict[tuple[str, str], str] = {}
+        seen: dict[tuple[str, str, str], str] = {}
         for result in ours:
-            first = seen.get((result.pool, result.device))
+            # Shares of one device are distinct allocations (their shareIDs differ).
+            first = seen.get((result.pool, result.device, result.share_id))
             if first is not None:
                 raise _ClaimError(
                     f"the claim lists device {printable(result.device)} twice (requests "
                     f"{printable(first)} and {printable(result.request)})"
                 )
-            seen[(result.pool, result.device)] = result.request
+            seen[(result.pool, result.device, result.share_id)] = result.request
         by_request: dict[str, list[tuple[AllocatedDevice, Found]]] = {}
+        uses: list[_shares.Use] = []
+        given: dict[int, Sequence[Device]] = {}
         for result in ours:
             found = self._check(result, ref)
+            given[id(result)] = self._give(result, found, uses)
             # kubeletplugin reports the request without its subrequest ("gpus/large" -> gpus).
             by_request.setdefault(result.request.split("/")[0], []).append((result, found))
         configs = _configs(claim, self.driver, by_request)
@@ -295,7 +305,11 @@ class Preparer:
         prepared: list[PreparedDevice] = []
         for request, members in by_request.items():
             edits, extra_ids = await self._edits(
-                request, [f for _, f in members], ref, configs[request]
+                request,
+                [(f, given[id(r)]) for r, f in members],
+                ref,
+                configs[request],
+                admin=all(r.admin_access for r, _ in members),
             )
             ids = list(extra_ids)
             if edits is not None:
@@ -303,7 +317,7 @@ class Preparer:
                 spec_devices[name] = edits
                 ids.insert(0, f"{self.kind}={name}")
             prepared += [
-                PreparedDevice((request,), result.pool, result.device, tuple(ids))
+                PreparedDevice((request,), result.pool, result.device, tuple(ids), result.share_id)
                 for result, _ in members
             ]
         spec_file = spec_file_name(self.driver, ref.uid) if spec_devices else None
@@ -314,7 +328,7 @@ class Preparer:
                 await anyio.to_thread.run_sync(cdi.write_spec, spec, self.cdi_dir, spec_file)
             except OSError as exc:
                 raise _ClaimError(f"cannot write CDI spec {spec_file}: {exc}") from exc
-        entry = Entry(ref, tuple(prepared), spec_file)
+        entry = Entry(ref, tuple(prepared), spec_file, uses=tuple(uses))
         self.prepared[ref.uid] = entry
         try:
             await anyio.to_thread.run_sync(self.checkpoint.save, self.prepared)
@@ -348,38 +362,81 @@ class Preparer:
         found = self.lookup(result.device)
         if found is None:
             raise _ClaimError(f"device {result.device} is not one this driver publishes now")
+        if result.admin_access:
+            return found  # monitoring: any device, in use or not, healthy or not
         if found.health is not Health.HEALTHY:
             raise _ClaimError(f"device {result.device} ({found.device.id}) is unhealthy")
-        for entry in self.prepared.values():
-            if any(d.device == result.device for d in entry.devices):
-                # The last line of defence: the scheduler should never allocate a device twice.
+        if found.shares:
+            return found  # shared: what is free is counted when its shares are taken
+        held = self._held_exclusively()
+        # The last line of defence: the scheduler should never allocate a device twice, nor a
+        # whole device and one of its partitions (its counters forbid it).
+        for name in (result.device, *found.parts, *((found.whole,) if found.whole else ())):
+            holder = held.get(name)
+            if holder is not None:
+                what = "" if name == result.device else f" through {name}, which it overlaps,"
                 raise _ClaimError(
-                    f"device {result.device} is already prepared for claim {entry.claim}"
+                    f"device {result.device} is already prepared{what} for claim {holder}"
                 )
         return found
+
+    def _held_exclusively(self) -> dict[str, ClaimRef]:
+        """The devices prepared for a claim that holds them alone (not shares, not admin)."""
+        held: dict[str, ClaimRef] = {}
+        for entry in self.prepared.values():
+            admin = {u.device for u in entry.uses if u.admin}
+            for d in entry.devices:
+                if not d.share_id and d.device not in admin:
+                    held[d.device] = entry.claim
+        return held
+
+    def _give(
+        self, result: AllocatedDevice, found: Found, uses: list[_shares.Use]
+    ) -> Sequence[Device]:
+        """The devices whose edits ``result`` gets (a shared device's shares taken for it),
+        recording in ``uses`` what it then holds."""
+        if result.admin_access:
+            uses.append(_shares.Use(result.device, result.share_id, admin=True))
+            return (found.device,)
+        if not found.shares:
+            return (found.device,)
+        held = [(u, str(e.claim)) for e in self.prepared.values() for u in e.uses]
+        held += [(u, "this claim") for u in uses]
+        try:
+            got, use = _shares.take(result, found.shares, held)
+        except _shares.ShareError as exc:
+            raise _ClaimError(str(exc)) from None
+        uses.append(use)
+        return got
 
     async def _edits(
         self,
         request: str,
-        found: Sequence[Found],
+        found: Sequence[tuple[Found, Sequence[Device]]],
         ref: ClaimRef,
         config: claim_config.RequestConfig,
+        *,
+        admin: bool = False,
     ) -> tuple[Allocation | None, tuple[str, ...]]:
-        """One request's container edits (its devices' plugins' allocations, merged) and the
-        CDI names the plugins return themselves."""
+        """One request's container edits (its devices' plugins' allocations, merged; for admin
+        access only the devices' nodes) and the CDI names the plugins return themselves."""
+        if admin:
+            watch = _shares.admin_edits([d for _, devices in found for d in devices])
+            return (watch if watch.device_nodes else None), ()
         allocations: list[Allocation] = []
-        by_resource: dict[str, list[Found]] = {}
-        for item in found:
-            by_resource.setdefault(item.resource, []).append(item)
+        by_resource: dict[str, list[Device]] = {}
+        plugins: dict[str, DevicePlugin] = {}
+        for item, devices in found:
+            by_resource.setdefault(item.resource, []).extend(devices)
+            plugins[item.resource] = item.plugin
         for resource, items in by_resource.items():
-            plugin = items[0].plugin
+            plugin = plugins[resource]
             try:
                 with anyio.fail_after(self.hook_timeout):
-                    devices = [i.device for i in items]
                     if isinstance(plugin, claim_config.Configurable):
-                        allocations.append(await plugin.allocate_configured(devices, config))
+                        allocations.append(await plugin.allocate_configured(items, config))
                     else:
-                        allocations.append(await plugin.allocate(devices))
+                        allocations.append(await plugin.allocate(items))
             except TimeoutError:
                 raise _ClaimError(
                     f"{resource}: allocate() did not finish within {self.hook_timeout:g}s"

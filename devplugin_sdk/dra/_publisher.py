@@ -16,6 +16,14 @@ carry their taints (64 devices per slice when any has one); a taint that a store
 has keeps its ``timeAdded``. An API server that silently drops taints (``DRADeviceTaints`` off)
 is noticed on the first write that carried one: from then on a device with a ``NoSchedule`` or
 ``NoExecute`` taint is withdrawn instead, and advisories are not published, with one warning.
+The pool's counter sets (partitionable devices) go in slices of their own, first, as Kubernetes
+1.35 requires ("only one of Devices and SharedCounters can be set"), 8 sets per slice; a slice
+with a device that consumes counters holds 64 devices, as with taints. An API server that drops
+counters (``DRAPartitionableDevices`` off, before 1.36) is noticed as taints are: from then on the
+whole devices of partitions are withdrawn (the scheduler could otherwise give a GPU and its MIG
+devices at once) and the partitions published without counters; one that drops
+``allowMultipleAllocations`` (``DRAConsumableCapacity`` off) is said once: its shared devices are
+allocated whole, which the preparer handles.
 """
 
 from __future__ import annotations
@@ -30,8 +38,10 @@ import anyio
 
 from devplugin_sdk._backoff import Backoff
 from devplugin_sdk.dra.resources import (
+    MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+    CounterSet,
     DeviceTaint,
     ResourceApi,
     ResourceSlice,
@@ -87,10 +97,15 @@ class Publisher:
         # The API server dropped the taints of a write (its DRADeviceTaints feature is off):
         # tainted devices are withdrawn instead, for the rest of this process.
         self.taints_dropped = False
+        # The same for counters (DRAPartitionableDevices off): whole devices are withdrawn.
+        self.counters_dropped = False
+        self._said_shares_dropped = False
         self.last_error: str | None = None
         self._retry = Backoff(retry_first, retry_max)
         self._watch_retry = Backoff(retry_first, retry_max)
         self._wanted: tuple[SliceDevice, ...] = ()
+        self._wanted_counters: tuple[CounterSet, ...] = ()
+        self.published_counters: tuple[CounterSet, ...] = ()
         self._wanted_at = time.monotonic()
         self._dirty = anyio.Event()
         # Set by the first ``want``: before it, the content is unknown, not empty (a restarted
@@ -109,11 +124,14 @@ class Publisher:
         # server that defaults or a webhook that adds fields is no reason to write again.
         self._echo: dict[str, tuple[tuple[SliceDevice, ...], tuple[SliceDevice, ...]]] = {}
 
-    def want(self, devices: Sequence[SliceDevice]) -> None:
-        """Make ``devices`` (sorted by name) the pool's content; published soon after."""
+    def want(self, devices: Sequence[SliceDevice], counter_sets: Sequence[CounterSet] = ()) -> None:
+        """Make ``devices`` and ``counter_sets`` (each sorted by name) the pool's content;
+        published soon after."""
         wanted = tuple(sorted(devices, key=lambda d: d.name))
-        if wanted != self._wanted:
+        counters = tuple(sorted(counter_sets, key=lambda c: c.name))
+        if wanted != self._wanted or counters != self._wanted_counters:
             self._wanted = wanted
+            self._wanted_counters = counters
             self._wanted_at = time.monotonic()
             self._new_content.set()
             self._new_content = anyio.Event()
@@ -132,7 +150,7 @@ class Publisher:
 
     async def wait_published(self) -> None:
         """Wait until the wanted content is published (for tests and start-up)."""
-        while self.published != self._wanted:
+        while self.published != self._wanted or self.published_counters != self._wanted_counters:
             await self._done.wait()
 
     async def run(self) -> None:
@@ -273,29 +291,37 @@ class Publisher:
     async def _sync(self) -> bool:
         """List the pool and write what differs; whether anything was written."""
         asked = self._wanted
+        asked_counters = self._wanted_counters
         current = await self.api.list_slices(self.driver, self.node_name)
         self.syncs += 1
         wanted = _keep_time_added(self._shaped(asked), current)
-        size = (
-            MAX_DEVICES_PER_SLICE_WITH_TAINTS
-            if any(d.taints for d in wanted)
-            else MAX_DEVICES_PER_SLICE
-        )
-        chunks = [wanted[i : i + size] for i in range(0, len(wanted), size)] or [()]
+        chunks = _chunks(wanted, () if self.counters_dropped else asked_counters)
         if self._matches(current, chunks):
             self.generation = current[0].generation
-            self._published(asked)
+            self._published(asked, asked_counters)
             return False
         owner = await self._owner()
         generation = max([s.generation for s in current] + [self.generation]) + 1
         count = len(chunks)
-        for i, devices in enumerate(chunks):
+        for i, (devices, counters) in enumerate(chunks):
             stored = await self._write(
-                current[i] if i < len(current) else None, owner, generation, count, devices
+                current[i] if i < len(current) else None,
+                owner,
+                generation,
+                count,
+                devices,
+                counters=counters,
             )
             if any(d.taints for d in devices) and not any(d.taints for d in stored.devices):
                 self._taints_dropped()
                 return True
+            if _lost_counters(devices, counters, stored):
+                self._counters_dropped()
+                return True
+            if any(d.allow_multiple_allocations for d in devices) and not any(
+                d.allow_multiple_allocations for d in stored.devices
+            ):
+                self._shares_dropped()
             self._echo[stored.name] = (tuple(stored.devices), tuple(devices))
         for stale in current[count:]:
             self._echo.pop(stale.name, None)
@@ -316,17 +342,49 @@ class Publisher:
             generation,
             extra={"driver": self.driver},
         )
-        self._published(asked)
+        self._published(asked, asked_counters)
         return True
 
     def _shaped(self, wanted: tuple[SliceDevice, ...]) -> tuple[SliceDevice, ...]:
         """``wanted`` as this API server can hold it: without taints when it drops them, a
-        device tainted ``NoSchedule`` or ``NoExecute`` withdrawn."""
+        device tainted ``NoSchedule`` or ``NoExecute`` withdrawn; without counters when it
+        drops them, a device that consumes a whole counter set (a GPU beside its MIG devices)
+        withdrawn."""
+        if self.counters_dropped:
+            totals = {c.name: c.counters for c in self._wanted_counters}
+            wanted = tuple(
+                replace(d, consumes_counters=())
+                for d in wanted
+                if not any(totals.get(c.counter_set) == c.counters for c in d.consumes_counters)
+            )
         if not self.taints_dropped:
             return wanted
         return tuple(
             replace(d, taints=()) for d in wanted if all(t.effect == "None" for t in d.taints)
         )
+
+    def _counters_dropped(self) -> None:
+        """The server stored a write without its counters: withdraw whole devices instead."""
+        self.counters_dropped = True
+        self._wrote = None
+        self._echo.clear()
+        self._dirty.set()
+        log.warning(
+            "DRA %s: the API server dropped the devices' counters (its DRAPartitionableDevices "
+            "feature is off; on by default from Kubernetes 1.36): whole devices that have "
+            "partitions (a GPU beside its MIG devices) are withdrawn, until this driver restarts",
+            self.driver,
+        )
+
+    def _shares_dropped(self) -> None:
+        if not self._said_shares_dropped:
+            self._said_shares_dropped = True
+            log.warning(
+                "DRA %s: the API server dropped allowMultipleAllocations (its "
+                "DRAConsumableCapacity feature is off; on by default from Kubernetes 1.36): each "
+                "shared device is allocated to one claim at a time, which gets all its shares",
+                self.driver,
+            )
 
     def _taints_dropped(self) -> None:
         """The server stored a write without the taints it carried: withdraw instead."""
@@ -348,8 +406,11 @@ class Publisher:
         generation: int,
         count: int,
         devices: tuple[SliceDevice, ...],
+        *,
+        counters: tuple[CounterSet, ...] = (),
     ) -> ResourceSlice:
-        """Update ``old`` (or create a slice) to hold ``devices``; what the server stored."""
+        """Update ``old`` (or create a slice) to hold ``devices`` or ``counters``; what the
+        server stored."""
         if old is not None:
             return await self.api.update_slice(
                 replace(
@@ -359,6 +420,7 @@ class Publisher:
                     slice_count=count,
                     devices=devices,
                     node_uid=old.node_uid or owner,
+                    shared_counters=counters,
                 )
             )
         return await self.api.create_slice(
@@ -371,17 +433,19 @@ class Publisher:
                 slice_count=count,
                 devices=devices,
                 node_uid=owner,
+                shared_counters=counters,
             )
         )
 
-    def _published(self, wanted: tuple[SliceDevice, ...]) -> None:
+    def _published(
+        self, wanted: tuple[SliceDevice, ...], counters: tuple[CounterSet, ...] = ()
+    ) -> None:
         self.published = wanted
+        self.published_counters = counters
         self._done.set()
         self._done = anyio.Event()
 
-    def _matches(
-        self, current: Sequence[ResourceSlice], chunks: Sequence[Sequence[SliceDevice]]
-    ) -> bool:
+    def _matches(self, current: Sequence[ResourceSlice], chunks: Sequence[_Chunk]) -> bool:
         if len(current) != len(chunks):
             return False
         generation = current[0].generation
@@ -390,7 +454,8 @@ class Publisher:
             and s.slice_count == len(chunks)
             and s.pool == self.node_name
             and self._same_devices(s, tuple(devices))
-            for s, devices in zip(current, chunks, strict=True)
+            and tuple(s.shared_counters) == counters
+            for s, (devices, counters) in zip(current, chunks, strict=True)
         )
 
     def _same_devices(self, stored: ResourceSlice, devices: tuple[SliceDevice, ...]) -> bool:
@@ -398,6 +463,39 @@ class Publisher:
         them (defaulted, or changed by an admission webhook) and nobody changed since."""
         held = tuple(stored.devices)
         return held == devices or self._echo.get(stored.name) == (held, devices)
+
+
+_Chunk = tuple[tuple[SliceDevice, ...], tuple[CounterSet, ...]]
+
+
+def _lost_counters(
+    devices: tuple[SliceDevice, ...], counters: tuple[CounterSet, ...], stored: ResourceSlice
+) -> bool:
+    """Whether the server stored a write of counters (sets, or devices' consumption) without
+    them."""
+    if counters and not stored.shared_counters:
+        return True
+    return any(d.consumes_counters for d in devices) and not any(
+        d.consumes_counters for d in stored.devices
+    )
+
+
+def _chunks(devices: tuple[SliceDevice, ...], counters: tuple[CounterSet, ...]) -> list[_Chunk]:
+    """The slices' contents: counter sets first, in slices of their own (Kubernetes 1.35: "only
+    one of Devices and SharedCounters can be set in a ResourceSlice"), then the devices, 64 a
+    slice when any has taints or consumes counters (the API's
+    ResourceSliceMaxDevicesWithTaintsOrConsumesCounters)."""
+    size = (
+        MAX_DEVICES_PER_SLICE_WITH_TAINTS
+        if any(d.taints or d.consumes_counters for d in devices)
+        else MAX_DEVICES_PER_SLICE
+    )
+    out: list[_Chunk] = [
+        ((), counters[i : i + MAX_COUNTER_SETS_PER_SLICE])
+        for i in range(0, len(counters), MAX_COUNTER_SETS_PER_SLICE)
+    ]
+    out += [(devices[i : i + size], ()) for i in range(0, len(devices), size)]
+    return out or [((), ())]
 
 
 def _keep_time_added(

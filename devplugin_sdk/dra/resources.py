@@ -17,12 +17,19 @@ from typing import Any, Literal, Protocol
 from devplugin_sdk.types import AttributeValue, Quantity
 
 __all__ = [
+    "MAX_COUNTERS_PER_SET",
+    "MAX_COUNTER_CONSUMPTIONS_PER_DEVICE",
+    "MAX_COUNTER_SETS_PER_SLICE",
     "MAX_DEVICES_PER_SLICE",
     "MAX_DEVICES_PER_SLICE_WITH_TAINTS",
     "MAX_TAINTS_PER_DEVICE",
+    "MAX_VALID_VALUES",
     "AllocatedDevice",
+    "CounterConsumption",
+    "CounterSet",
     "DeviceConfig",
     "DeviceTaint",
+    "RequestPolicy",
     "ResourceApi",
     "ResourceClaim",
     "ResourceSlice",
@@ -37,6 +44,14 @@ MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
 #: DeviceTaintsMaxLength: taints per device.
 MAX_TAINTS_PER_DEVICE = 16
+#: ResourceSliceMaxCounterSets: counter sets per slice (ResourceSliceSpec.sharedCounters).
+MAX_COUNTER_SETS_PER_SLICE = 8
+#: ResourceSliceMaxCountersPerCounterSet: counters per set, and per device consumption.
+MAX_COUNTERS_PER_SET = 32
+#: ResourceSliceMaxDeviceCounterConsumptionsPerDevice: consumesCounters entries per device.
+MAX_COUNTER_CONSUMPTIONS_PER_DEVICE = 2
+#: CapacityRequestPolicyDiscreteMaxOptions: entries of requestPolicy.validValues.
+MAX_VALID_VALUES = 10
 
 TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
 
@@ -62,6 +77,74 @@ class DeviceTaint:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestPolicy:
+    """How claims consume a capacity of a device that allows multiple allocations
+    (``capacity[].requestPolicy``, KEP-5075).
+
+    Exactly one of ``valid_values`` and the range (``minimum``, with optional ``maximum`` and
+    ``step``) is set; ``default`` is what a claim that names no amount consumes. The scheduler
+    rounds a request up to the next valid value and refuses one past the largest.
+
+    Args:
+        default: Consumed by a request that does not name this capacity.
+        valid_values: The amounts a request may consume, ascending (at most 10).
+        minimum: The range's ``min``.
+        maximum: The range's ``max`` (a multiple of ``step``); None is the capacity.
+        step: The range's ``step``; requests round up to ``minimum + n * step``.
+    """
+
+    default: Quantity
+    valid_values: tuple[Quantity, ...] = ()
+    minimum: Quantity | None = None
+    maximum: Quantity | None = None
+    step: Quantity | None = None
+
+    def consumed(self, requested: Quantity | None, capacity: Quantity) -> Quantity | None:
+        """What a request of ``requested`` (None: it names none) consumes, rounded as the
+        scheduler rounds it; None when the policy refuses it."""
+        if requested is None:
+            return self.default
+        want = requested.value
+        if self.valid_values:
+            fits = [v for v in self.valid_values if v.value >= want]
+            return fits[0] if fits else None
+        low = self.minimum.value if self.minimum is not None else 0
+        want = max(want, low)
+        if self.step is not None and self.step.value > 0:
+            over = (want - low) % self.step.value
+            if over:
+                want += self.step.value - over
+        top = self.maximum.value if self.maximum is not None else capacity.value
+        return Quantity(want) if want <= top else None
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSet:
+    """A named set of counters devices of the pool consume (``spec.sharedCounters[]``).
+
+    Args:
+        name: A DNS label, unique in the pool.
+        counters: The amounts by counter name (DNS labels; at most 32).
+    """
+
+    name: str
+    counters: Mapping[str, Quantity]
+
+
+@dataclass(frozen=True, slots=True)
+class CounterConsumption:
+    """What a device consumes of one counter set (``devices[].consumesCounters[]``).
+
+    Args:
+        counter_set: The set's name.
+        counters: The amounts by counter name.
+    """
+
+    counter_set: str
+    counters: Mapping[str, Quantity]
+
+
+@dataclass(frozen=True, slots=True)
 class SliceDevice:
     """One device as a ResourceSlice lists it.
 
@@ -70,12 +153,20 @@ class SliceDevice:
         attributes: Typed attributes by qualified name.
         capacity: Capacities by qualified name.
         taints: Its taints (at most ``MAX_TAINTS_PER_DEVICE``).
+        allow_multiple_allocations: Several claims may be allocated the device at once, each
+            consuming part of its capacities (``allowMultipleAllocations``).
+        request_policies: How claims consume each capacity, by capacity name (only with
+            ``allow_multiple_allocations``).
+        consumes_counters: What the device takes of the pool's counter sets (at most 2).
     """
 
     name: str
     attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
     capacity: Mapping[str, Quantity] = field(default_factory=dict)
     taints: tuple[DeviceTaint, ...] = ()
+    allow_multiple_allocations: bool = False
+    request_policies: Mapping[str, RequestPolicy] = field(default_factory=dict)
+    consumes_counters: tuple[CounterConsumption, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +184,8 @@ class ResourceSlice:
         slice_count: How many slices the pool has at that generation
             (``spec.pool.resourceSliceCount``).
         devices: The devices (at most ``MAX_DEVICES_PER_SLICE``).
+        shared_counters: The pool's counter sets in this slice (at most 8); since Kubernetes
+            1.35 a slice holds either devices or counter sets, never both.
         resource_version: ``metadata.resourceVersion`` as read; an update with a stale one
             fails with a conflict.
         node_uid: UID of the Node that owns the slice (``metadata.ownerReferences``): the
@@ -108,6 +201,7 @@ class ResourceSlice:
     devices: tuple[SliceDevice, ...] = ()
     resource_version: str = ""
     node_uid: str = ""
+    shared_counters: tuple[CounterSet, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,12 +213,20 @@ class AllocatedDevice:
         driver: The driver of the device.
         pool: Its pool.
         device: Its name in the pool.
+        share_id: Which share of a device that allows multiple allocations this is
+            (``shareID``); empty for an exclusive allocation.
+        consumed: What the share consumes of each capacity (``consumedCapacity``).
+        admin_access: Allocated for administrative access (``adminAccess``): not exclusive,
+            for monitoring.
     """
 
     request: str
     driver: str
     pool: str
     device: str
+    share_id: str = ""
+    consumed: Mapping[str, Quantity] = field(default_factory=dict)
+    admin_access: bool = False
 
 
 ConfigSource = Literal["FromClass", "FromClaim"]

@@ -147,6 +147,8 @@ def test_dra_method_paths_and_fields_are_the_kubelets(version: str) -> None:
         "pool_name": 2,
         "device_name": 3,
         "cdi_device_ids": 4,
+        # v1 only: the shareID of a device allocated to several claims (KEP-5075).
+        **({"share_id": 5} if version == "v1" else {}),
     }
     assert fields["NodePrepareResourceResponse"] == {"devices": 1, "error": 2}
     assert fields["NodeUnprepareResourceResponse"] == {"error": 1}

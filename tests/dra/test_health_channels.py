@@ -61,8 +61,9 @@ async def test_one_signal_every_channel_every_share(tmp_path: Path) -> None:
     api = MemoryApi(nodes=["node-1"])
     reasons = Reasons()
     gpu0, gpu1 = nvml.gpus[0].uuid, nvml.gpus[1].uuid
-    dp0, dra0 = f"{gpu0}::1", device_name(f"{gpu0}::0")
-    dp1, dra1 = f"{gpu1}::1", device_name(f"{gpu1}::0")
+    # DRA publishes the GPU once, its replicas as shares of it (dra/_shares.py).
+    dp0, dra0 = f"{gpu0}::1", device_name(gpu0)
+    dp1, dra1 = f"{gpu1}::1", device_name(gpu1)
 
     async with FakeKubelet(dra_api=api) as kubelet:
         options = dra_options(
@@ -150,7 +151,8 @@ async def test_a_gpu_wide_fault_taints_every_mig_device_of_that_gpu(tmp_path: Pa
             for s in api.pool(DRIVER, "node-1"):
                 for d in s.devices:
                     by_gpu.setdefault(str(d.attributes["gpuUUID"]), []).append(d.name)
-            assert sorted(len(v) for v in by_gpu.values()) == [3, 3]
+            # Three MIG devices and, for DRA's counters, the GPU they partition.
+            assert sorted(len(v) for v in by_gpu.values()) == [4, 4]
             assert await _armed(nvml)
 
             nvml.xid(0, 79)

@@ -347,8 +347,15 @@ async def test_a_claim_listing_one_device_twice_fails_alone() -> None:
         options = dra_options(kubelet, api)
         async with driver(kubelet, api, options) as running:
             twice = kubelet.dra.pod("ns", "pod-a", ["c1"])
+            # No scheduler allocates this (MemoryApi refuses it too): check=False forces it.
             api.allocate(
-                "ns", "c1", {"r": ["w3", "w3"]}, driver=DRIVER, pool="node-1", pods=[twice.uid]
+                "ns",
+                "c1",
+                {"r": ["w3", "w3"]},
+                driver=DRIVER,
+                pool="node-1",
+                pods=[twice.uid],
+                check=False,
             )
             with pytest.raises(PodPreparationError, match="w3 twice"):
                 await kubelet.dra.prepare(twice)

@@ -25,7 +25,7 @@ from devplugin_sdk.backends.nvidia.library import (
 )
 from devplugin_sdk.backends.nvidia.mig import MigInfo, _read_mig_minors, scan_migs
 from devplugin_sdk.errors import BackendError
-from devplugin_sdk.types import Device, DeviceNode, Health, Quantity, Version
+from devplugin_sdk.types import Device, DeviceNode, Health, Partition, Quantity, Version
 
 __all__ = ["GpuFacts", "GpuInfo", "Inventory"]
 
@@ -399,8 +399,15 @@ def mig_device(
     control: tuple[DeviceNode, ...],
     health: Callable[[Sequence[str]], Health],
 ) -> Device:
-    """A MIG device as a device: its GPU's node, its capability nodes, a child of its GPU."""
+    """A MIG device as a device: its GPU's node, its capability nodes, a child of its GPU, and
+    for DRA a partition of it (static MIG: the instance exists; its memory is counted against
+    the GPU's, so DRA gives the GPU or its instances, never both)."""
     nodes = (DeviceNode(f"/dev/nvidia{gpu.minor}"), *(DeviceNode(c) for c in mig.cap_nodes))
+    partition = Partition(
+        gpu_device(gpu, control, health),
+        counters={"memory": Quantity(gpu.memory_bytes)},
+        consumes={"memory": Quantity(mig.memory_bytes)},
+    )
     return Device(
         id=mig.uuid,
         health=health((mig.uuid, gpu.uuid)),
@@ -422,4 +429,5 @@ def mig_device(
             **_facts(gpu),
         },
         capacity={"memory": Quantity(mig.memory_bytes)},
+        partition=partition,
     )

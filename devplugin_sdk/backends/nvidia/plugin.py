@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -286,11 +287,16 @@ class NvmlPlugin(DevicePlugin, Configurable):
         if self.serves == "count":
             return units, {}
         if self._sliced is not None:
-            return replicate(units, self._sliced.slices), {}
+            slices = replicate(units, self._sliced.slices)
+            return sharing.shared_for_dra(slices, self.config, self._sliced), {}
         if self.config.replicas > 1:
             # Built without build() (or the GPUs changed since): still never a list past 4 MiB.
             sharing.check_replicas(self.config, units, "device")
-        return replicate(units, self.config.replicas), {}
+            # A replica of a MIG device is no partition DRA could count (its siblings share it).
+            whole = [replace(u, partition=None) if u.partition else u for u in units]
+            replicas = replicate(whole, self.config.replicas)
+            return sharing.shared_for_dra(replicas, self.config, None), {}
+        return units, {}
 
     # ------------------------------------------------------------------ allocation
 

@@ -22,9 +22,9 @@ from devplugin_sdk.backends.nvidia.container import _with_limits, container_setu
 from devplugin_sdk.backends.nvidia.discovery import GpuInfo, Inventory
 from devplugin_sdk.backends.nvidia.topology import _NUMA_BONUS, _Topology
 from devplugin_sdk.errors import AllocationError
-from devplugin_sdk.types import Allocation, Device
+from devplugin_sdk.types import Allocation, Device, Shareable
 
-__all__ = ["Shares", "check_list_size", "check_replicas", "memory_units"]
+__all__ = ["Shares", "check_list_size", "check_replicas", "memory_units", "shared_for_dra"]
 
 # gpushare's variables (AliyunContainerService/gpushare-device-plugin pkg/gpu/nvidia/const.go):
 # the GPU's index, its memory and the container's share, both in units.
@@ -67,9 +67,11 @@ def memory_units(
 ) -> tuple[list[Device], dict[str, str]]:
     """The memory units of the GPUs ``units``, and the GPU of each unit-ID prefix."""
     keys = _unit_keys([g.id for g in units])
+    # DRA publishes each GPU once, its memory consumable in units (dra/_shares.py).
+    shareable = Shareable("memory", memory.unit_mib << 20)
     devices = [
         # Children of their GPU: its faults (reported by GPU UUID) take them all out.
-        replace(gpu, id=f"{keys[gpu.id]}-{n}", parent=gpu.id)
+        replace(gpu, id=f"{keys[gpu.id]}-{n}", parent=gpu.id, shareable=shareable)
         for gpu in units
         for n in range(gpu.number("memoryMiB") // memory.unit_mib)
     ]
@@ -307,3 +309,29 @@ class Shares:
     def _remember(self, ids: Sequence[str], size: int, placed: Placement) -> tuple[str, ...]:
         self._asked = _Asked(size, ids, placed.free)
         return placed.device_ids
+
+
+def shared_for_dra(
+    shares: Sequence[Device], config: NvidiaConfig, vgpu: VgpuSharing | None
+) -> list[Device]:
+    """Time-slicing replicas or slices of full GPUs, described for DRA: each GPU published once
+    for several claims, a claim taking one slice (its memory share, the limits ``allocate``
+    sets) or, for replicas, one of ``shares`` (more unless ``failRequestsGreaterThanOne``).
+    Replicas of MIG devices are left as they are (a MIG device's parent is its GPU)."""
+    described: dict[str, Shareable] = {}
+    out = []
+    for share in shares:
+        if share.parent is None or share.attributes.get("type") != "gpu":
+            out.append(share)
+            continue
+        shareable = described.get(share.parent)
+        if shareable is None:
+            if vgpu is not None:
+                unit = (share.number("memoryMiB") // vgpu.slices) << 20
+                shareable = Shareable("memory", max(unit, 1), most=1)
+            else:
+                most = 1 if config.fail_requests_greater_than_one else None
+                shareable = Shareable("shares", 1, most=most)
+            described[share.parent] = shareable
+        out.append(replace(share, shareable=shareable))
+    return out

@@ -124,10 +124,15 @@ class Device(_message.Message):
     POOL_NAME_FIELD_NUMBER: _builtins.int
     DEVICE_NAME_FIELD_NUMBER: _builtins.int
     CDI_DEVICE_IDS_FIELD_NUMBER: _builtins.int
+    SHARE_ID_FIELD_NUMBER: _builtins.int
     pool_name: _builtins.str
     """The pool holding the device."""
     device_name: _builtins.str
     """The device's name in that pool."""
+    share_id: _builtins.str
+    """The allocation's shareID, for a device allocated to several claims at once
+    (allowMultipleAllocations, KEP-5075); unset for an exclusive one. v1 only.
+    """
     @_builtins.property
     def request_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The claim's requests this device belongs to; empty means every request."""
@@ -143,12 +148,15 @@ class Device(_message.Message):
         pool_name: _builtins.str = ...,
         device_name: _builtins.str = ...,
         cdi_device_ids: _abc.Iterable[_builtins.str] | None = ...,
+        share_id: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_share_id", b"_share_id", "share_id", b"share_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cdi_device_ids", b"cdi_device_ids", "device_name", b"device_name", "pool_name", b"pool_name", "request_names", b"request_names"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_share_id", b"_share_id", "cdi_device_ids", b"cdi_device_ids", "device_name", b"device_name", "pool_name", b"pool_name", "request_names", b"request_names", "share_id", b"share_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__share_id: _TypeAlias = _typing.Literal["share_id"]  # noqa: Y015
+    _WhichOneofArgType__share_id: _TypeAlias = _typing.Literal["_share_id", b"_share_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__share_id) -> _WhichOneofReturnType__share_id | None: ...
 
 Global___Device: _TypeAlias = Device  # noqa: Y015
 

@@ -1,0 +1,220 @@
+"""Shares, partitions and admin access of a DRA driver's devices: how they are published and
+what a claim that holds one gets.
+
+A physical device advertised as shares (``Device.shareable``: replicas, memory units, slices)
+is published once, with ``allowMultipleAllocations`` and one consumable capacity whose
+``requestPolicy`` takes whole shares (KEP-5075). A claim's ``consumedCapacity`` is turned back
+into that many shares of the device, whose plugin's ``allocate()`` gives the limits the
+device-plugin API gives for them; how many shares each claim holds is checkpointed with the
+claim (a count: shares of one device differ only in their IDs, which DRA never shows, and a
+count keeps the checkpoint small with MiB units).
+A partition (``Device.partition``: a MIG instance) is published with ``consumesCounters`` of a
+counter set of its whole device, which is published too and consumes all of it (KEP-4815).
+An allocation with ``adminAccess`` gets the devices' nodes only: no exclusivity, no limits.
+The preparer refuses, per claim, what the scheduler should never have allocated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from devplugin_sdk.dra.resources import (
+    AllocatedDevice,
+    CounterConsumption,
+    CounterSet,
+    RequestPolicy,
+    SliceDevice,
+)
+from devplugin_sdk.types import Allocation, Device, Partition, Quantity, Shareable
+
+__all__ = [
+    "ShareError",
+    "Use",
+    "admin_edits",
+    "counter_set",
+    "partition_device",
+    "shared_device",
+    "take",
+    "whole_device",
+]
+
+
+class ShareError(Exception):
+    """This claim's allocation cannot be given; the message names the device and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Use:
+    """What one allocated device of a prepared claim holds beyond the device itself.
+
+    Args:
+        device: The device's name in the pool.
+        share_id: The allocation's ``shareID`` (empty: exclusive).
+        shares: How many of a shared device's shares it holds (memory units, replicas).
+        admin: Allocated for admin access: holds nothing, excludes nothing.
+    """
+
+    device: str
+    share_id: str = ""
+    shares: int = 0
+    admin: bool = False
+
+    def to_raw(self) -> dict[str, object]:
+        """The checkpoint's form."""
+        raw: dict[str, object] = {"device": self.device}
+        if self.share_id:
+            raw["shareID"] = self.share_id
+        if self.shares:
+            raw["shares"] = self.shares
+        if self.admin:
+            raw["admin"] = True
+        return raw
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, object]) -> Use:
+        """From the checkpoint's form (``TypeError``/``KeyError`` on a damaged one)."""
+        shares = raw.get("shares", 0)
+        if isinstance(shares, bool) or not isinstance(shares, int) or shares < 0:
+            raise TypeError("uses[].shares is not a count")
+        return cls(
+            str(raw["device"]), str(raw.get("shareID") or ""), shares, raw.get("admin") is True
+        )
+
+
+# ------------------------------------------------------------------ publishing
+
+
+def shared_device(name: str, shares: Sequence[Device]) -> SliceDevice:
+    """The one device published for the ``shares`` of a physical device.
+
+    Its capacity is the shares' capacity name, ``unit`` times their number; a claim takes a
+    whole number of units (``validRange`` with ``step`` = unit), at most ``most`` of them (one
+    unit: ``validValues``). The shares' other capacities are left out: with multiple
+    allocations every capacity is consumed, by default all of it (resource/v1 types.go,
+    DeviceCapacity.requestPolicy), which would let one claim take the device.
+    """
+    first = shares[0]
+    described = first.shareable
+    assert described is not None
+    unit = described.unit
+    count = len(shares)
+    most = count if described.most is None else min(described.most, count)
+    one = Quantity(unit)
+    if most == 1:
+        policy = RequestPolicy(default=one, valid_values=(one,))
+    else:
+        policy = RequestPolicy(default=one, minimum=one, maximum=Quantity(unit * most), step=one)
+    return SliceDevice(
+        name,
+        first.attributes,
+        {described.capacity: Quantity(unit * count)},
+        allow_multiple_allocations=True,
+        request_policies={described.capacity: policy},
+    )
+
+
+def counter_set(name: str, partition: Partition) -> CounterSet:
+    """The counter set of a whole device, named ``name``."""
+    return CounterSet(name, dict(partition.counters))
+
+
+def partition_device(name: str, device: Device, counters: str) -> SliceDevice:
+    """A partition, consuming its share of the counter set ``counters``."""
+    assert device.partition is not None
+    return SliceDevice(
+        name,
+        device.attributes,
+        device.capacity,
+        consumes_counters=(CounterConsumption(counters, dict(device.partition.consumes)),),
+    )
+
+
+def whole_device(name: str, partition: Partition, counters: str) -> SliceDevice:
+    """The whole device of a partition, consuming every counter of its set."""
+    whole = partition.whole
+    return SliceDevice(
+        name,
+        whole.attributes,
+        whole.capacity,
+        consumes_counters=(CounterConsumption(counters, dict(partition.counters)),),
+    )
+
+
+# ------------------------------------------------------------------ preparing
+
+
+def take(
+    result: AllocatedDevice,
+    shares: Sequence[Device],
+    held: Iterable[tuple[Use, str]],
+) -> tuple[list[Device], Use]:
+    """The shares of a shared device a claim's ``result`` gets, and what it then holds.
+
+    Args:
+        result: The allocation result (its ``consumed`` capacity, or none: exclusive).
+        shares: The device's shares, in order.
+        held: What the prepared claims hold, each with its claim (for messages).
+
+    Raises:
+        ShareError: the consumption is not whole shares, more than a claim may take, or more
+            than is free.
+    """
+    described = shares[0].shareable
+    assert described is not None
+    holding = [(use, claim) for use, claim in held if use.device == result.device and use.shares]
+    free = len(shares) - sum(use.shares for use, _ in holding)
+    capacity, unit = described.capacity, described.unit
+    if not result.share_id and not result.consumed:
+        # Exclusive: an API server without consumable capacity dropped allowMultipleAllocations
+        # and the scheduler gave the whole device: every share.
+        wanted = len(shares)
+        asked = f"the whole device ({_amount(unit * wanted)} of {capacity})"
+    else:
+        amount = result.consumed.get(capacity)
+        if amount is None:
+            raise ShareError(
+                f"device {result.device} is shared by {capacity}, and the allocation "
+                f"consumes none of it (consumedCapacity: {_shown(result.consumed)})"
+            )
+        if amount.value % unit or amount.value == 0:
+            raise ShareError(
+                f"device {result.device}: the allocation consumes {amount} of {capacity}, "
+                f"not a whole number of its {_amount(unit)} shares"
+            )
+        wanted = amount.value // unit
+        asked = f"{amount} of {capacity}"
+        if described.most is not None and wanted > described.most:
+            raise ShareError(
+                f"device {result.device}: the allocation consumes {asked}; one claim may "
+                f"take at most {_amount(unit * described.most)}"
+            )
+    if wanted > free:
+        users = sorted({claim for _, claim in holding})
+        raise ShareError(
+            f"device {result.device} has {_amount(unit * max(free, 0))} of {capacity} free "
+            f"(of {_amount(unit * len(shares))}; held by {', '.join(users) or 'other claims'}), "
+            f"the allocation asks {asked}"
+        )
+    # Shares of one device differ only in their IDs: any ``wanted`` of them give the limits.
+    return list(shares[:wanted]), Use(result.device, result.share_id, wanted)
+
+
+def admin_edits(devices: Collection[Device]) -> Allocation:
+    """What an admin-access allocation gets: the devices' nodes, to monitor them; no
+    environment, so no limits and no runtime hook that would claim the device."""
+    merged = Allocation.merge(list(devices))
+    return Allocation(device_nodes=merged.device_nodes)
+
+
+def _amount(value: int) -> str:
+    return str(Quantity(value))
+
+
+def _shown(consumed: Mapping[str, Quantity]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(consumed.items())) or "none"
+
+
+def shareable_of(device: Device) -> Shareable | None:
+    """The share description of ``device`` when it is a share of a parent."""
+    return device.shareable if device.parent is not None else None
