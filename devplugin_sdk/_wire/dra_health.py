@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 
+from devplugin_sdk._wire.client import call
 from devplugin_sdk._wire.dra_model import DeviceHealthStatus
 from devplugin_sdk.api import constants
 from devplugin_sdk.api.dra_health.v1 import dra_health_pb2 as v1
@@ -97,10 +98,14 @@ class DraHealthClient:
 
     async def watch(self) -> AsyncIterator[list[DeviceHealthStatus]]:
         """NodeWatchResources: each message's devices, until the stream ends (its errors are
-        grpc.aio's own)."""
-        call = self._stream(self._pb.NodeWatchResourcesRequest())
+        grpc.aio's own; a stream cancelled under us, its channel closed, is a CANCELLED one,
+        not a bare asyncio cancellation that would cancel the caller's task group)."""
+        stream = self._stream(self._pb.NodeWatchResourcesRequest())
         try:
-            async for response in call:
+            while True:
+                response: Any = await call(stream.read())
+                if response is grpc.aio.EOF:
+                    return
                 yield [
                     DeviceHealthStatus(
                         d.device.pool_name,
@@ -113,4 +118,4 @@ class DraHealthClient:
                     for d in response.devices
                 ]
         finally:
-            call.cancel()
+            stream.cancel()
