@@ -201,6 +201,8 @@ async def serve(
     if http is not None and observer is None:
         observer = _prometheus_observer(http.registry)
     events = Events(observer)
+    if driver is not None:
+        driver.events = events
     try:
         async with anyio.create_task_group() as tg:
             supervisor = Supervisor(tg, settings, watcher, events, strategy)
