@@ -196,9 +196,9 @@ def _parse_dra(data: Mapping[str, Any]) -> tuple[Api, Dra | None]:
         "cdiDir",
         "noExecute",
         "healthTimeout",
-        "devices",
         "kubeletRootDir",
         "cleanupInterval",
+        "devices",
     )
     driver = section.string("driver")
     problem = _names.driver_name_problem(driver)

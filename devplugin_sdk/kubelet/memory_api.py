@@ -63,7 +63,9 @@ class MemoryApi:
             with no error.
 
     Fault hooks: ``fail_next(status, reason, times)`` makes the next calls fail as an
-    unreachable or refusing API server would; ``calls`` counts calls by method name.
+    unreachable or refusing API server would (``clear_failures`` ends them); ``calls`` counts
+    calls by method name. ``claim_status`` holds each claim's ``status.devices[]`` by field
+    manager (server-side apply), ``events`` the Node events recorded.
     """
 
     def __init__(self, nodes: Iterable[str] = (), *, device_taints: bool = True) -> None:
@@ -201,6 +203,10 @@ class MemoryApi:
     def fail_next(self, status: int, reason: str, times: int = 1) -> None:
         """Fail the next ``times`` calls with ``KubeApiError(status, reason)`` (0: unreachable)."""
         self._failures.extend([(status, reason)] * times)
+
+    def clear_failures(self) -> None:
+        """Drop the failures ``fail_next`` still holds: the API answers again."""
+        self._failures.clear()
 
     @property
     def generation(self) -> int:
