@@ -34,6 +34,7 @@ if sys.version_info < (3, 11):  # pragma: no cover
 from devplugin_sdk import __version__, _logging, backends, runner
 from devplugin_sdk._logging import configure_logging
 from devplugin_sdk.api import constants
+from devplugin_sdk.cli import dra
 from devplugin_sdk.cli.runfile import RunConfig, parse_run_config
 from devplugin_sdk.config import FileOptions, load_yaml
 from devplugin_sdk.errors import ConfigError, DevicePluginError
@@ -567,6 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _cli_fake_kubelet.register(sub)
     _cli_probe.register(sub)
+    dra.register(sub)
     for subparser in sub.choices.values():
         _add_global_options(subparser, argparse.SUPPRESS)
     return parser

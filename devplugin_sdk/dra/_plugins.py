@@ -23,6 +23,7 @@ from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._engine.state import Condition
 from devplugin_sdk._wire.dra_model import HealthStatus
 from devplugin_sdk.dra import Dra, device_name
+from devplugin_sdk.dra._deviceclass import tag
 from devplugin_sdk.dra._health import HealthBoard, status_of
 from devplugin_sdk.dra._prepare import Found
 from devplugin_sdk.dra.resources import DeviceTaint, SliceDevice
@@ -194,6 +195,7 @@ class Plugins:
         found: dict[str, Found] = {}
         offered: list[SliceDevice] = []
         health: dict[str, tuple[HealthStatus, str]] = {}
+        several = len(self._attached) > 1  # then each device names its resource (DeviceClasses)
         for resource, plugin in self._attached.items():
             stopped = resource in self._stopped
             for device in plugin.state.devices:
@@ -206,7 +208,8 @@ class Plugins:
                 condition = plugin.state.condition_of(device.id)
                 found[name] = Found(resource, plugin.plugin, device, condition.health)
                 taints = self._taints(condition)
-                offered.append(SliceDevice(name, device.attributes, device.capacity, taints))
+                attributes = tag(device.attributes, device.capacity, resource, several=several)
+                offered.append(SliceDevice(name, attributes, device.capacity, taints))
                 health[name] = (
                     ("UNKNOWN", f"the plugin of {resource} stopped")
                     if stopped
