@@ -91,3 +91,20 @@ async def test_several_resources_get_a_class_each_selecting_their_own_devices() 
         expression = document["spec"]["selectors"][0]["cel"]["expression"]
         assert f'.{RESOURCE_ATTRIBUTE} == "{resource}"' in expression
         assert f'device.driver == "{DRIVER}"' in expression
+
+
+def test_the_rbac_grants_the_claim_status_writes_kubernetes_1_36_checks() -> None:
+    """deploy/dra/rbac.yaml: resourceclaims/status, and the node-aware verbs on the synthetic
+    resourceclaims/driver for the example's driver name only; Events for the Node; every
+    object valid against the 1.37 schema."""
+    documents = list(yaml.safe_load_all((ROOT / "deploy" / "dra" / "rbac.yaml").read_text()))
+    for document in documents:
+        if document["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+            kubernetes_validate.validate(document, "1.37.0", strict=True)
+    (role,) = [d for d in documents if d["kind"] == "ClusterRole"]
+    rules = {tuple(r["resources"]): r for r in role["rules"]}
+    driver = rules[("resourceclaims/driver",)]
+    assert driver["verbs"] == ["associated-node:patch", "associated-node:update"]
+    assert driver["resourceNames"] == ["gpu.devplugin.example.com"]
+    assert "patch" in rules[("resourceclaims/status",)]["verbs"]
+    assert rules[("events",)]["verbs"] == ["create"]
