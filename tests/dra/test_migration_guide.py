@@ -8,9 +8,14 @@ import pytest
 from dra_helpers import DRIVER, dra_options
 from sdk_helpers import RESOURCE, widgets
 
-from devplugin_sdk.kubelet.fake._records import AdmissionError
-from devplugin_sdk.kubelet.fake_dra import PodPreparationError
-from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
+from devplugin_sdk.testing import (
+    AdmissionError,
+    FakeKubelet,
+    MemoryApi,
+    PodPreparationError,
+    StaticPlugin,
+    serving,
+)
 
 NODE = "node-1"
 
@@ -77,7 +82,7 @@ async def test_one_node_from_device_plugin_to_dra_and_back() -> None:
             # Step 3, api: devicePlugin again: every widget is allocatable, the pool is gone;
             # nothing stops the device plugin from handing out the widget pod-c still uses.
             pod_d = await kubelet.allocate(RESOURCE, 3, pod="pod-d")
-            assert held in {d for d in kubelet.allocated(RESOURCE)}
+            assert held in kubelet.allocated(RESOURCE)
             kubelet.release(pod_d)
 
         # Which is why the guide says: drain the claims first (api: both keeps DRA serving).
