@@ -98,9 +98,13 @@ class MemoryApi:
         name: str,
         *,
         uid: str | None = None,
+        pod_claim_name: str | None = None,
     ) -> ResourceClaim:
-        """Create an unallocated ResourceClaim (as a pod's ResourceClaimTemplate would)."""
-        claim = ResourceClaim(namespace, name, uid or str(uuid.uuid4()))
+        """Create an unallocated ResourceClaim (as a pod's ResourceClaimTemplate would, with
+        ``pod_claim_name`` the pod's name for it)."""
+        claim = ResourceClaim(
+            namespace, name, uid or str(uuid.uuid4()), pod_claim_name=pod_claim_name
+        )
         self.claims[(namespace, name)] = claim
         return claim
 

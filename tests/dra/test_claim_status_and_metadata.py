@@ -229,3 +229,31 @@ async def test_metadata_json_per_request_is_mounted_by_the_claim_spec_and_remove
             await kubelet.dra.unprepare(pod)
             assert not host_file.exists()
             assert not (options.resolved_plugin_dir / "dra-device-metadata" / "team_gpus").exists()
+
+
+async def test_a_claim_from_a_template_is_mounted_under_its_pod_claim_name() -> None:
+    api = MemoryApi(nodes=[NODE])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api)
+        async with serving(
+            StaticPlugin(RESOURCE, widgets(1)), settings=kubelet.settings(), api="dra", dra=options
+        ):
+            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, NODE), what="slices")
+            pod = kubelet.dra.pod("default", "trainer", ["trainer-gpus-x7k2p"])
+            api.add_claim("default", "trainer-gpus-x7k2p", pod_claim_name="gpus")
+            api.allocate(
+                "default",
+                "trainer-gpus-x7k2p",
+                {"gpu": ["w0"]},
+                driver=DRIVER,
+                pool=NODE,
+                pods=[pod.uid],
+            )
+            await kubelet.dra.prepare(pod)
+            claim = api.claims[("default", "trainer-gpus-x7k2p")]
+            (mount,) = mounts(spec_of(options.cdi_dir, claim.uid))
+            assert mount["containerPath"] == (
+                f"{METADATA_ROOT}/resourceclaimtemplates/gpus/gpu/{DRIVER}-metadata.json"
+            )
+            document = json.loads(Path(str(mount["hostPath"])).read_text())  # noqa: ASYNC240
+            assert document["podClaimName"] == "gpus"
