@@ -27,6 +27,12 @@ NODE = "node-1"
 METADATA_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
 
 
+async def ready(kubelet: FakeKubelet, api: MemoryApi) -> None:
+    """The pool is published and the driver registered (it publishes first)."""
+    await kubelet.wait_for(lambda: api.pool_complete(DRIVER, NODE), what="slices")
+    await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), what="registered")
+
+
 def spec_of(cdi_dir: Path, uid: str) -> dict[str, object]:
     return json.loads((cdi_dir / f"k8s.{DRIVER}-claim_{uid}.json").read_text())
 
@@ -52,7 +58,7 @@ async def test_rdma_claims_show_network_data_in_the_claim_status_on_the_loopback
         options = dra_options(kubelet, api, api=client)
         try:
             async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options):
-                await kubelet.wait_for(lambda: api.pool_complete(DRIVER, NODE), what="slices")
+                await ready(kubelet, api)
                 (device,) = [d.name for s in api.pool(DRIVER, NODE) for d in s.devices]
                 pod = kubelet.dra.pod("default", "trainer", ["nic"])
                 api.allocate(
@@ -119,7 +125,7 @@ async def test_conditions_and_data_are_written_and_out_of_limit_answers_left_out
             api="dra",
             dra=dra_options(kubelet, api),
         ):
-            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, NODE), what="slices")
+            await ready(kubelet, api)
             pod = kubelet.dra.pod("default", "p", ["c"])
             api.allocate(
                 "default", "c", {"w": ["w0", "w1", "w2"]}, driver=DRIVER, pool=NODE, pods=[pod.uid]
@@ -169,7 +175,7 @@ async def test_metadata_json_per_request_is_mounted_by_the_claim_spec_and_remove
             ],
         )
         async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options):
-            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, NODE), what="slices")
+            await ready(kubelet, api)
             pod = kubelet.dra.pod("team", "p", ["gpus"])
             api.allocate(
                 "team",
@@ -238,7 +244,7 @@ async def test_a_claim_from_a_template_is_mounted_under_its_pod_claim_name() -> 
         async with serving(
             StaticPlugin(RESOURCE, widgets(1)), settings=kubelet.settings(), api="dra", dra=options
         ):
-            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, NODE), what="slices")
+            await ready(kubelet, api)
             pod = kubelet.dra.pod("default", "trainer", ["trainer-gpus-x7k2p"])
             api.add_claim("default", "trainer-gpus-x7k2p", pod_claim_name="gpus")
             api.allocate(

@@ -42,6 +42,7 @@ async def test_one_node_from_device_plugin_to_dra_and_back() -> None:
         options = dra_options(kubelet, api, devices=lambda resource, device: device.id in free)
         async with serving(plugin, settings=kubelet.settings(), api="both", dra=options):
             await kubelet.wait_for(lambda: pool(api) == free, what="DRA gets the free widgets")
+            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), what="registered")
             await kubelet.wait_for(
                 lambda: set(kubelet.devices(RESOURCE)) == {held}, what="the plugin keeps its one"
             )
@@ -61,6 +62,7 @@ async def test_one_node_from_device_plugin_to_dra_and_back() -> None:
         options = dra_options(kubelet, api)
         async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options):
             await kubelet.wait_for(lambda: pool(api) == ["w0", "w1", "w2"], what="every widget")
+            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), what="registered")
             await kubelet.wait_for(lambda: kubelet.allocatable(RESOURCE) == 0, what="DP gone")
             assert not kubelet.is_registered(RESOURCE)
             again = await kubelet.dra.prepare(pod_b)  # the same answer, no work redone

@@ -29,6 +29,7 @@ def spec_path(options: Dra, uid: str) -> Path:
 
 async def prepare_one(kubelet: FakeKubelet, api: MemoryApi, claim: str, device: str) -> DraPod:
     await kubelet.wait_for(lambda: api.pool_complete(DRIVER, NODE), what="slices")
+    await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), what="registered")
     pod = kubelet.dra.pod("default", f"pod-{claim}", [claim])
     api.allocate("default", claim, {"widgets": [device]}, driver=DRIVER, pool=NODE, pods=[pod.uid])
     await kubelet.dra.prepare(pod)
