@@ -276,6 +276,19 @@ class PrometheusObserver:
             ["resource"],
             registry=reg,
         )
+        self._stale_claims = prom.Counter(
+            "devplugin_dra_stale_claims_unprepared",
+            "Prepared DRA claims unprepared by the stale-claim cleanup, by reason (gone: deleted"
+            " from the API, replaced: its UID changed, unreserved: reserved for no pod).",
+            ["driver", "reason"],
+            registry=reg,
+        )
+        self._checkpoint_corrupted = prom.Counter(
+            "devplugin_dra_checkpoint_corrupted",
+            "DRA checkpoints that could not be used at start and were moved aside.",
+            ["driver"],
+            registry=reg,
+        )
         self._seen: set[str] = set()
         self._out: dict[tuple[str, str], str] = {}  # (resource, device) -> reason label
         self._labelled: dict[str, int] = {}  # resource -> devices in self._out
@@ -365,6 +378,14 @@ class PrometheusObserver:
             self._out[(resource, out)] = beyond.pop(out)
             self._labelled[resource] = self._labelled.get(resource, 0) + 1
         self._unlabelled.labels(resource).set(len(beyond))
+
+    def dra_stale_claim(self, driver: str, reason: str) -> None:
+        """Count a stale DRA claim unprepared, by why."""
+        self._stale_claims.labels(driver, reason).inc()
+
+    def dra_checkpoint_corrupted(self, driver: str) -> None:
+        """Count a DRA checkpoint moved aside at start."""
+        self._checkpoint_corrupted.labels(driver).inc()
 
     def _reason_label(self, resource: str, reason: str) -> str:
         label = health_reason(reason)

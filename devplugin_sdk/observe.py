@@ -45,6 +45,13 @@ class Observer(Protocol):
         as ``"Xid 79 (GPU has fallen off the bus)"``, or ``"discovered"``, ``"polled"``);
         ``health`` is None when the device left the list (reason ``"removed"``)."""
 
+    def dra_stale_claim(self, driver: str, reason: str) -> None:
+        """The DRA driver unprepared a stale claim: ``gone`` from the API, ``replaced`` (its
+        UID changed) or ``unreserved`` (reserved for no pod)."""
+
+    def dra_checkpoint_corrupted(self, driver: str) -> None:
+        """The DRA driver's checkpoint could not be used at start and was moved aside."""
+
 
 @dataclass(frozen=True, slots=True)
 class PluginStatus:
@@ -89,6 +96,9 @@ class DraStatus:
         taints_dropped: The API server dropped the devices' taints (``DRADeviceTaints`` off):
             unhealthy devices are withdrawn instead.
         health_streams: The kubelet's ``DRAResourceHealth`` streams open now.
+        stale_claims_unprepared: Prepared claims the stale-claim cleanup unprepared.
+        checkpoint_corrupted: 1 when the checkpoint could not be used at start.
+        status_write_failures: Claim device-status writes the API server refused.
     """
 
     driver: str
@@ -103,3 +113,6 @@ class DraStatus:
     recovered_claims: int = 0
     taints_dropped: bool = False
     health_streams: int = 0
+    stale_claims_unprepared: int = 0
+    checkpoint_corrupted: int = 0
+    status_write_failures: int = 0

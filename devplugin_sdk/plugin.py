@@ -14,7 +14,14 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import PurePath
 
 from devplugin_sdk import _names
-from devplugin_sdk.types import Allocation, Device, Health, HealthEvent, RescanEvent
+from devplugin_sdk.types import (
+    Allocation,
+    Device,
+    DeviceStatus,
+    Health,
+    HealthEvent,
+    RescanEvent,
+)
 
 __all__ = ["DevicePlugin"]
 
@@ -176,6 +183,20 @@ class DevicePlugin(abc.ABC):
             AllocationError: the container must not start; the kubelet retries with backoff.
         """
         raise NotImplementedError
+
+    async def device_status(self, device: Device) -> DeviceStatus | None:
+        """What a DRA driver reports about ``device`` once prepared (optional; DRA only).
+
+        Called after ``allocate()`` for each device of a claim the DRA driver prepares; the
+        answer goes into the ResourceClaim's ``status.devices[]`` (server-side apply, the
+        driver as field manager) and, with ``network_data``, into the request's
+        ``metadata.json``. Out-of-limit answers are dropped with a warning; an error or None
+        writes nothing. The device-plugin API has no place for it.
+
+        Returns:
+            The device's conditions, data and network data, or None.
+        """
+        return None
 
     async def on_stop(self) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Clean up when serving this plugin ends (optional).

@@ -203,6 +203,8 @@ async def serve(
     if http is not None and observer is None:
         observer = _prometheus_observer(http.registry)
     events = Events(observer)
+    if driver is not None:
+        driver.events = events
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_loop)  # says when a hook blocks the loop

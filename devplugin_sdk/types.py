@@ -13,7 +13,7 @@ import enum
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeAlias
+from typing import Literal, TypeAlias
 
 from devplugin_sdk import _names
 
@@ -21,12 +21,15 @@ __all__ = [
     "Allocation",
     "AttributeValue",
     "Device",
+    "DeviceCondition",
     "DeviceNode",
+    "DeviceStatus",
     "Effect",
     "Health",
     "HealthEvent",
     "HealthReport",
     "Mount",
+    "NetworkData",
     "Partition",
     "Quantity",
     "RescanEvent",
@@ -642,3 +645,52 @@ class HealthReport(Mapping[str, Health]):
 
     def __len__(self) -> int:
         return len(self.health)
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkData:
+    """A prepared network device's address, for the claim's status (``networkData``).
+
+    Args:
+        interface_name: The interface in the pod (or on the host, before it moves), e.g.
+            ``eth1``; at most 256 characters.
+        ips: Its addresses in CIDR form (``10.0.0.2/24``); at most 16.
+        hardware_address: Its MAC (or InfiniBand GUID), at most 128 characters.
+    """
+
+    interface_name: str = ""
+    ips: tuple[str, ...] = ()
+    hardware_address: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceCondition:
+    """A condition of a prepared device (``status.devices[].conditions[]``, a metav1.Condition).
+
+    Args:
+        type: CamelCase (``Ready``); one condition per type.
+        status: ``True``, ``False`` or ``Unknown``.
+        reason: CamelCase, why.
+        message: For people.
+    """
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStatus:
+    """What a DRA driver says about one prepared device in its ResourceClaim's status
+    (KEP-4817; ``DevicePlugin.device_status`` returns it).
+
+    Args:
+        conditions: At most 8.
+        data: Free-form JSON for the device's users, at most 10 KiB encoded.
+        network_data: The network device's interface and addresses.
+    """
+
+    conditions: tuple[DeviceCondition, ...] = ()
+    data: Mapping[str, object] | None = None
+    network_data: NetworkData | None = None

@@ -2,7 +2,8 @@
 uses, over a ``MemoryApi``, so that the real client (lightkube) is tested on the wire.
 
 It speaks HTTP/1.1 on 127.0.0.1 (keep-alive, chunked watch streams) and serves GET of a
-ResourceClaim and a Node, and list, watch, create, replace and delete of ResourceSlices with
+ResourceClaim and a Node, server-side apply of a claim's status (its ``status.devices[]``), POST
+of a Node Event, and list, watch, create, replace and delete of ResourceSlices with
 field selectors, answering errors as the API server does (a ``Status`` with code and message).
 A watch ends after its ``timeoutSeconds``, as the API server's does. Fault hooks: ``watch_fault``
 ("end": every watch ends at once, as behind a proxy that closes them; "silent": the connection
@@ -23,10 +24,11 @@ import anyio
 import anyio.abc
 from lightkube.resources.resource_v1 import ResourceSlice as KubeSlice
 
-from devplugin_sdk.dra._kube import slice_from_kube, slice_to_kube
-from devplugin_sdk.dra.resources import ResourceSlice
+from devplugin_sdk.dra._kube import device_status_to_kube, slice_from_kube, slice_to_kube
+from devplugin_sdk.dra.resources import ClaimDeviceStatus, NodeEvent, ResourceClaim, ResourceSlice
 from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.testing import MemoryApi
+from devplugin_sdk.types import DeviceCondition, DeviceStatus, NetworkData
 
 _SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
@@ -69,6 +71,8 @@ class FakeApiServer:
         self.conflicts = False
         self.mutate: Callable[[ResourceSlice], ResourceSlice] | None = None
         self.node_labels: dict[str, dict[str, str]] = {}
+        self.content_types: list[tuple[str, str]] = []
+        self.events: list[dict[str, Any]] = []
         self._watched = anyio.Event()
 
     async def wait_for_watches(self, count: int) -> None:
@@ -140,6 +144,7 @@ class FakeApiServer:
                     # The connection stays open for the next request once a watch ends.
                     await self._watch(stream, query)
                     continue
+                self.content_types.append((method, headers.get("content-type", "")))
                 code, payload = await self._handle(method, url.path, query, body)
                 data = json.dumps(payload).encode()
                 await stream.send(
@@ -165,6 +170,14 @@ class FakeApiServer:
                         "labels": self.node_labels.get(name, {}),
                     },
                 }
+            if method == "PATCH" and "/resourceclaims/" in path and path.endswith("/status"):
+                return await self._apply_status(path, query, body)
+            if (
+                method == "POST"
+                and path.startswith("/api/v1/namespaces/")
+                and path.endswith("/events")
+            ):
+                return await self._event_created(path, body)
             if method == "GET" and "/resourceclaims/" in path:
                 parts = path.split("/")
                 claim = await api.read_claim(parts[-3], parts[-1])
@@ -197,6 +210,49 @@ class FakeApiServer:
         except KubeApiError as exc:
             return exc.status or 500, _status(exc.status or 500, exc.reason)
         return 404, _status(404, f"the server could not find {method} {path}")
+
+    async def _apply_status(
+        self, path: str, query: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, Any]]:
+        # Server-side apply (PATCH application/apply-patch+yaml, which JSON is): the API server
+        # requires a fieldManager, and the UID in the body is a precondition.
+        if self.content_types[-1][1] != "application/apply-patch+yaml":
+            return 415, _status(415, f"unsupported patch type {self.content_types[-1][1]}")
+        manager = query.get("fieldManager", "")
+        if not manager:
+            return 422, _status(422, "PatchOptions.meta.k8s.io: fieldManager: Required value")
+        parts = path.split("/")
+        namespace, name = parts[-4], parts[-2]
+        data = json.loads(body)
+        uid = str(data.get("metadata", {}).get("uid", ""))
+        devices = [_device_status(d) for d in data.get("status", {}).get("devices", [])]
+        await self.api.apply_claim_status(ResourceClaim(namespace, name, uid), manager, devices)
+        claim = await self.api.read_claim(namespace, name)
+        out = _claim_json(claim)
+        out["status"]["devices"] = [
+            device_status_to_kube(d) for d in self.api.device_statuses(namespace, name)
+        ]
+        return 200, out
+
+    async def _event_created(self, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        data = json.loads(body)
+        involved = data.get("involvedObject", {})
+        if path.split("/")[4] != data.get("metadata", {}).get("namespace", path.split("/")[4]):
+            return 400, _status(400, "the namespace of the object does not match the request")
+        if involved.get("kind") != "Node":
+            return 422, _status(422, "only Node events are modelled here")
+        await self.api.create_event(
+            NodeEvent(
+                node_name=str(involved.get("name", "")),
+                node_uid=str(involved.get("uid") or ""),
+                reason=str(data.get("reason", "")),
+                message=str(data.get("message", "")),
+                type=data.get("type", "Normal"),
+                component=str(data.get("source", {}).get("component") or ""),
+            )
+        )
+        self.events.append(data)
+        return 201, data
 
     def _admit(self, s: ResourceSlice) -> ResourceSlice:
         return self.mutate(s) if self.mutate is not None else s
@@ -277,10 +333,17 @@ def _claim_json(claim: Any) -> dict[str, Any]:
                 "config": [_config_json(c) for c in claim.config],
             }
         }
+    metadata: dict[str, Any] = {
+        "namespace": claim.namespace,
+        "name": claim.name,
+        "uid": claim.uid,
+    }
+    if claim.pod_claim_name:
+        metadata["annotations"] = {"resource.kubernetes.io/pod-claim-name": claim.pod_claim_name}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid},
+        "metadata": metadata,
         "spec": {"devices": {}},
         "status": status,
     }
@@ -302,3 +365,26 @@ def _result_json(r: Any) -> dict[str, Any]:
     if r.admin_access:
         out["adminAccess"] = True
     return out
+
+
+def _device_status(raw: dict[str, Any]) -> ClaimDeviceStatus:
+    net = raw.get("networkData")
+    return ClaimDeviceStatus(
+        raw["driver"],
+        raw["pool"],
+        raw["device"],
+        DeviceStatus(
+            conditions=tuple(
+                DeviceCondition(c["type"], c["status"], c["reason"], c.get("message", ""))
+                for c in raw.get("conditions", [])
+            ),
+            data=raw.get("data"),
+            network_data=None
+            if net is None
+            else NetworkData(
+                net.get("interfaceName", ""),
+                tuple(net.get("ips", [])),
+                net.get("hardwareAddress", ""),
+            ),
+        ),
+    )

@@ -46,6 +46,12 @@ class Events:
     ) -> None:
         self._call("health_changed", resource, device, health, reason)
 
+    def dra_stale_claim(self, driver: str, reason: str) -> None:
+        self._call("dra_stale_claim", driver, reason)
+
+    def dra_checkpoint_corrupted(self, driver: str) -> None:
+        self._call("dra_checkpoint_corrupted", driver)
+
     def _call(self, event: str, *args: object) -> None:
         method = getattr(self._observer, event, None)
         if method is None:

@@ -212,6 +212,8 @@ def _parse_dra(data: Mapping[str, Any]) -> tuple[Api, Dra | None]:
         "cdiDir",
         "noExecute",
         "healthTimeout",
+        "kubeletRootDir",
+        "cleanupInterval",
         "devices",
     )
     driver = section.string("driver")
@@ -233,6 +235,10 @@ def _parse_dra(data: Mapping[str, Any]) -> tuple[Api, Dra | None]:
         devices=DeviceRules(rules) if rules else None,
         no_execute=section.boolean("noExecute", False),
         health_timeout=section.integer("healthTimeout", 30, minimum=3, maximum=3600),
+        kubelet_root_dir=(
+            section.path("kubeletRootDir", "/") if section.has("kubeletRootDir") else None
+        ),
+        cleanup_interval=section.number("cleanupInterval", 600.0) or 0.0,
     )
 
 

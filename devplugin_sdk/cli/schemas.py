@@ -90,6 +90,16 @@ _SDK: dict[str, Any] = {
                 "default": 30,
                 "description": "seconds the kubelet trusts a device's health on the stream",
             },
+            "kubeletRootDir": {
+                **_PATH,
+                "description": "the kubelet's --root-dir (default: pluginsRegistryDir's parent)",
+            },
+            "cleanupInterval": {
+                "type": "number",
+                "minimum": 0,
+                "default": 600,
+                "description": "seconds between checks of prepared claims against the API (0: off)",
+            },
             "devices": {
                 "type": "array",
                 "items": {

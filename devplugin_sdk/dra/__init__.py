@@ -83,6 +83,12 @@ class Dra:
             ``DRAResourceHealth`` stream without a newer report, seconds
             (``health_check_timeout_seconds``); every device's health is sent at least three
             times within it.
+        kubelet_root_dir: The kubelet's root directory (its ``--root-dir``); the DRA socket
+            must be inside it. None derives it from the plugin-watcher directory's parent.
+        cleanup_interval: How often prepared claims are checked against the API, seconds:
+            a claim the API no longer has, whose UID changed or that is reserved for no pod
+            is unprepared (at start, then every interval; NVIDIA's driver checks every 10
+            minutes). 0 turns the check off.
 
     Raises:
         ValueError: an invalid driver or node name.
@@ -97,6 +103,8 @@ class Dra:
     devices: Callable[[str, Device], bool] | None = None
     no_execute: bool = False
     health_timeout: int = constants.DRA_HEALTH_TIMEOUT_S
+    kubelet_root_dir: Path | None = None
+    cleanup_interval: float = 600.0
 
     def __post_init__(self) -> None:
         problem = _names.driver_name_problem(self.driver)
@@ -109,7 +117,12 @@ class Dra:
                 f"Dra.health_timeout must be a whole number of seconds >= 3, got "
                 f"{self.health_timeout!r}"
             )
-        for name in ("kubeconfig", "plugin_dir", "cdi_dir"):
+        if not (isinstance(self.cleanup_interval, (int, float)) and self.cleanup_interval >= 0):
+            raise ValueError(
+                f"Dra.cleanup_interval must be a number of seconds >= 0, got "
+                f"{self.cleanup_interval!r}"
+            )
+        for name in ("kubeconfig", "plugin_dir", "cdi_dir", "kubelet_root_dir"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, Path(value))

@@ -15,17 +15,21 @@ from collections.abc import Collection
 import anyio
 from anyio.abc import TaskStatus
 
+from devplugin_sdk._engine.events import Events
 from devplugin_sdk._engine.handle import Strategy
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._wire import dra_health
 from devplugin_sdk._wire.dra_service import handlers as dra_handlers
-from devplugin_sdk.dra import Dra, kube_api
+from devplugin_sdk.dra import Dra, _rules, kube_api
 from devplugin_sdk.dra._checkpoint import Checkpoint, private_directory
+from devplugin_sdk.dra._cleanup import Cleanup, report_corrupt_checkpoint
 from devplugin_sdk.dra._health import HealthBoard
+from devplugin_sdk.dra._metadata import Metadata
 from devplugin_sdk.dra._plugins import Plugins
 from devplugin_sdk.dra._prepare import Preparer
 from devplugin_sdk.dra._publisher import Publisher
 from devplugin_sdk.dra._registrar import HEALTH_SERVICES, SERVICES, Registrar
+from devplugin_sdk.dra._status import StatusWriter
 from devplugin_sdk.dra.resources import ResourceApi
 from devplugin_sdk.observe import DraStatus
 from devplugin_sdk.settings import Settings
@@ -46,8 +50,13 @@ class DraDriver:
             each has discovered its devices (or ``FIRST_LIST_WAIT`` has passed), so a restarted
             driver never withdraws devices it still has.
 
+    Attributes:
+        events: Where the driver's events go (the runner's observer).
+
     Raises:
-        ValueError: the node name is unknown or invalid.
+        ValueError: the node name is unknown or invalid, or the kubelet would refuse the
+            driver's registration (``_rules``: the DRA socket outside the kubelet's root
+            directory or too long for a unix socket).
     """
 
     def __init__(
@@ -63,6 +72,13 @@ class DraDriver:
         self.settings = settings
         self.watcher = watcher
         self.plugin_dir = options.resolved_plugin_dir
+        root = options.kubelet_root_dir or _rules.kubelet_root(settings.plugins_registry_dir)
+        problem = _rules.driver_problem(options.driver) or _rules.endpoint_problem(
+            self.plugin_dir / "dra.sock", root
+        )
+        if problem is not None:
+            raise ValueError(problem)
+        self.events = Events(None)
         node_name = options.resolved_node_name()
         self.health = HealthBoard(node_name, options.health_timeout)
         self.plugins = Plugins(options, self.health, both=both, expected=expected)
@@ -76,6 +92,9 @@ class DraDriver:
         watcher.add(settings.plugins_registry_dir, self.plugin_dir)
         self.publisher: Publisher | None = None
         self.preparer: Preparer | None = None
+        self.cleanup: Cleanup | None = None
+        self.status_writer: StatusWriter | None = None
+        self.corrupt_checkpoints = 0
 
     def strategy(self, device_plugin: Strategy) -> Strategy:
         """Each plugin's registration strategy: the driver's own, or with ``both``, the driver's
@@ -97,6 +116,7 @@ class DraDriver:
             private_directory(self.plugin_dir)  # 0700: no one else renames a checkpoint in
             self.settings.plugins_registry_dir.mkdir(parents=True, exist_ok=True)
             self.publisher = Publisher(api, self.options.driver, self.registrar.node_name)
+            self.status_writer = StatusWriter(self.options.driver, api)
             self.preparer = Preparer(
                 self.options.driver,
                 self.registrar.node_name,
@@ -105,9 +125,12 @@ class DraDriver:
                 checkpoint=Checkpoint(self.plugin_dir / "checkpoint.json"),
                 cdi_dir=self.options.cdi_dir,
                 hook_timeout=self.settings.hook_timeout,
+                metadata=Metadata(self.options.driver, self.plugin_dir),
+                status=self.status_writer,
             )
             await self.preparer.load()
             async with anyio.create_task_group() as tg:
+                self._after_load(api, tg)
                 tg.start_soon(self.publisher.run)
                 tg.start_soon(self.plugins.run)
                 task_status.started()
@@ -122,6 +145,26 @@ class DraDriver:
             if self.options.api is None:
                 with anyio.CancelScope(shield=True):
                     await api.aclose()
+
+    def _after_load(self, api: ResourceApi, tg: anyio.abc.TaskGroup) -> None:
+        """Report a checkpoint that was set aside; start the stale-claim cleanup."""
+        assert self.preparer is not None
+        driver, node = self.options.driver, self.registrar.node_name
+        loaded = self.preparer.loaded
+        if loaded.problem is not None:
+            self.corrupt_checkpoints += 1
+            self.events.dra_checkpoint_corrupted(driver)
+            where = f"; moved to {loaded.aside}" if loaded.aside else ""
+            message = (
+                f"DRA driver {driver}: the checkpoint {self.preparer.checkpoint.path} cannot be "
+                f"used: {loaded.problem}{where}; started from the CDI specs on disk"
+            )
+            tg.start_soon(report_corrupt_checkpoint, api, driver, node, message)
+        self.cleanup = Cleanup(
+            driver, api, self.preparer, self.options.cleanup_interval, self.events.dra_stale_claim
+        )
+        if self.options.cleanup_interval > 0:
+            tg.start_soon(self.cleanup.run)
 
     def status(self) -> DraStatus:
         """What the driver is doing (``Running.dra``)."""
@@ -139,4 +182,9 @@ class DraDriver:
             recovered_claims=preparer.recovered() if preparer is not None else 0,
             taints_dropped=publisher.taints_dropped if publisher is not None else False,
             health_streams=self.health.streams,
+            stale_claims_unprepared=self.cleanup.unprepared if self.cleanup is not None else 0,
+            checkpoint_corrupted=self.corrupt_checkpoints,
+            status_write_failures=(
+                self.status_writer.failed if self.status_writer is not None else 0
+            ),
         )

@@ -12,25 +12,29 @@ from __future__ import annotations
 import datetime
 import json
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx2
 from lightkube import AsyncClient, KubeConfig
 from lightkube.core.exceptions import ApiError
-from lightkube.models import meta_v1
+from lightkube.models import core_v1, meta_v1
 from lightkube.models import resource_v1 as m
+from lightkube.resources.core_v1 import Event as KubeEvent
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim as KubeClaim
 from lightkube.resources.resource_v1 import ResourceSlice as KubeSlice
+from lightkube.types import PatchType
 
 from devplugin_sdk.dra.resources import (
     AllocatedDevice,
+    ClaimDeviceStatus,
     CounterConsumption,
     CounterSet,
     DeviceConfig,
     DeviceTaint,
+    NodeEvent,
     RequestPolicy,
     ResourceClaim,
     ResourceSlice,
@@ -40,7 +44,20 @@ from devplugin_sdk.dra.resources import (
 from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.types import AttributeValue, Quantity, Version
 
-__all__ = ["LightkubeApi", "claim_from_kube", "slice_from_kube", "slice_to_kube"]
+__all__ = [
+    "LightkubeApi",
+    "claim_from_kube",
+    "claim_status_apply",
+    "event_to_kube",
+    "slice_from_kube",
+    "slice_to_kube",
+]
+
+#: The annotation on a claim made from a pod's ResourceClaimTemplate: the pod's name for it
+#: (k8s.io/api resource/v1 PodResourceClaimAnnotation).
+POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
+#: Where the kubelet records Node events, and so do we.
+EVENT_NAMESPACE = "default"
 
 # The field selectors the API server supports on ResourceSlices (ResourceSliceSelectorNodeName,
 # ResourceSliceSelectorDriver in k8s.io/api resource/v1).
@@ -169,6 +186,24 @@ class LightkubeApi:
         with _errors():
             node = await self._client.get(Node, node_name)
         return str(node.metadata.uid if node.metadata is not None else "")
+
+    async def apply_claim_status(
+        self, claim: ResourceClaim, field_manager: str, devices: Sequence[ClaimDeviceStatus]
+    ) -> None:
+        with _errors():
+            await self._client.patch(
+                KubeClaim.Status,
+                claim.name,
+                claim_status_apply(claim, devices),
+                namespace=claim.namespace,
+                patch_type=PatchType.APPLY,
+                field_manager=field_manager,
+                force=True,
+            )
+
+    async def create_event(self, event: NodeEvent) -> None:
+        with _errors():
+            await self._client.create(event_to_kube(event))
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -439,6 +474,7 @@ def claim_from_kube(obj: Any) -> ResourceClaim:
     config: tuple[DeviceConfig, ...] = ()
     if allocation is not None and allocation.devices is not None:
         config = tuple(_config_from_kube(c) for c in allocation.devices.config or [])
+    annotations = (meta.annotations or {}) if meta is not None else {}
     return ResourceClaim(
         namespace=meta.namespace or "",
         name=meta.name or "",
@@ -447,6 +483,7 @@ def claim_from_kube(obj: Any) -> ResourceClaim:
         results=tuple(results),
         reserved_for=reserved,
         config=config,
+        pod_claim_name=annotations.get(POD_CLAIM_NAME),
     )
 
 
@@ -459,4 +496,71 @@ def _config_from_kube(raw: Any) -> DeviceConfig:
         requests=tuple(raw.requests or ()),
         driver=opaque.driver if opaque is not None else "",
         parameters=opaque.parameters if opaque is not None else None,
+    )
+
+
+def claim_status_apply(
+    claim: ResourceClaim, devices: Sequence[ClaimDeviceStatus]
+) -> dict[str, Any]:
+    """The apply configuration of a claim's ``status.devices[]`` entries (a merge by driver,
+    pool and device, so each field manager owns its own entries; the UID a precondition)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
+        "status": {"devices": [device_status_to_kube(d) for d in devices]},
+    }
+
+
+def device_status_to_kube(entry: ClaimDeviceStatus) -> dict[str, Any]:
+    """One ``status.devices[]`` entry as JSON."""
+    out: dict[str, Any] = {"driver": entry.driver, "pool": entry.pool, "device": entry.device}
+    status = entry.status
+    if status.conditions:
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        out["conditions"] = [
+            {
+                "type": c.type,
+                "status": c.status,
+                "reason": c.reason,
+                "message": c.message,
+                "lastTransitionTime": now,
+            }
+            for c in status.conditions
+        ]
+    if status.data is not None:
+        out["data"] = dict(status.data)
+    net = status.network_data
+    if net is not None:
+        data: dict[str, Any] = {}
+        if net.interface_name:
+            data["interfaceName"] = net.interface_name
+        if net.ips:
+            data["ips"] = list(net.ips)
+        if net.hardware_address:
+            data["hardwareAddress"] = net.hardware_address
+        out["networkData"] = data
+    return out
+
+
+def event_to_kube(event: NodeEvent) -> KubeEvent:
+    """The core/v1 Event of a Node event (named as client-go's recorder names them)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return KubeEvent(
+        metadata=meta_v1.ObjectMeta(
+            name=f"{event.node_name}.{random.getrandbits(64):016x}",
+            namespace=EVENT_NAMESPACE,
+        ),
+        involvedObject=core_v1.ObjectReference(
+            apiVersion="v1", kind="Node", name=event.node_name, uid=event.node_uid or None
+        ),
+        reason=event.reason,
+        message=event.message[:1024],
+        type=event.type,
+        source=core_v1.EventSource(component=event.component or None, host=event.node_name),
+        firstTimestamp=now,
+        lastTimestamp=now,
+        count=1,
+        reportingComponent=event.component or None,
+        reportingInstance=event.node_name,
     )

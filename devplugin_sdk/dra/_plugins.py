@@ -25,6 +25,7 @@ from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._engine.state import Condition
 from devplugin_sdk._wire.dra_model import HealthStatus
 from devplugin_sdk.dra import Dra, _shares, device_name
+from devplugin_sdk.dra._deviceclass import tag
 from devplugin_sdk.dra._health import HealthBoard, status_of
 from devplugin_sdk.dra._prepare import Found
 from devplugin_sdk.dra.resources import CounterSet, DeviceTaint, SliceDevice
@@ -305,6 +306,8 @@ class _Pool:
         self.offered: list[SliceDevice] = []
         self.counter_sets: list[CounterSet] = []
         self.health: dict[str, tuple[HealthStatus, str]] = {}
+        # Several resources in one pool: each device names its resource (its DeviceClass).
+        self.several = len(plugins._attached) > 1
 
     def offer(
         self,
@@ -327,7 +330,12 @@ class _Pool:
         self.found[name] = Found(
             first.resource, first.plugin.plugin, shown, condition.health, **found
         )
-        self.offered.append(replace(published, taints=self.plugins._taints(condition)))
+        attributes = tag(
+            published.attributes, published.capacity, first.resource, several=self.several
+        )
+        self.offered.append(
+            replace(published, attributes=attributes, taints=self.plugins._taints(condition))
+        )
         self.health[name] = (
             ("UNKNOWN", f"the plugin of {first.resource} stopped")
             if first.stopped

@@ -33,9 +33,16 @@ from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim, PreparedDevic
 from devplugin_sdk.dra import _shares
 from devplugin_sdk.dra import config as claim_config
 from devplugin_sdk.dra._checkpoint import Checkpoint, Entry, Loaded
-from devplugin_sdk.dra.resources import AllocatedDevice, ResourceApi, ResourceClaim
+from devplugin_sdk.dra._metadata import Metadata, MetadataDevice
+from devplugin_sdk.dra._status import StatusWriter, status_problem
+from devplugin_sdk.dra.resources import (
+    AllocatedDevice,
+    ClaimDeviceStatus,
+    ResourceApi,
+    ResourceClaim,
+)
 from devplugin_sdk.errors import KubeApiError
-from devplugin_sdk.types import Allocation, Device, Health
+from devplugin_sdk.types import Allocation, Device, DeviceStatus, Health
 
 if TYPE_CHECKING:
     from devplugin_sdk.plugin import DevicePlugin
@@ -98,6 +105,9 @@ class Preparer:
         checkpoint: The prepared-claims file.
         cdi_dir: Where per-claim CDI specs go.
         hook_timeout: Bound on each plugin's ``allocate()``.
+        metadata: Writes each request's ``metadata.json`` (KEP-5304), mounted by the claim's
+            spec; None writes none.
+        status: Writes the claims' device status (KEP-4817); None writes none.
     """
 
     def __init__(
@@ -110,6 +120,8 @@ class Preparer:
         checkpoint: Checkpoint,
         cdi_dir: Path,
         hook_timeout: float,
+        metadata: Metadata | None = None,
+        status: StatusWriter | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -118,8 +130,12 @@ class Preparer:
         self.checkpoint = checkpoint
         self.cdi_dir = cdi_dir
         self.hook_timeout = hook_timeout
+        self.metadata = metadata
+        self.status = status
+        self._statuses: dict[str, tuple[ResourceClaim, list[ClaimDeviceStatus]]] = {}
         self.kind = f"{_vendor(driver)}/claim"
         self.prepared: dict[str, Entry] = {}
+        self.loaded = Loaded()  # what load() found: a problem, when the file was set aside
         self._lock = anyio.Lock()
         self._warned_annotations: set[str] = set()
         self._spec_name = re.compile(
@@ -140,6 +156,7 @@ class Preparer:
         recovered entry until the kubelet prepares or unprepares its claim.
         """
         loaded = await anyio.to_thread.run_sync(self.checkpoint.load)
+        self.loaded = loaded
         self.prepared = loaded.entries
         await anyio.to_thread.run_sync(self.checkpoint.remove_temporaries)
         if loaded.problem is not None:
@@ -229,7 +246,15 @@ class Preparer:
         async with self._lock:
             for ref in refs:
                 results[ref.uid] = await self._prepare_one(ref, claims.get(ref.uid))
+        await self._write_statuses()
         return results
+
+    async def _write_statuses(self) -> None:
+        """The device status of the claims just prepared, outside the lock."""
+        pending, self._statuses = self._statuses, {}
+        if self.status is not None:
+            for claim, entries in pending.values():
+                await self.status.write(claim, entries)
 
     def _done(self, uid: str) -> bool:
         entry = self.prepared.get(uid)
@@ -303,6 +328,7 @@ class Preparer:
         configs = _configs(claim, self.driver, by_request)
         spec_devices: dict[str, Allocation] = {}
         prepared: list[PreparedDevice] = []
+        statuses: list[ClaimDeviceStatus] = []
         for request, members in by_request.items():
             edits, extra_ids = await self._edits(
                 request,
@@ -311,6 +337,9 @@ class Preparer:
                 configs[request],
                 admin=all(r.admin_access for r, _ in members),
             )
+            found_status = await self._device_statuses(members, ref)
+            statuses += found_status.values()
+            edits = await self._with_metadata(claim, request, members, found_status, edits)
             ids = list(extra_ids)
             if edits is not None:
                 name = f"{ref.uid}-{request}"
@@ -343,7 +372,79 @@ class Preparer:
             raise _ClaimError(f"cannot write the checkpoint {self.checkpoint.path}: {exc}") from exc
         if previous is not None and previous.spec_file not in (None, spec_file):
             await self._remove_spec(previous.spec_file)
+        self._statuses[ref.uid] = (claim, statuses)  # written after the lock (none: nothing)
         return entry
+
+    async def _device_statuses(
+        self, members: Sequence[tuple[AllocatedDevice, Found]], ref: ClaimRef
+    ) -> dict[str, ClaimDeviceStatus]:
+        """Each device's status from its plugin's ``device_status`` (when overridden), by
+        device name; an answer the API server would refuse, or an error, is left out."""
+        out: dict[str, ClaimDeviceStatus] = {}
+        for result, found in members:
+            if not found.plugin.overrides("device_status"):
+                continue
+            try:
+                with anyio.fail_after(self.hook_timeout):
+                    status = await found.plugin.device_status(found.device)
+            except Exception as exc:
+                log.warning(
+                    "DRA %s: claim %s: device_status(%s) failed: %s",
+                    self.driver,
+                    _shown(ref),
+                    printable(result.device),
+                    printable(str(exc) or type(exc).__name__),
+                )
+                continue
+            if status is None:
+                continue
+            problem = (
+                status_problem(status) if isinstance(status, DeviceStatus) else "not a DeviceStatus"
+            )
+            if problem is not None:
+                log.warning(
+                    "DRA %s: claim %s: the status of device %s is left out: %s",
+                    self.driver,
+                    _shown(ref),
+                    printable(result.device),
+                    printable(problem),
+                )
+                continue
+            out[result.device] = ClaimDeviceStatus(self.driver, result.pool, result.device, status)
+        return out
+
+    async def _with_metadata(
+        self,
+        claim: ResourceClaim,
+        request: str,
+        members: Sequence[tuple[AllocatedDevice, Found]],
+        statuses: dict[str, ClaimDeviceStatus],
+        edits: Allocation | None,
+    ) -> Allocation | None:
+        """``edits`` plus the bind mount of the request's ``metadata.json`` (written first)."""
+        if self.metadata is None:
+            return edits
+        devices = [
+            MetadataDevice(
+                result.pool,
+                result.device,
+                found.device.attributes,
+                statuses[result.device].status.network_data if result.device in statuses else None,
+            )
+            for result, found in members
+        ]
+        full_name = members[0][0].request
+        try:
+            mount = await anyio.to_thread.run_sync(
+                self.metadata.write, claim, request, full_name, devices
+            )
+        except OSError as exc:
+            raise _ClaimError(
+                f"cannot write the device metadata of request {request}: {exc}"
+            ) from exc
+        if edits is None:
+            return Allocation(mounts=(mount,))
+        return Allocation(edits.device_nodes, (*edits.mounts, mount), edits.env)
 
     async def _remove_spec(self, name: str | None) -> None:
         if name is None or not self._spec_name.fullmatch(name):
@@ -474,6 +575,10 @@ class Preparer:
                     errors[ref.uid] = f"cannot unprepare: {exc}"
                 else:
                     errors[ref.uid] = ""
+        if self.status is not None:
+            for ref in refs:
+                if not errors.get(ref.uid):
+                    await self.status.clear(ResourceClaim(ref.namespace, ref.name, ref.uid))
         return errors
 
     async def _unprepare_one(self, ref: ClaimRef) -> None:
@@ -491,6 +596,9 @@ class Preparer:
         spec_file = spec_file_name(self.driver, ref.uid) if ref.uid else None
         if spec_file is not None and self._spec_name.fullmatch(spec_file):
             await anyio.to_thread.run_sync(cdi.remove_spec, self.cdi_dir / spec_file)
+        if self.metadata is not None:
+            metadata = self.metadata
+            await anyio.to_thread.run_sync(metadata.remove, ref.namespace, ref.name)
         if entry is not None:
             log.info("DRA %s: unprepared claim %s", self.driver, _shown(ref))
 

@@ -1,7 +1,8 @@
 """The resource.k8s.io/v1 objects a DRA driver reads and writes, and the API it uses for them.
 
-A DRA kubelet plugin needs few Kubernetes operations: read a ResourceClaim, and list, create,
-update, delete and watch the ResourceSlices of its driver on its node. ``ResourceApi`` is that
+A DRA kubelet plugin needs few Kubernetes operations: read a ResourceClaim and apply its
+devices' status, list, create, update, delete and watch the ResourceSlices of its driver on its
+node, and record an Event on its Node. ``ResourceApi`` is that
 interface, in the SDK's own frozen dataclasses; ``devplugin_sdk.dra.kube_api`` implements it
 with a Kubernetes client (the ``dra`` extra) and ``devplugin_sdk.testing.MemoryApi`` in memory,
 for tests. Field meanings follow k8s.io/api resource/v1 types.go.
@@ -10,11 +11,11 @@ for tests. Field meanings follow k8s.io/api resource/v1 types.go.
 from __future__ import annotations
 
 import datetime
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from devplugin_sdk.types import AttributeValue, Quantity
+from devplugin_sdk.types import AttributeValue, DeviceStatus, Quantity
 
 __all__ = [
     "MAX_COUNTERS_PER_SET",
@@ -22,13 +23,17 @@ __all__ = [
     "MAX_COUNTER_SETS_PER_SLICE",
     "MAX_DEVICES_PER_SLICE",
     "MAX_DEVICES_PER_SLICE_WITH_TAINTS",
+    "MAX_DEVICE_CONDITIONS",
+    "MAX_DEVICE_DATA_BYTES",
     "MAX_TAINTS_PER_DEVICE",
     "MAX_VALID_VALUES",
     "AllocatedDevice",
+    "ClaimDeviceStatus",
     "CounterConsumption",
     "CounterSet",
     "DeviceConfig",
     "DeviceTaint",
+    "NodeEvent",
     "RequestPolicy",
     "ResourceApi",
     "ResourceClaim",
@@ -52,6 +57,19 @@ MAX_COUNTERS_PER_SET = 32
 MAX_COUNTER_CONSUMPTIONS_PER_DEVICE = 2
 #: CapacityRequestPolicyDiscreteMaxOptions: entries of requestPolicy.validValues.
 MAX_VALID_VALUES = 10
+
+# The limits of a claim's status.devices[] (k8s.io/api resource/v1 types.go:
+# AllocatedDeviceStatus, NetworkDeviceData; enforced by the API server's validation).
+#: Conditions per device.
+MAX_DEVICE_CONDITIONS = 8
+#: ``data``, JSON-encoded.
+MAX_DEVICE_DATA_BYTES = 10 * 1024
+#: ``networkData.interfaceName``, characters.
+MAX_INTERFACE_NAME = 256
+#: ``networkData.ips``.
+MAX_IPS = 16
+#: ``networkData.hardwareAddress``, characters.
+MAX_HARDWARE_ADDRESS = 128
 
 TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
 
@@ -264,6 +282,8 @@ class ResourceClaim:
         reserved_for: UIDs of the pods in ``status.reservedFor``.
         config: The opaque configuration entries of the allocation, of every driver, classes'
             first (``status.allocation.devices.config``).
+        pod_claim_name: The pod's name for a claim made from a ResourceClaimTemplate (the
+            ``resource.kubernetes.io/pod-claim-name`` annotation), else None.
     """
 
     namespace: str
@@ -273,6 +293,46 @@ class ResourceClaim:
     results: tuple[AllocatedDevice, ...] = ()
     reserved_for: tuple[str, ...] = ()
     config: tuple[DeviceConfig, ...] = ()
+    pod_claim_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimDeviceStatus:
+    """One entry of a claim's ``status.devices[]``, keyed by driver, pool and device.
+
+    Args:
+        driver: The driver (the entries' writer, and their field manager).
+        pool: The device's pool.
+        device: The device's name in the pool.
+        status: Its conditions, data and network data.
+    """
+
+    driver: str
+    pool: str
+    device: str
+    status: DeviceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEvent:
+    """A Kubernetes Event about a Node (core/v1, in the ``default`` namespace, where the
+    kubelet records its own Node events).
+
+    Args:
+        node_name: The Node.
+        node_uid: Its UID (empty when unknown).
+        reason: CamelCase (``CheckpointCorrupted``).
+        message: For people (at most 1024 characters are kept).
+        type: ``Warning`` or ``Normal``.
+        component: Who reports it (the driver's name).
+    """
+
+    node_name: str
+    node_uid: str
+    reason: str
+    message: str
+    type: Literal["Normal", "Warning"] = "Warning"
+    component: str = ""
 
 
 class ResourceApi(Protocol):
@@ -310,6 +370,18 @@ class ResourceApi(Protocol):
 
     async def node_uid(self, node_name: str) -> str:
         """The UID of the Node ``node_name`` (the owner of its slices)."""
+        ...
+
+    async def apply_claim_status(
+        self, claim: ResourceClaim, field_manager: str, devices: Sequence[ClaimDeviceStatus]
+    ) -> None:
+        """Server-side apply ``devices`` as the ``status.devices[]`` entries that
+        ``field_manager`` owns in ``claim`` (an empty list removes that manager's entries);
+        the claim's UID is a precondition."""
+        ...
+
+    async def create_event(self, event: NodeEvent) -> None:
+        """Record ``event`` on its Node."""
         ...
 
     async def aclose(self) -> None:

@@ -17,7 +17,9 @@ policies, counters, admin access); ``devplugin_sdk.testing`` exports it.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import itertools
+import json
 import secrets
 import uuid
 from collections import deque
@@ -31,19 +33,26 @@ from devplugin_sdk.dra.resources import (
     MAX_COUNTER_CONSUMPTIONS_PER_DEVICE,
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_COUNTERS_PER_SET,
+    MAX_DEVICE_CONDITIONS,
+    MAX_DEVICE_DATA_BYTES,
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+    MAX_HARDWARE_ADDRESS,
+    MAX_INTERFACE_NAME,
+    MAX_IPS,
     MAX_TAINTS_PER_DEVICE,
     MAX_VALID_VALUES,
     AllocatedDevice,
+    ClaimDeviceStatus,
     DeviceConfig,
+    NodeEvent,
     RequestPolicy,
     ResourceClaim,
     ResourceSlice,
     SliceDevice,
 )
 from devplugin_sdk.errors import KubeApiError
-from devplugin_sdk.types import MAX_ATTRIBUTES_AND_CAPACITIES, Quantity
+from devplugin_sdk.types import MAX_ATTRIBUTES_AND_CAPACITIES, NetworkData, Quantity
 
 __all__ = ["MemoryApi"]
 
@@ -66,7 +75,9 @@ class MemoryApi:
             it ``allowMultipleAllocations`` and request policies are dropped, with no error.
 
     Fault hooks: ``fail_next(status, reason, times)`` makes the next calls fail as an
-    unreachable or refusing API server would; ``calls`` counts calls by method name.
+    unreachable or refusing API server would (``clear_failures`` ends them); ``calls`` counts
+    calls by method name. ``claim_status`` holds each claim's ``status.devices[]`` by field
+    manager (server-side apply), ``events`` the Node events recorded.
     """
 
     def __init__(
@@ -84,6 +95,9 @@ class MemoryApi:
         self.slices: dict[str, ResourceSlice] = {}
         self.nodes: dict[str, str] = {}
         self.calls: dict[str, int] = {}
+        # (namespace, name) -> field manager -> its status.devices[] entries
+        self.claim_status: dict[tuple[str, str], dict[str, tuple[ClaimDeviceStatus, ...]]] = {}
+        self.events: list[NodeEvent] = []
         self._versions = itertools.count(1)
         self._changed = anyio.Event()
         self._generation = 0
@@ -105,9 +119,13 @@ class MemoryApi:
         name: str,
         *,
         uid: str | None = None,
+        pod_claim_name: str | None = None,
     ) -> ResourceClaim:
-        """Create an unallocated ResourceClaim (as a pod's ResourceClaimTemplate would)."""
-        claim = ResourceClaim(namespace, name, uid or str(uuid.uuid4()))
+        """Create an unallocated ResourceClaim (as a pod's ResourceClaimTemplate would, with
+        ``pod_claim_name`` the pod's name for it)."""
+        claim = ResourceClaim(
+            namespace, name, uid or str(uuid.uuid4()), pod_claim_name=pod_claim_name
+        )
         self.claims[(namespace, name)] = claim
         return claim
 
@@ -226,6 +244,12 @@ class MemoryApi:
     def delete_claim(self, namespace: str, name: str) -> None:
         """Delete a claim."""
         del self.claims[(namespace, name)]
+        self.claim_status.pop((namespace, name), None)
+
+    def device_statuses(self, namespace: str, name: str) -> list[ClaimDeviceStatus]:
+        """The claim's ``status.devices[]``, every field manager's entries."""
+        owned = self.claim_status.get((namespace, name), {})
+        return [entry for entries in owned.values() for entry in entries]
 
     def pool(self, driver: str, pool: str) -> list[ResourceSlice]:
         """The slices of the pool's highest generation, by name."""
@@ -255,6 +279,10 @@ class MemoryApi:
     def fail_next(self, status: int, reason: str, times: int = 1) -> None:
         """Fail the next ``times`` calls with ``KubeApiError(status, reason)`` (0: unreachable)."""
         self._failures.extend([(status, reason)] * times)
+
+    def clear_failures(self) -> None:
+        """Drop the failures ``fail_next`` still holds: the API answers again."""
+        self._failures.clear()
 
     @property
     def generation(self) -> int:
@@ -355,6 +383,34 @@ class MemoryApi:
             return self.nodes[node_name]
         except KeyError:
             raise KubeApiError(404, f'nodes "{node_name}" not found') from None
+
+    async def apply_claim_status(
+        self, claim: ResourceClaim, field_manager: str, devices: Sequence[ClaimDeviceStatus]
+    ) -> None:
+        self._call("apply_claim_status")
+        key = (claim.namespace, claim.name)
+        current = self.claims.get(key)
+        if current is None:
+            raise KubeApiError(404, f'resourceclaims.resource.k8s.io "{claim.name}" not found')
+        if claim.uid and current.uid != claim.uid:
+            raise KubeApiError(
+                409,
+                f"Precondition failed: UID in precondition: {claim.uid}, UID in object meta: "
+                f"{current.uid}",
+            )
+        problems = _status_problems(current, devices)
+        if problems:
+            raise KubeApiError(422, f"ResourceClaim is invalid: {'; '.join(problems)}")
+        # Server-side apply: this manager's entries are replaced by what it applies now; the
+        # other managers' stay (the list is a map keyed by driver, pool, device).
+        self.claim_status.setdefault(key, {})[field_manager] = tuple(devices)
+
+    async def create_event(self, event: NodeEvent) -> None:
+        self._call("create_event")
+        if event.node_name not in self.nodes:
+            # The API server accepts an Event about any object; a test wants to hear of it.
+            raise KubeApiError(422, f"Event is invalid: no Node {event.node_name}")
+        self.events.append(event)
 
     async def aclose(self) -> None:
         return None
@@ -662,3 +718,49 @@ def _check_free(
 
 def _shown(asked: Mapping[str, Quantity]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(asked.items())) or "no amounts"
+
+
+def _status_problems(claim: ResourceClaim, devices: Sequence[ClaimDeviceStatus]) -> list[str]:
+    """What the API server's validation of a claim's status.devices[] refuses (k8s.io/api
+    resource/v1 types.go, pkg/apis/resource/validation): entries only for allocated devices,
+    one per key, and the size limits."""
+    problems = []
+    allocated = {(r.driver, r.pool, r.device) for r in claim.results}
+    seen: set[tuple[str, str, str]] = set()
+    for i, entry in enumerate(devices):
+        where = f"status.devices[{i}]"
+        key = (entry.driver, entry.pool, entry.device)
+        if key not in allocated:
+            problems.append(f"{where}: must be an allocated device in the claim")
+        if key in seen:
+            problems.append(f"{where}: duplicate value")
+        seen.add(key)
+        status = entry.status
+        if len(status.conditions) > MAX_DEVICE_CONDITIONS:
+            problems.append(f"{where}.conditions: at most {MAX_DEVICE_CONDITIONS}")
+        if status.data is not None:
+            size = len(json.dumps(status.data, separators=(",", ":")).encode())
+            if size > MAX_DEVICE_DATA_BYTES:
+                problems.append(f"{where}.data: at most {MAX_DEVICE_DATA_BYTES} bytes")
+        if status.network_data is not None:
+            problems.extend(_network_problems(where, status.network_data))
+    return problems
+
+
+def _network_problems(where: str, net: NetworkData) -> list[str]:
+    problems = []
+    if len(net.interface_name) > MAX_INTERFACE_NAME:
+        problems.append(f"{where}.networkData.interfaceName: too long")
+    if len(net.ips) > MAX_IPS:
+        problems.append(f"{where}.networkData.ips: at most {MAX_IPS}")
+    if len(net.hardware_address) > MAX_HARDWARE_ADDRESS:
+        problems.append(f"{where}.networkData.hardwareAddress: too long")
+    for ip in net.ips:
+        try:
+            ipaddress.ip_interface(ip)
+            valid = "/" in ip
+        except ValueError:
+            valid = False
+        if not valid:
+            problems.append(f"{where}.networkData.ips: {ip!r} is not in CIDR form")
+    return problems

@@ -329,6 +329,12 @@ class RdmaHost:
         _write(net_dir / "dev_id", "0x0")
         _write(net_dir / "operstate", "up" if state == "ACTIVE" else "down")
         _write(net_dir / "ifindex", str(10 + len(self.functions)))
+        # A MAC for Ethernet; IPoIB's 20-byte address (QPN, then the port GID).
+        index = len(self.functions)
+        mac = f"b8:ce:f6:00:00:{index:02x}"
+        if link_layer == "InfiniBand":
+            mac = f"00:00:10:49:fe:80:00:00:00:00:00:00:b8:ce:f6:03:00:00:00:{index:02x}"
+        _write(net_dir / "address", mac)
         _link(net_dir / "device", f"../../../{dev_dir.name}")
         self._class_link("net", netdev, rel_from_sys)
 

@@ -25,8 +25,10 @@ from devplugin_sdk.types import (
     Allocation,
     Device,
     DeviceNode,
+    DeviceStatus,
     Health,
     HealthEvent,
+    NetworkData,
     RescanEvent,
     replicate,
 )
@@ -217,6 +219,21 @@ class RdmaPlugin(DevicePlugin):
         env[f"{prefix}_DEVICES"] = ",".join(names)
         env[f"{prefix}_NETDEVS"] = ",".join(netdevs)
         return replace(merged, env=env)
+
+    async def device_status(self, device: Device) -> DeviceStatus | None:
+        """The device's first netdev and its hardware address, for the DRA claim's status
+        (``networkData``) and its ``metadata.json``: the interface stays in the host's network
+        namespace (RDMA shares it), so this is the host's name for it."""
+        netdevs = [n for n in str(device.attributes.get("netdevs", "")).split(",") if n]
+        if not netdevs:
+            return None
+        name = netdevs[0]
+        address = await anyio.to_thread.run_sync(
+            _sysfs.read_attr, self.sysfs_root / "class" / "net" / name / "address"
+        )
+        return DeviceStatus(
+            network_data=NetworkData(interface_name=name, hardware_address=address or "")
+        )
 
     async def preferred_allocation(
         self, available: Sequence[Device], must_include: Sequence[Device], size: int

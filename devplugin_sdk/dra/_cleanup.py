@@ -1,0 +1,147 @@
+"""Stale prepared claims, and a corrupt checkpoint told to the operator.
+
+The kubelet unprepares each claim it prepared, but not always: a pod force-deleted while the
+kubelet was down, a claim deleted and re-created under the same name, a kubelet that lost its
+own state. What such a claim holds (its CDI spec, its devices, its shares) would stay taken
+until the node restarts. So, at start and every ``Dra.cleanup_interval`` (NVIDIA's driver has
+the same ``CheckpointCleanupManager`` every 10 minutes), each prepared claim is read from the
+API and unprepared when the API no longer has it (404), has another object under its name (its
+UID changed), or has it reserved for no pod. Only an answer proves a claim stale: an API
+server that cannot be reached, refuses, or times out unprepares nothing. Claims known only by a
+recovered CDI spec (no name to read) are left to the kubelet.
+
+A checkpoint that could not be used at start (moved aside by ``Checkpoint.load``) is reported
+as a Kubernetes Event on the Node (reason ``CheckpointCorrupted``, with the path and the cause),
+so that an operator sees it in ``kubectl describe node`` without reading the plugin's logs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import anyio
+
+from devplugin_sdk._logging import printable
+from devplugin_sdk._wire.dra_model import ClaimRef
+from devplugin_sdk.dra._prepare import Preparer
+from devplugin_sdk.dra.resources import NodeEvent, ResourceApi
+from devplugin_sdk.errors import KubeApiError
+
+__all__ = ["CHECKPOINT_CORRUPTED", "Cleanup", "report_corrupt_checkpoint"]
+
+log = logging.getLogger("devplugin_sdk")
+
+#: The Event's reason (as NVIDIA's driver names it, dra-driver-nvidia-gpu PR #1259).
+CHECKPOINT_CORRUPTED = "CheckpointCorrupted"
+# One API read per claim is bounded: a hanging server delays the sweep, never the driver.
+_READ_TIMEOUT = 10.0
+
+#: Called with the driver, why a claim was unprepared (``gone``, ``replaced``, ``unreserved``).
+Counter = Callable[[str, str], None]
+
+
+class Cleanup:
+    """Unprepares the stale claims of one driver's ``preparer``.
+
+    Args:
+        driver: The driver name.
+        api: Where claims are read.
+        preparer: The driver's preparer (its claims, and its unprepare).
+        interval: Seconds between sweeps; 0 sweeps once, at start.
+        counted: Told of each claim unprepared here (the metric).
+    """
+
+    def __init__(
+        self,
+        driver: str,
+        api: ResourceApi,
+        preparer: Preparer,
+        interval: float,
+        counted: Counter | None = None,
+    ) -> None:
+        self.driver = driver
+        self.api = api
+        self.preparer = preparer
+        self.interval = interval
+        self.counted = counted
+        self.unprepared = 0
+        self.sweeps = 0
+
+    async def run(self) -> None:
+        """Sweep at start, then every ``interval``, until cancelled."""
+        while True:
+            await self.sweep()
+            if self.interval <= 0:
+                return
+            await anyio.sleep(self.interval)
+
+    async def sweep(self) -> int:
+        """Check every prepared claim once; how many were unprepared."""
+        stale: list[tuple[ClaimRef, str, str]] = []
+        for uid, entry in list(self.preparer.prepared.items()):
+            ref = entry.claim
+            if entry.recovered or not (ref.namespace and ref.name):
+                continue
+            verdict = await self._verdict(ref)
+            if verdict is not None and self.preparer.prepared.get(uid) is entry:
+                stale.append((ref, *verdict))
+        for ref, reason, why in stale:
+            errors = await self.preparer.unprepare([ref])
+            if errors.get(ref.uid):
+                continue  # logged by the preparer; the next sweep tries again
+            self.unprepared += 1
+            log.warning(
+                "DRA %s: unprepared stale claim %s: %s", self.driver, printable(str(ref)), why
+            )
+            if self.counted is not None:
+                self.counted(self.driver, reason)
+        self.sweeps += 1
+        return len(stale)
+
+    async def _verdict(self, ref: ClaimRef) -> tuple[str, str] | None:
+        """``(reason, why)`` when the API proves the claim stale; None otherwise."""
+        try:
+            with anyio.fail_after(_READ_TIMEOUT):
+                claim = await self.api.read_claim(ref.namespace, ref.name)
+        except KubeApiError as exc:
+            if exc.not_found:
+                return "gone", "the ResourceClaim no longer exists"
+            log.info(
+                "DRA %s: cannot check claim %s (%s); kept", self.driver, printable(str(ref)), exc
+            )
+            return None
+        except TimeoutError:
+            log.info("DRA %s: cannot check claim %s (timed out); kept", self.driver, ref)
+            return None
+        if claim.uid != ref.uid:
+            return "replaced", f"the ResourceClaim of that name now has UID {claim.uid}"
+        if not claim.reserved_for:
+            return "unreserved", "the ResourceClaim is reserved for no pod"
+        return None
+
+
+async def report_corrupt_checkpoint(
+    api: ResourceApi, driver: str, node_name: str, message: str
+) -> bool:
+    """Record a ``CheckpointCorrupted`` Warning Event on the Node; whether it was recorded
+    (an API refusal is logged, and the driver serves on)."""
+    try:
+        with anyio.fail_after(_READ_TIMEOUT):
+            try:
+                node_uid = await api.node_uid(node_name)
+            except KubeApiError:
+                node_uid = ""
+            await api.create_event(
+                NodeEvent(node_name, node_uid, CHECKPOINT_CORRUPTED, message, "Warning", driver)
+            )
+    except (KubeApiError, TimeoutError) as exc:
+        log.warning(
+            "DRA %s: cannot record the %s Event on node %s: %s",
+            driver,
+            CHECKPOINT_CORRUPTED,
+            node_name,
+            exc,
+        )
+        return False
+    return True
