@@ -253,7 +253,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _preflight(args, config, settings)
     options = config.backend_options if args.config else None
     plugins = _with_cdi(resolve_plugins(config.backend, options), config)
-    _check_socket_paths(args, settings, plugins)
+    _check_socket_paths(args, settings, plugins, config.api)
     reload = None
     if args.config:
         path = Path(args.config)
@@ -324,9 +324,13 @@ def _preflight(args: argparse.Namespace, config: RunConfig, settings: Settings) 
 
 
 def _check_socket_paths(
-    args: argparse.Namespace, settings: Settings, plugins: Sequence[DevicePlugin]
+    args: argparse.Namespace,
+    settings: Settings,
+    plugins: Sequence[DevicePlugin],
+    api: str = "devicePlugin",
 ) -> None:
-    """Every socket the plugins serve or dial fits a Unix socket address."""
+    """Every socket the plugins serve or dial through the device-plugin API fits a Unix
+    socket address."""
     if settings.uses_plugin_watcher():
         option = "--plugins-registry-dir" if args.plugins_registry_dir else "pluginsRegistryDir"
         directory, paths = settings.plugins_registry_dir, []
@@ -334,6 +338,8 @@ def _check_socket_paths(
         option = "--device-plugin-dir" if args.device_plugin_dir else "devicePluginDir"
         directory = settings.device_plugin_dir
         paths = [directory / constants.KUBELET_SOCKET_NAME]
+    if api == "dra":  # no device-plugin socket is served (the DRA ones are checked at start)
+        return
     for path in [*paths, *(directory / p.effective_socket_name for p in plugins)]:
         problem = socket_path_problem(path)
         if problem is not None:

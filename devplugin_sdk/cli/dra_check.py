@@ -89,44 +89,62 @@ def _slices(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 async def _configured_slices(path: str, node: str | None) -> list[dict[str, Any]]:
-    """The slices ``devplugin run --config path`` would publish: its plugins' devices, as the
-    driver names and splits them."""
-    from devplugin_sdk.cli import resolve_plugins  # noqa: PLC0415 - the command's module
+    """The slices ``devplugin run --config path`` would publish: its plugins served by the
+    driver itself, against an in-memory API in a private directory (no kubelet is asked; the
+    pool is published before the driver registers), so shares, partitions, counter sets and the
+    split into slices are exactly the driver's."""
+    # Imported here: the command's own modules (cold start of `devplugin run`).
+    import dataclasses  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from devplugin_sdk import runner  # noqa: PLC0415
+    from devplugin_sdk.cli import resolve_plugins  # noqa: PLC0415
     from devplugin_sdk.cli.runfile import parse_run_config  # noqa: PLC0415
     from devplugin_sdk.config import load_yaml  # noqa: PLC0415
-    from devplugin_sdk.dra import ResourceSlice, SliceDevice, device_name  # noqa: PLC0415
+    from devplugin_sdk.dra import _plugins  # noqa: PLC0415
     from devplugin_sdk.dra.check import slice_objects  # noqa: PLC0415
-    from devplugin_sdk.dra.resources import MAX_DEVICES_PER_SLICE  # noqa: PLC0415
+    from devplugin_sdk.kubelet.memory_api import MemoryApi  # noqa: PLC0415
+    from devplugin_sdk.settings import Settings  # noqa: PLC0415
 
     config = parse_run_config(await anyio.to_thread.run_sync(load_yaml, path))
     if config.dra is None or config.backend is None:
         raise ConfigError("dra", f"{path} has no dra section (api: dra or both) or no backend")
     node_name = node or config.dra.node_name or os.environ.get("NODE_NAME") or "node"
     plugins = resolve_plugins(config.backend, config.backend_options)
-    devices: dict[str, SliceDevice] = {}
-    try:
-        for plugin in plugins:
-            for device in await plugin.discover():
-                if not config.dra.selects(plugin.resource_name, device):
-                    continue
-                name = device_name(device.id)
-                devices.setdefault(name, SliceDevice(name, device.attributes, device.capacity))
-    finally:
-        for plugin in plugins:
-            await plugin.on_stop()
-    listed = list(devices.values())
-    chunks = [
-        tuple(listed[i : i + MAX_DEVICES_PER_SLICE])
-        for i in range(0, len(listed), MAX_DEVICES_PER_SLICE)
-    ] or [()]
+    api = MemoryApi(nodes=[node_name])
     driver = config.dra.driver
-    return slice_objects(
-        [
-            ResourceSlice(
-                f"{node_name}-{driver}-{i}", driver, node_name, node_name, 1, len(chunks), c
-            )
-            for i, c in enumerate(chunks)
-        ]
+    with tempfile.TemporaryDirectory(prefix="dra-check-", dir="/tmp") as tmp:
+        root = Path(tmp)
+        options = dataclasses.replace(
+            config.dra,
+            node_name=node_name,
+            api=api,
+            kubeconfig=None,
+            plugin_dir=root / "plugins" / driver,
+            cdi_dir=root / "cdi",
+            kubelet_root_dir=root,
+        )
+        settings = Settings(
+            device_plugin_dir=root / "device-plugins",
+            plugins_registry_dir=root / "plugins_registry",
+            registration="watcher",
+        )
+        async with anyio.create_task_group() as tg:
+            await tg.start(_serve, plugins, settings, options, runner)
+            # Every plugin discovers first, or the driver's own bound on waiting for them.
+            with anyio.fail_after(_plugins.FIRST_LIST_WAIT + 10):
+                while not api.pool_complete(driver, node_name):
+                    await api.wait_changed(api.generation)
+            tg.cancel_scope.cancel()
+    return slice_objects(sorted(api.slices.values(), key=lambda s: s.name))
+
+
+async def _serve(
+    plugins: Any, settings: Any, options: Any, runner: Any, *, task_status: Any
+) -> None:
+    await runner.serve(
+        *plugins, settings=settings, api="dra", dra=options, task_status=task_status
     )
 
 

@@ -187,8 +187,9 @@ class Plugins:
                 self.refresh()
 
         if self._tg is None:
+            # The driver is stopping: its pool stays as published (the kubelet removes it 30 s
+            # after the driver is gone for good; a restarted driver takes it over).
             del self._attached[resource]
-            self.refresh()
         else:
             self._stopped.add(resource)  # its devices' health is unknown from now on
             self.refresh()
