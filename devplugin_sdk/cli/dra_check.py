@@ -143,9 +143,7 @@ async def _configured_slices(path: str, node: str | None) -> list[dict[str, Any]
 async def _serve(
     plugins: Any, settings: Any, options: Any, runner: Any, *, task_status: Any
 ) -> None:
-    await runner.serve(
-        *plugins, settings=settings, api="dra", dra=options, task_status=task_status
-    )
+    await runner.serve(*plugins, settings=settings, api="dra", dra=options, task_status=task_status)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
