@@ -202,7 +202,8 @@ class _DevicePluginSite:
         self.plugin = plugin
         self.name = plugin.resource
         self.settings = settings
-        self.path = settings.plugins_registry_dir / plugin.socket_name
+        self.path = settings.instance_socket(settings.plugins_registry_dir, plugin.socket_name)
+        self.rolling = bool(settings.instance_uid)
 
     def registration(self, on_status: OnStatus) -> grpc.GenericRpcHandler:
         return watcher_registration.handler(self.name, on_status, self._on_info)
@@ -241,6 +242,10 @@ class _DevicePluginSite:
         if not self.plugin.link.registered or lost_for is None:
             return None, math.inf
         grace = self.settings.stream_lost_grace
+        if self.rolling and streams.dropped:
+            # Beside another instance (rolling upgrades), an older kubelet ends our stream when
+            # the previous pod's ends (kubelet issue #121994): a fresh socket at once.
+            grace = 0.0
         if lost_for >= grace:
             return (
                 f"no ListAndWatch stream from the kubelet for {lost_for:.1f}s "
