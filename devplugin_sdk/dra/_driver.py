@@ -11,6 +11,7 @@ strategy, and the pool their devices make), ``Publisher`` (the pool in ResourceS
 from __future__ import annotations
 
 from collections.abc import Collection
+from pathlib import Path
 
 import anyio
 from anyio.abc import TaskStatus
@@ -22,6 +23,7 @@ from devplugin_sdk._wire.dra_service import handlers as dra_handlers
 from devplugin_sdk.dra import Dra, kube_api
 from devplugin_sdk.dra._checkpoint import Checkpoint, private_directory
 from devplugin_sdk.dra._health import HealthBoard
+from devplugin_sdk.dra._lock import LOCK_NAME, SharedState
 from devplugin_sdk.dra._plugins import Plugins
 from devplugin_sdk.dra._prepare import Preparer
 from devplugin_sdk.dra._publisher import Publisher
@@ -69,7 +71,8 @@ class DraDriver:
         self.registrar = Registrar(
             options.driver,
             node_name,
-            self.plugin_dir / "dra.sock",
+            # dra-<pod UID>.sock with rolling upgrades, as the kubeletplugin helper names it.
+            settings.instance_socket(self.plugin_dir, "dra.sock"),
             settings,
             self.plugins.registered,
         )
@@ -97,16 +100,22 @@ class DraDriver:
             private_directory(self.plugin_dir)  # 0700: no one else renames a checkpoint in
             self.settings.plugins_registry_dir.mkdir(parents=True, exist_ok=True)
             self.publisher = Publisher(api, self.options.driver, self.registrar.node_name)
+            checkpoint = Checkpoint(self.plugin_dir / "checkpoint.json")
+            shared = SharedState(checkpoint, self._lock_path())
             self.preparer = Preparer(
                 self.options.driver,
                 self.registrar.node_name,
                 api,
                 lookup=self.plugins.find,
-                checkpoint=Checkpoint(self.plugin_dir / "checkpoint.json"),
+                checkpoint=checkpoint,
                 cdi_dir=self.options.cdi_dir,
                 hook_timeout=self.settings.hook_timeout,
+                shared=shared,
             )
-            await self.preparer.load()
+            # Under the lock: the cleanup of unfinished prepares must not take the spec of a
+            # prepare that the previous instance has in flight.
+            async with shared.held(self.preparer.prepared):
+                await self.preparer.load()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.publisher.run)
                 tg.start_soon(self.plugins.run)
@@ -122,6 +131,10 @@ class DraDriver:
             if self.options.api is None:
                 with anyio.CancelScope(shield=True):
                     await api.aclose()
+
+    def _lock_path(self) -> Path | None:
+        """``serialize.lock`` beside the checkpoint when instances may overlap (a pod UID)."""
+        return self.plugin_dir / LOCK_NAME if self.settings.instance_uid else None
 
     def status(self) -> DraStatus:
         """What the driver is doing (``Running.dra``)."""

@@ -31,6 +31,7 @@ from devplugin_sdk import cdi
 from devplugin_sdk._logging import printable
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim, PreparedDevice
 from devplugin_sdk.dra._checkpoint import Checkpoint, Entry, Loaded
+from devplugin_sdk.dra._lock import SharedState
 from devplugin_sdk.dra.resources import AllocatedDevice, ResourceApi, ResourceClaim
 from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.types import Allocation, Device, Health
@@ -103,12 +104,14 @@ class Preparer:
         checkpoint: Checkpoint,
         cdi_dir: Path,
         hook_timeout: float,
+        shared: SharedState | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
         self.api = api
         self.lookup = lookup
         self.checkpoint = checkpoint
+        self.shared = shared or SharedState(checkpoint, None)  # rolling upgrades: dra._lock
         self.cdi_dir = cdi_dir
         self.hook_timeout = hook_timeout
         self.kind = f"{_vendor(driver)}/claim"
@@ -219,7 +222,7 @@ class Preparer:
             except _ClaimError as exc:
                 claims[ref.uid] = exc
         results: dict[str, PreparedClaim] = {}
-        async with self._lock:
+        async with self._lock, self.shared.held(self.prepared):  # other instances too
             for ref in refs:
                 results[ref.uid] = await self._prepare_one(ref, claims.get(ref.uid))
         return results
@@ -255,6 +258,11 @@ class Preparer:
         entry = self.prepared.get(ref.uid)
         if entry is not None and not entry.recovered:
             return PreparedClaim(entry.devices)  # prepared before: the same answer, no work
+        if claim is None:  # it was prepared when looked at, then another instance undid it
+            try:
+                claim = await self._read(ref)
+            except _ClaimError as exc:
+                claim = exc
         try:
             entry = await self._do_prepare(ref, _claim_or_raise(claim))
         except _ClaimError as exc:
@@ -393,7 +401,7 @@ class Preparer:
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Undo each claim's preparation; an unknown claim is already undone (no error)."""
         errors: dict[str, str] = {}
-        async with self._lock:
+        async with self._lock, self.shared.held(self.prepared):  # other instances too
             for ref in refs:
                 try:
                     await self._unprepare_one(ref)

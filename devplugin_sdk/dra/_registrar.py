@@ -62,8 +62,11 @@ class Registrar:
         self.name = f"DRA {driver}"
         self.node_name = node_name
         self.dra_socket = dra_socket
-        # kubeletplugin's default registration socket name (<driver>-reg.sock).
-        self.registration_socket = settings.plugins_registry_dir / f"{driver}-reg.sock"
+        # kubeletplugin's registration socket name: <driver>-reg.sock, or with rolling updates
+        # RollingUpdateRegistrarSocketFile's (the pod UID in it, hashed where too long).
+        self.registration_socket = settings.instance_socket(
+            settings.plugins_registry_dir, f"{driver}-reg.sock", prefix="dra", key=driver
+        )
         self.settings = settings
         self.registered = False
         self.registrations = 0
