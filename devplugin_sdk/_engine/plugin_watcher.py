@@ -84,7 +84,12 @@ class Site(Protocol):
 
 
 async def serve_until_lost(
-    site: Site, settings: Settings, watcher: DirectoryWatcher, *, pause: float = 0.0
+    site: Site,
+    settings: Settings,
+    watcher: DirectoryWatcher,
+    *,
+    pause: float = 0.0,
+    closing: Callable[[], None] = lambda: None,
 ) -> None:
     """Serve ``site`` until its registration is lost, stop it, and again, until cancelled.
 
@@ -95,6 +100,7 @@ async def serve_until_lost(
         watcher: The process's directory watcher, watching every directory of the site.
         pause: Seconds to wait after a loss before serving again (at least the backoff when
             the kubelet refused the registration).
+        closing: Called once it stops for good, before its sockets stop.
 
     Raises:
         SocketInUseError: another live server answers on one of the site's sockets.
@@ -124,6 +130,7 @@ async def serve_until_lost(
                 refused.reset()
                 await anyio.sleep(pause)
     finally:
+        closing()
         with anyio.CancelScope(shield=True):
             await _stop(sockets)
 
@@ -170,9 +177,13 @@ async def _wait_for_loss(
 
 
 async def _stop(sockets: list[Socket]) -> None:
+    # In the order they were served: the registration socket (served last) goes last. Its
+    # removal makes the kubelet close its connection to the site, failing the calls in flight;
+    # until then they finish in the servers' stop grace (a DRA driver's prepares, while the
+    # next instance of a rolling upgrade already takes the new calls).
     # Dropped before stopping, so that a cancellation can never stop one twice.
     while sockets:
-        await sockets.pop().stop()
+        await sockets.pop(0).stop()
 
 
 async def keep_registered(

@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskStatus
 
-from devplugin_sdk._engine.handle import Strategy
+from devplugin_sdk._engine.handle import PluginHandle, Strategy
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._wire import dra_health
 from devplugin_sdk._wire.dra_service import handlers as dra_handlers
@@ -79,12 +79,47 @@ class DraDriver:
         watcher.add(settings.plugins_registry_dir, self.plugin_dir)
         self.publisher: Publisher | None = None
         self.preparer: Preparer | None = None
+        self._sockets_down = anyio.Event()  # the registrar has stopped serving, for good
 
     def strategy(self, device_plugin: Strategy) -> Strategy:
         """Each plugin's registration strategy: the driver's own, or with ``both``, the driver's
-        beside ``device_plugin``'s."""
+        beside ``device_plugin``'s; on shutdown a plugin leaves the pool only once the driver's
+        sockets are down."""
         plugins = self.plugins
-        return plugins.alongside(device_plugin) if plugins.both else plugins.attach
+        inner = plugins.alongside(device_plugin) if plugins.both else plugins.attach
+
+        async def served(
+            plugin: PluginHandle, settings: Settings, watcher: DirectoryWatcher
+        ) -> None:
+            # Shielded from the process's shutdown: ended here, once the sockets are down.
+            scope = anyio.CancelScope(shield=True)
+
+            async def attached() -> None:
+                with scope:
+                    await inner(plugin, settings, watcher)
+                tg.cancel_scope.cancel()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(attached)
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    # SIGTERM stops everything at once. The kubelet may call this instance
+                    # until its DRA socket is down (it picks among a rolling upgrade's instances
+                    # by their connections), and calls in flight finish in the servers' grace:
+                    # until then, the plugin's devices stay found. A plugin stopped alone (a
+                    # configuration reload) leaves at once.
+                    with (
+                        anyio.CancelScope(shield=True),
+                        anyio.move_on_after(2 * settings.stop_grace + 1.0),
+                    ):
+                        for _ in range(3):  # the driver's own cancellation runs first
+                            await anyio.lowlevel.checkpoint()
+                        if self.registrar.closing:
+                            await self._sockets_down.wait()
+                    scope.cancel()
+
+        return served
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Connect, load the checkpoint, publish and register until cancelled.
@@ -126,8 +161,12 @@ class DraDriver:
                     *dra_handlers(self.preparer.prepare, self.preparer.unprepare, SERVICES),
                     *dra_health.handlers(self.health.watch, HEALTH_SERVICES),
                 ]
-                await self.registrar.run(services, self.watcher)
+                try:
+                    await self.registrar.run(services, self.watcher)
+                finally:
+                    self._sockets_down.set()
         finally:
+            self._sockets_down.set()
             if self.options.api is None:
                 with anyio.CancelScope(shield=True):
                     await api.aclose()

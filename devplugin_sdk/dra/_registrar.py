@@ -70,6 +70,8 @@ class Registrar:
         self.settings = settings
         self.registered = False
         self.registrations = 0
+        #: It is stopping for good (its sockets go next, or have gone).
+        self.closing = False
         self._on_change = on_change
         self._services: list[grpc.GenericRpcHandler] = []
 
@@ -83,9 +85,12 @@ class Registrar:
         self._services = services
         try:
             pause = self.settings.register_backoff_initial
-            await serve_until_lost(self, self.settings, watcher, pause=pause)
+            await serve_until_lost(self, self.settings, watcher, pause=pause, closing=self._close)
         finally:
             self._set(False)
+
+    def _close(self) -> None:
+        self.closing = True
 
     # ------------------------------------------------------------------ plugin_watcher.Site
 

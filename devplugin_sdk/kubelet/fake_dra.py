@@ -255,6 +255,7 @@ class FakeDra:
             f"unix:{info.endpoint}", options=[("grpc.use_local_subchannel_pool", 1)]
         )
         plugin = _Plugin(record, channel, DraClient(channel, chosen))
+        plugin.connected()  # connects now, as the kubelet's conn.Connect() does
         if not self.plugins_per_driver:
             # 1.32: the new registration replaces the driver's plugin (its connection is left).
             for replaced in self._plugins.pop(info.name, []):
@@ -308,8 +309,15 @@ class FakeDra:
         scope = anyio.CancelScope()
 
         async def follow() -> None:
-            with scope:
-                await self.health.follow(driver, channel, service)
+            try:
+                with scope:
+                    await self.health.follow(driver, channel, service)
+            except anyio.get_cancelled_exc_class():
+                if not scope.cancel_called:
+                    raise
+                # The plugin went: grpc.aio ends the stream on the closed channel with a
+                # CancelledError of its own, which the scope does not take for its own (left to
+                # escape, it would stop the whole kubelet, every other plugin with it).
 
         assert self._tg is not None
         self._tg.start_soon(follow)
@@ -335,6 +343,11 @@ class FakeDra:
     def is_registered(self, driver: str) -> bool:
         """Whether a plugin of ``driver`` is registered."""
         return bool(self._plugins.get(driver))
+
+    def endpoint(self, driver: str) -> str | None:
+        """The endpoint the next call for ``driver`` goes to, if any plugin is registered."""
+        plugins = self._plugins.get(driver)
+        return self._plugin(driver).registration.endpoint if plugins else None
 
     def successful_registrations(self, driver: str) -> list[DraRegistration]:
         return [r for r in self.registrations if r.driver == driver and r.error is None]
