@@ -286,6 +286,9 @@ async def main() -> None:
             show(f"device plugin, kubelet {kubelet}", figures, load)
             if newest:
                 _common.target("failed admissions", len(load.failed_at), 1, unit="")
+            else:
+                # Failures only inside one re-registration window per upgrade.
+                _common.target("longest gap (re-registration window)", max(figures.gaps) * 1e3, 200)
     if args.api in ("both", "dra"):
         figures, load = await dra(args.upgrades, args.interval)
         show("DRA, kubelet 1.33+ (newest)", figures, load)
