@@ -11,7 +11,9 @@ Register is called at once; the old server stops after the new registration (the
 any socket name, but the name stays the same: a staged server leaves grpcio nothing to delete on
 the final path). With the same kubelet as before, the old server stops first (kubelet issue
 #121994). Where a staged path would be too long, a server starts on the final path once the old
-one has stopped.
+one has stopped. With a pod UID (``Settings.pod_uid``, rolling upgrades) the socket name is the
+instance's own, and a stream the kubelet drops while ``kubelet.sock`` stays is a registration
+torn down for another instance's end (up to v1.36): it is redone at once, on the same server.
 """
 
 from __future__ import annotations

@@ -11,10 +11,13 @@ instance must register again by itself, without waiting for its stream-lost grac
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import uuid
 from collections.abc import Awaitable, Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -147,6 +150,19 @@ async def test_on_an_older_kubelet_the_new_instance_registers_again_at_once() ->
     # devices unhealthy, or an Allocate cut off with the connection); bench_upgrade.py times it.
     kinds = ("cannot allocate unhealthy devices", "code = Cancelled", "unregistered device")
     assert all(any(k in f for k in kinds) for f in load.failures), load.failures[:3]
+
+
+@pytest.mark.parametrize("per_socket_clients", [True, False], ids=["v1.37", "v1.32"])
+async def test_upgrades_through_the_plugin_watcher(per_socket_clients: bool) -> None:
+    """The same through plugins_registry: on the newest kubelet nothing fails; on the older one
+    the new instance serves a fresh socket at once (the kubelet's reconciler then registers it,
+    within its 1 s period on a real kubelet)."""
+    async with FakeKubelet(plugin_watcher=True, per_socket_clients=per_socket_clients) as kubelet:
+        with anyio.fail_after(20):
+            load = await _upgrade_device_plugin(kubelet, stream_lost_grace=30.0)
+    if per_socket_clients:
+        assert load.failures == []
+    assert load.done > 0
 
 
 async def test_a_second_instance_of_the_same_pod_harms_nothing() -> None:
@@ -287,3 +303,30 @@ async def test_dra_on_a_1_32_kubelet_forgets_the_driver_when_the_old_socket_goes
             await old.stop()
             await kubelet.wait_for(lambda: not kubelet.dra.is_registered(DRIVER), what="gone")
             await new.stop()
+
+
+def test_socket_names_carry_the_pod_uid_hashed_to_fit_a_unix_socket() -> None:
+    """As the kubeletplugin helper's RollingUpdateRegistrarSocketFile: the UID, else its hash,
+    else a hash of driver and UID; every path within the 107 bytes of a unix socket."""
+    uid = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"
+    driver = "a-very-long-driver-name.example.com"
+    settings = Settings(pod_uid=uid)
+
+    def registration(directory: Path) -> Path:
+        return settings.instance_socket(directory, f"{driver}-reg.sock", prefix="dra", key=driver)
+
+    def b64(digest: bytes) -> str:
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    short = Path("/run/registry")
+    assert registration(short) == short / f"{driver}-{uid}-reg.sock"
+    middle = Path("/var/lib/kubelet/" + "x" * 20)
+    uid_hash = b64(hashlib.sha256(uid.encode()).digest()[:8])
+    assert registration(middle) == middle / f"{driver}-{uid_hash}-reg.sock"
+    long = Path("/var/lib/kubelet/" + "x" * 45)
+    both = b64(hashlib.sha256(f"{driver}\0{uid}".encode()).digest()[:16])
+    assert registration(long) == long / f"dra-{both}-reg.sock"
+    for directory in (short, middle, long):
+        assert len(str(registration(directory)).encode()) <= 107
+    assert settings.instance_socket(short, "dra.sock") == short / f"dra-{uid}.sock"
+    assert Settings(pod_uid="").instance_socket(short, "dra.sock") == short / "dra.sock"

@@ -203,6 +203,13 @@ class DeviceManager:
             books.stopped_at = client.stopped_at
         self._notify()
 
+    async def deregister_plugin(self, client: Endpoint) -> None:
+        """The plugin watcher saw ``client``'s socket go (DeRegisterPlugin): the client is looked
+        up as a stream end looks it up, so up to v1.36 that is the resource's newest one."""
+        current = self._clients.get(self._key(client.resource, client.socket_path))
+        if current is not None:
+            await self.disconnect(current)
+
     async def disconnect_all(self) -> None:
         """Disconnect every plugin (the kubelet stops)."""
         for client in list(self._clients.values()):
