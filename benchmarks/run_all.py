@@ -27,6 +27,7 @@ FULL: dict[str, list[str]] = {
     "footprint": ["bench_footprint.py", "--seconds", "60"],
     "sharing": ["bench_sharing.py", "--calls", "200", "--mib-calls", "50"],
     "dra": ["bench_dra.py", "--claims", "500", "--flips", "500"],
+    "upgrade": ["bench_upgrade.py", "--upgrades", "100"],
 }
 QUICK: dict[str, list[str]] = {
     "allocate": ["bench_allocate.py", "--calls", "500", "--warmup", "50"],
@@ -39,6 +40,7 @@ QUICK: dict[str, list[str]] = {
     "footprint": ["bench_footprint.py", "--seconds", "10"],
     "sharing": ["bench_sharing.py", "--calls", "20", "--mib-calls", "5"],
     "dra": ["bench_dra.py", "--claims", "50", "--flips", "50"],
+    "upgrade": ["bench_upgrade.py", "--upgrades", "10"],
 }
 
 

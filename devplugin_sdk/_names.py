@@ -6,8 +6,11 @@ rules follow from how the kubelet joins the endpoint onto its directory and clea
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import re
+from pathlib import Path
 
 from devplugin_sdk.api import constants
 
@@ -80,6 +83,47 @@ def validate_socket_name(name: str) -> str:
 def default_socket_name(resource_name: str) -> str:
     """Socket name for a resource: ``vendor.com/gpu`` -> ``vendor.com_gpu.sock``."""
     return resource_name.replace("/", "_") + ".sock"
+
+
+def instance_socket_name(
+    name: str, pod_uid: str, directory: Path, *, prefix: str = "dp", key: str | None = None
+) -> str:
+    """The socket name of one instance (pod) of a plugin whose plain socket name is ``name``.
+
+    Two instances side by side (a DaemonSet's ``maxSurge`` upgrade) need sockets of their own
+    names. As the kubeletplugin helper's ``RollingUpdateRegistrarSocketFile`` does, the first
+    of these that fits a unix socket path in ``directory`` is taken: ``<stem>-<pod UID><ext>``,
+    ``<stem>-<base64(SHA-256(UID))[:8 bytes]><ext>``, ``<prefix>-<base64(SHA-256(name, NUL,
+    UID))[:16 bytes]><ext>`` (``ext`` is ``-reg.sock`` or ``.sock``, as ``name`` ends; ``key``
+    replaces ``name`` in the last hash: the helper hashes the driver name there).
+    """
+    ext = "-reg.sock" if name.endswith("-reg.sock") else ".sock" if name.endswith(".sock") else ""
+    stem = name[: len(name) - len(ext)] if ext else name
+    uid_hash = hashlib.sha256(pod_uid.encode()).digest()[:8]
+    name_hash = hashlib.sha256(f"{key or name}\0{pod_uid}".encode()).digest()[:16]
+    candidates = (
+        f"{stem}-{pod_uid}{ext}",
+        f"{stem}-{_b64(uid_hash)}{ext}",
+        f"{prefix}-{_b64(name_hash)}{ext or '.sock'}",
+    )
+    for candidate in candidates:
+        if len(os.fsencode(directory / candidate)) <= constants.MAX_SOCKET_PATH_BYTES:
+            return candidate
+    return candidates[-1]
+
+
+def _b64(digest: bytes) -> str:
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+_POD_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def pod_uid_problem(uid: str) -> str | None:
+    """Why ``uid`` cannot name an instance's sockets (a pod's ``metadata.uid`` always can)."""
+    if _POD_UID.fullmatch(uid) is None:
+        return "must be a pod UID (letters, digits, '-', '.', '_'; at most 128 characters)"
+    return None
 
 
 # ------------------------------------------------------------------ DRA (resource.k8s.io/v1)

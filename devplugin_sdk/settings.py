@@ -6,10 +6,12 @@ temporary directories. Defaults are what a production node wants.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from devplugin_sdk import _names
 from devplugin_sdk.api import constants
 
 __all__ = ["Settings"]
@@ -53,6 +55,12 @@ class Settings:
             directory given explicitly is where the plugin was told to register, and wins
             over what a kubelet on the machine left behind.
         plugins_registry_dir: The kubelet's plugin-watcher directory (follows --root-dir).
+        pod_uid: The UID of the plugin's pod, for rolling upgrades (a DaemonSet's
+            ``maxSurge``): every socket then carries it in its name, so that the next pod's
+            instance serves and registers beside this one, and a DRA driver's prepares are
+            serialized across both by a file lock. None reads ``$POD_UID`` (set it from the
+            downward API, ``fieldRef: metadata.uid``); empty, or unset, keeps one fixed
+            name per socket.
     """
 
     device_plugin_dir: Path = Path(constants.DEVICE_PLUGIN_PATH)
@@ -71,6 +79,7 @@ class Settings:
     stop_timeout: float = 10.0
     registration: Literal["auto", "kubelet", "watcher"] = "auto"
     plugins_registry_dir: Path = Path(constants.PLUGINS_REGISTRY_PATH)
+    pod_uid: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device_plugin_dir", Path(self.device_plugin_dir))
@@ -95,6 +104,10 @@ class Settings:
         for name in ("stream_lost_grace", "reregister_delay", "stop_grace", "rescan_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Settings.{name} must be >= 0, got {getattr(self, name)}")
+        uid = self.instance_uid
+        if uid and (problem := _names.pod_uid_problem(uid)) is not None:
+            where = "Settings.pod_uid" if self.pod_uid is not None else "$POD_UID"
+            raise ValueError(f"{where} {uid!r}: {problem}")
         if self.prestart_timeout >= constants.PRE_START_CONTAINER_TIMEOUT_S:
             raise ValueError("Settings.prestart_timeout must be under the kubelet's 30 s deadline")
 
@@ -118,6 +131,19 @@ class Settings:
         if self.plugins_registry_dir.is_dir():
             return "watcher", f"registration auto: {self.plugins_registry_dir} exists"
         return "kubelet", f"registration auto: no {self.plugins_registry_dir}"
+
+    @property
+    def instance_uid(self) -> str:
+        """``pod_uid``, or ``$POD_UID``; empty when the plugin runs as the only instance."""
+        return self.pod_uid if self.pod_uid is not None else os.environ.get("POD_UID", "")
+
+    def instance_socket(self, directory: Path, name: str, **hashing: str) -> Path:
+        """Where this instance serves the socket plainly named ``name`` in ``directory``: that
+        name, or with a pod UID, the instance's own (``_names.instance_socket_name``)."""
+        uid = self.instance_uid
+        if not uid:
+            return directory / name
+        return directory / _names.instance_socket_name(name, uid, directory, **hashing)
 
     @property
     def kubelet_socket(self) -> Path:

@@ -11,7 +11,9 @@ Register is called at once; the old server stops after the new registration (the
 any socket name, but the name stays the same: a staged server leaves grpcio nothing to delete on
 the final path). With the same kubelet as before, the old server stops first (kubelet issue
 #121994). Where a staged path would be too long, a server starts on the final path once the old
-one has stopped.
+one has stopped. With a pod UID (``Settings.pod_uid``, rolling upgrades) the socket name is the
+instance's own, and a stream the kubelet drops while ``kubelet.sock`` stays is a registration
+torn down for another instance's end (up to v1.36): it is redone at once, on the same server.
 """
 
 from __future__ import annotations
@@ -82,7 +84,10 @@ class _KubeletSockRegistration:
         self.settings = settings
         self.watcher = watcher
         self.resource = plugin.resource
-        self.socket_path = settings.device_plugin_dir / plugin.socket_name
+        # With a pod UID, a name of this instance's own: the next pod's instance serves beside it.
+        self.socket_path = settings.instance_socket(settings.device_plugin_dir, plugin.socket_name)
+        self.rolling = bool(settings.instance_uid)
+        self.again_in_place = False  # the kubelet dropped a registration that can be redone
         self.current: _Server | None = None  # on the socket path
         self.next: _Server | None = None  # staged, not on the socket path yet
         self.old: _Server | None = None  # lost; stops once the next one is registered
@@ -106,6 +111,9 @@ class _KubeletSockRegistration:
                 # The old server stops once the kubelet's stream has sent our devices, off the
                 # path of a kubelet restart (a new kubelet never had a connection to it).
                 self.link.lost(await self._wait_for_loss(kubelet))
+                if self.again_in_place:
+                    self.again_in_place = False
+                    continue  # the same server registers again
                 await self._retire_current()
                 await self._prepare_next()
         finally:
@@ -350,6 +358,13 @@ class _KubeletSockRegistration:
                 continue
             timeout = math.inf
             lost_for = streams.missing_for()
+            if self._dropped_beside_a_sibling(lost_for, current, kubelet):
+                self.again_in_place = True
+                return (
+                    "the kubelet ended our stream while it stays up (up to v1.36 it does so to "
+                    "the newest instance when an older one's stream ends, kubelet issue "
+                    "#121994); registering again at once"
+                )
             if lost_for is not None and current is not None:
                 # The kubelet never retries a closed ListAndWatch: only a new registration helps,
                 # whatever other clients' streams are open.
@@ -361,6 +376,24 @@ class _KubeletSockRegistration:
                 timeout = grace - lost_for
             with anyio.move_on_after(timeout):
                 await self.watcher.wait(generation)
+
+    def _dropped_beside_a_sibling(
+        self, lost_for: float | None, current: FileId | None, kubelet: FileId
+    ) -> bool:
+        """Whether the kubelet ended our stream while it stays up, with rolling upgrades on.
+
+        Then another instance of the plugin (the previous pod) has just stopped, and an older
+        kubelet tore down our registration for its stream's end; it never reopens the stream,
+        so only a new Register helps, and the sooner, the fewer admissions fail. (A kubelet
+        that is stopping fails the Register, and its successor's start is seen as usual.)
+        """
+        return (
+            self.rolling
+            and self.streams.dropped
+            and lost_for is not None
+            and current == kubelet
+            and self.current is not None
+        )
 
     async def _retire_current(self) -> None:
         """The current server lost its registration: it becomes the old one."""

@@ -84,7 +84,12 @@ class Site(Protocol):
 
 
 async def serve_until_lost(
-    site: Site, settings: Settings, watcher: DirectoryWatcher, *, pause: float = 0.0
+    site: Site,
+    settings: Settings,
+    watcher: DirectoryWatcher,
+    *,
+    pause: float = 0.0,
+    closing: Callable[[], None] = lambda: None,
 ) -> None:
     """Serve ``site`` until its registration is lost, stop it, and again, until cancelled.
 
@@ -95,6 +100,7 @@ async def serve_until_lost(
         watcher: The process's directory watcher, watching every directory of the site.
         pause: Seconds to wait after a loss before serving again (at least the backoff when
             the kubelet refused the registration).
+        closing: Called once it stops for good, before its sockets stop.
 
     Raises:
         SocketInUseError: another live server answers on one of the site's sockets.
@@ -124,6 +130,7 @@ async def serve_until_lost(
                 refused.reset()
                 await anyio.sleep(pause)
     finally:
+        closing()
         with anyio.CancelScope(shield=True):
             await _stop(sockets)
 
@@ -170,9 +177,13 @@ async def _wait_for_loss(
 
 
 async def _stop(sockets: list[Socket]) -> None:
+    # In the order they were served: the registration socket (served last) goes last. Its
+    # removal makes the kubelet close its connection to the site, failing the calls in flight;
+    # until then they finish in the servers' stop grace (a DRA driver's prepares, while the
+    # next instance of a rolling upgrade already takes the new calls).
     # Dropped before stopping, so that a cancellation can never stop one twice.
     while sockets:
-        await sockets.pop().stop()
+        await sockets.pop(0).stop()
 
 
 async def keep_registered(
@@ -202,7 +213,8 @@ class _DevicePluginSite:
         self.plugin = plugin
         self.name = plugin.resource
         self.settings = settings
-        self.path = settings.plugins_registry_dir / plugin.socket_name
+        self.path = settings.instance_socket(settings.plugins_registry_dir, plugin.socket_name)
+        self.rolling = bool(settings.instance_uid)
 
     def registration(self, on_status: OnStatus) -> grpc.GenericRpcHandler:
         return watcher_registration.handler(self.name, on_status, self._on_info)
@@ -241,6 +253,10 @@ class _DevicePluginSite:
         if not self.plugin.link.registered or lost_for is None:
             return None, math.inf
         grace = self.settings.stream_lost_grace
+        if self.rolling and streams.dropped:
+            # Beside another instance (rolling upgrades), an older kubelet ends our stream when
+            # the previous pod's ends (kubelet issue #121994): a fresh socket at once.
+            grace = 0.0
         if lost_for >= grace:
             return (
                 f"no ListAndWatch stream from the kubelet for {lost_for:.1f}s "

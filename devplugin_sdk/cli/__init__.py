@@ -248,8 +248,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         device_plugin_dir=config.device_plugin_dir,
         registration=config.registration,  # type: ignore[arg-type]
         plugins_registry_dir=config.plugins_registry_dir,
-        **({} if config.rescan_interval is None else {"rescan_interval": config.rescan_interval}),
     )
+    if config.rescan_interval is not None:
+        settings = dataclasses.replace(settings, rescan_interval=config.rescan_interval)
     _preflight(args, config, settings)
     options = config.backend_options if args.config else None
     plugins = _with_cdi(resolve_plugins(config.backend, options), config)

@@ -11,12 +11,13 @@ strategy, and the pool their devices make), ``Publisher`` (the pool in ResourceS
 from __future__ import annotations
 
 from collections.abc import Collection
+from pathlib import Path
 
 import anyio
 from anyio.abc import TaskStatus
 
 from devplugin_sdk._engine.events import Events
-from devplugin_sdk._engine.handle import Strategy
+from devplugin_sdk._engine.handle import PluginHandle, Strategy
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._wire import dra_health
 from devplugin_sdk._wire.dra_service import handlers as dra_handlers
@@ -24,6 +25,7 @@ from devplugin_sdk.dra import Dra, _rules, kube_api
 from devplugin_sdk.dra._checkpoint import Checkpoint, private_directory
 from devplugin_sdk.dra._cleanup import Cleanup, report_corrupt_checkpoint
 from devplugin_sdk.dra._health import HealthBoard
+from devplugin_sdk.dra._lock import LOCK_NAME, SharedState
 from devplugin_sdk.dra._metadata import Metadata
 from devplugin_sdk.dra._plugins import Plugins
 from devplugin_sdk.dra._prepare import Preparer
@@ -85,7 +87,8 @@ class DraDriver:
         self.registrar = Registrar(
             options.driver,
             node_name,
-            self.plugin_dir / "dra.sock",
+            # dra-<pod UID>.sock with rolling upgrades, as the kubeletplugin helper names it.
+            settings.instance_socket(self.plugin_dir, "dra.sock"),
             settings,
             self.plugins.registered,
         )
@@ -95,12 +98,47 @@ class DraDriver:
         self.cleanup: Cleanup | None = None
         self.status_writer: StatusWriter | None = None
         self.corrupt_checkpoints = 0
+        self._sockets_down = anyio.Event()  # the registrar has stopped serving, for good
 
     def strategy(self, device_plugin: Strategy) -> Strategy:
         """Each plugin's registration strategy: the driver's own, or with ``both``, the driver's
-        beside ``device_plugin``'s."""
+        beside ``device_plugin``'s; on shutdown a plugin leaves the pool only once the driver's
+        sockets are down."""
         plugins = self.plugins
-        return plugins.alongside(device_plugin) if plugins.both else plugins.attach
+        inner = plugins.alongside(device_plugin) if plugins.both else plugins.attach
+
+        async def served(
+            plugin: PluginHandle, settings: Settings, watcher: DirectoryWatcher
+        ) -> None:
+            # Shielded from the process's shutdown: ended here, once the sockets are down.
+            scope = anyio.CancelScope(shield=True)
+
+            async def attached() -> None:
+                with scope:
+                    await inner(plugin, settings, watcher)
+                tg.cancel_scope.cancel()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(attached)
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    # SIGTERM stops everything at once. The kubelet may call this instance
+                    # until its DRA socket is down (it picks among a rolling upgrade's instances
+                    # by their connections), and calls in flight finish in the servers' grace:
+                    # until then, the plugin's devices stay found. A plugin stopped alone (a
+                    # configuration reload) leaves at once.
+                    with (
+                        anyio.CancelScope(shield=True),
+                        anyio.move_on_after(2 * settings.stop_grace + 1.0),
+                    ):
+                        for _ in range(3):  # the driver's own cancellation runs first
+                            await anyio.lowlevel.checkpoint()
+                        if self.registrar.closing:
+                            await self._sockets_down.wait()
+                    scope.cancel()
+
+        return served
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Connect, load the checkpoint, publish and register until cancelled.
@@ -117,18 +155,24 @@ class DraDriver:
             self.settings.plugins_registry_dir.mkdir(parents=True, exist_ok=True)
             self.publisher = Publisher(api, self.options.driver, self.registrar.node_name)
             self.status_writer = StatusWriter(self.options.driver, api)
+            checkpoint = Checkpoint(self.plugin_dir / "checkpoint.json")
+            shared = SharedState(checkpoint, self._lock_path())
             self.preparer = Preparer(
                 self.options.driver,
                 self.registrar.node_name,
                 api,
                 lookup=self.plugins.find,
-                checkpoint=Checkpoint(self.plugin_dir / "checkpoint.json"),
+                checkpoint=checkpoint,
                 cdi_dir=self.options.cdi_dir,
                 hook_timeout=self.settings.hook_timeout,
                 metadata=Metadata(self.options.driver, self.plugin_dir),
                 status=self.status_writer,
+                shared=shared,
             )
-            await self.preparer.load()
+            # Under the lock: the cleanup of unfinished prepares must not take the spec of a
+            # prepare that the previous instance has in flight.
+            async with shared.held(self.preparer.prepared):
+                await self.preparer.load()
             async with anyio.create_task_group() as tg:
                 self._after_load(api, tg)
                 tg.start_soon(self.publisher.run)
@@ -140,8 +184,12 @@ class DraDriver:
                     *dra_handlers(self.preparer.prepare, self.preparer.unprepare, SERVICES),
                     *dra_health.handlers(self.health.watch, HEALTH_SERVICES),
                 ]
-                await self.registrar.run(services, self.watcher)
+                try:
+                    await self.registrar.run(services, self.watcher)
+                finally:
+                    self._sockets_down.set()
         finally:
+            self._sockets_down.set()
             if self.options.api is None:
                 with anyio.CancelScope(shield=True):
                     await api.aclose()
@@ -165,6 +213,10 @@ class DraDriver:
         )
         if self.options.cleanup_interval > 0:
             tg.start_soon(self.cleanup.run)
+
+    def _lock_path(self) -> Path | None:
+        """``serialize.lock`` beside the checkpoint when instances may overlap (a pod UID)."""
+        return self.plugin_dir / LOCK_NAME if self.settings.instance_uid else None
 
     def status(self) -> DraStatus:
         """What the driver is doing (``Running.dra``)."""

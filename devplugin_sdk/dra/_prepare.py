@@ -33,6 +33,7 @@ from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim, PreparedDevic
 from devplugin_sdk.dra import _shares
 from devplugin_sdk.dra import config as claim_config
 from devplugin_sdk.dra._checkpoint import Checkpoint, Entry, Loaded
+from devplugin_sdk.dra._lock import SharedState
 from devplugin_sdk.dra._metadata import Metadata, MetadataDevice
 from devplugin_sdk.dra._status import StatusWriter, status_problem
 from devplugin_sdk.dra.resources import (
@@ -122,12 +123,14 @@ class Preparer:
         hook_timeout: float,
         metadata: Metadata | None = None,
         status: StatusWriter | None = None,
+        shared: SharedState | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
         self.api = api
         self.lookup = lookup
         self.checkpoint = checkpoint
+        self.shared = shared or SharedState(checkpoint, None)  # rolling upgrades: dra._lock
         self.cdi_dir = cdi_dir
         self.hook_timeout = hook_timeout
         self.metadata = metadata
@@ -243,7 +246,7 @@ class Preparer:
             except _ClaimError as exc:
                 claims[ref.uid] = exc
         results: dict[str, PreparedClaim] = {}
-        async with self._lock:
+        async with self._lock, self.shared.held(self.prepared):  # other instances too
             for ref in refs:
                 results[ref.uid] = await self._prepare_one(ref, claims.get(ref.uid))
         await self._write_statuses()
@@ -287,6 +290,11 @@ class Preparer:
         entry = self.prepared.get(ref.uid)
         if entry is not None and not entry.recovered:
             return PreparedClaim(entry.devices)  # prepared before: the same answer, no work
+        if claim is None:  # it was prepared when looked at, then another instance undid it
+            try:
+                claim = await self._read(ref)
+            except _ClaimError as exc:
+                claim = exc
         try:
             entry = await self._do_prepare(ref, _claim_or_raise(claim))
         except _ClaimError as exc:
@@ -563,7 +571,7 @@ class Preparer:
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Undo each claim's preparation; an unknown claim is already undone (no error)."""
         errors: dict[str, str] = {}
-        async with self._lock:
+        async with self._lock, self.shared.held(self.prepared):  # other instances too
             for ref in refs:
                 try:
                     await self._unprepare_one(ref)

@@ -62,11 +62,16 @@ class Registrar:
         self.name = f"DRA {driver}"
         self.node_name = node_name
         self.dra_socket = dra_socket
-        # kubeletplugin's default registration socket name (<driver>-reg.sock).
-        self.registration_socket = settings.plugins_registry_dir / f"{driver}-reg.sock"
+        # kubeletplugin's registration socket name: <driver>-reg.sock, or with rolling updates
+        # RollingUpdateRegistrarSocketFile's (the pod UID in it, hashed where too long).
+        self.registration_socket = settings.instance_socket(
+            settings.plugins_registry_dir, f"{driver}-reg.sock", prefix="dra", key=driver
+        )
         self.settings = settings
         self.registered = False
         self.registrations = 0
+        #: It is stopping for good (its sockets go next, or have gone).
+        self.closing = False
         self._on_change = on_change
         self._services: list[grpc.GenericRpcHandler] = []
 
@@ -80,9 +85,12 @@ class Registrar:
         self._services = services
         try:
             pause = self.settings.register_backoff_initial
-            await serve_until_lost(self, self.settings, watcher, pause=pause)
+            await serve_until_lost(self, self.settings, watcher, pause=pause, closing=self._close)
         finally:
             self._set(False)
+
+    def _close(self) -> None:
+        self.closing = True
 
     # ------------------------------------------------------------------ plugin_watcher.Site
 

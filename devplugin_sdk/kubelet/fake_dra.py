@@ -103,6 +103,10 @@ class _Plugin:
     #: Ends the plugin's health stream.
     health: anyio.CancelScope | None = None
 
+    def connected(self) -> bool:
+        """Whether the connection is up (the kubelet follows it through gRPC's stats handler)."""
+        return self.channel.get_state(try_to_connect=True) is grpc.ChannelConnectivity.READY
+
     async def close(self, why: str) -> None:
         self.gone = why
         if self.health is not None:
@@ -143,6 +147,11 @@ class FakeDra:
             included (a 1.32 kubelet: ``("v1beta1.DRAPlugin",)``).
         call_timeout: The deadline of NodePrepareResources/NodeUnprepareResources.
         wiping_delay: How long after a driver's last plugin went away its slices are deleted.
+        plugins_per_driver: 1.33+ (pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go): every
+            plugin of a driver is kept, calls go to the most recent connected one (else the most
+            recent), a plugin goes when its own socket does. False is 1.32: one plugin per
+            driver name, replaced by a new registration and forgotten by name when any
+            registration socket of the driver goes (a rolling update loses the new instance).
         notify: Called on every change (wakes FakeKubelet's waiters).
     """
 
@@ -154,6 +163,7 @@ class FakeDra:
         services: Sequence[str] = KUBELET_SERVICES,
         call_timeout: float = constants.DRA_CALL_TIMEOUT_S,
         wiping_delay: float = constants.DRA_WIPING_DELAY_S,
+        plugins_per_driver: bool = True,
         notify: Callable[[], None] = lambda: None,
     ) -> None:
         self.api = api
@@ -161,6 +171,7 @@ class FakeDra:
         self.services = tuple(services)
         self.call_timeout = call_timeout
         self.wiping_delay = wiping_delay
+        self.plugins_per_driver = plugins_per_driver
         self.registrations: list[DraRegistration] = []
         #: Device health as the kubelet holds it (``health.health(driver, pool, device)``).
         self.health = HealthCache(notify)
@@ -223,7 +234,7 @@ class FakeDra:
             error = f"invalid DRA driver name {info.name!r}"
         elif not info.endpoint.startswith("/"):
             error = f"endpoint {info.endpoint!r} is not an absolute socket path"
-        elif any(
+        elif self.plugins_per_driver and any(
             p.registration.endpoint == info.endpoint for p in self._plugins.get(info.name, [])
         ):
             error = f"endpoint {info.endpoint} already registered for DRA driver plugin {info.name}"
@@ -244,6 +255,12 @@ class FakeDra:
             f"unix:{info.endpoint}", options=[("grpc.use_local_subchannel_pool", 1)]
         )
         plugin = _Plugin(record, channel, DraClient(channel, chosen))
+        plugin.connected()  # connects now, as the kubelet's conn.Connect() does
+        if not self.plugins_per_driver:
+            # 1.32: the new registration replaces the driver's plugin (its connection is left).
+            for replaced in self._plugins.pop(info.name, []):
+                if replaced.health is not None:
+                    replaced.health.cancel()
         self._plugins.setdefault(info.name, []).append(plugin)
         health = pick_health_service(self.services, info.supported_versions)
         if health is not None and self._tg is not None:
@@ -258,6 +275,9 @@ class FakeDra:
 
     async def deregister(self, socket: Path) -> None:
         """The registration socket is gone: DeRegisterPlugin."""
+        if not self.plugins_per_driver:
+            await self._deregister_by_name(socket)
+            return
         for driver, plugins in list(self._plugins.items()):
             for plugin in list(plugins):
                 if plugin.registration.socket != str(socket):
@@ -270,14 +290,34 @@ class FakeDra:
                     self._schedule_wipe(driver)
         self._notify()
 
+    async def _deregister_by_name(self, socket: Path) -> None:
+        """1.32's DeRegisterPlugin: the driver whose socket went is forgotten by name, whichever
+        of its plugins registered last."""
+        driver = next(
+            (r.driver for r in reversed(self.registrations) if r.socket == str(socket)), None
+        )
+        for plugin in self._plugins.pop(driver, []) if driver is not None else []:
+            await plugin.close(f"DRA driver {driver} deregistered")
+        if driver is not None:
+            self.health.clear(driver)
+            self._schedule_wipe(driver)
+        self._notify()
+
     def _follow_health(
         self, driver: str, channel: grpc.aio.Channel, service: str
     ) -> anyio.CancelScope:
         scope = anyio.CancelScope()
 
         async def follow() -> None:
-            with scope:
-                await self.health.follow(driver, channel, service)
+            try:
+                with scope:
+                    await self.health.follow(driver, channel, service)
+            except anyio.get_cancelled_exc_class():
+                if not scope.cancel_called:
+                    raise
+                # The plugin went: grpc.aio ends the stream on the closed channel with a
+                # CancelledError of its own, which the scope does not take for its own (left to
+                # escape, it would stop the whole kubelet, every other plugin with it).
 
         assert self._tg is not None
         self._tg.start_soon(follow)
@@ -304,6 +344,11 @@ class FakeDra:
         """Whether a plugin of ``driver`` is registered."""
         return bool(self._plugins.get(driver))
 
+    def endpoint(self, driver: str) -> str | None:
+        """The endpoint the next call for ``driver`` goes to, if any plugin is registered."""
+        plugins = self._plugins.get(driver)
+        return self._plugin(driver).registration.endpoint if plugins else None
+
     def successful_registrations(self, driver: str) -> list[DraRegistration]:
         return [r for r in self.registrations if r.driver == driver and r.error is None]
 
@@ -311,7 +356,10 @@ class FakeDra:
         plugins = self._plugins.get(driver)
         if not plugins:
             raise PodPreparationError(f"DRA driver {driver} is not registered")
-        # The most recent registration, as the kubelet picks it.
+        # The most recent connected plugin, else the most recent one (DRAPluginManager.get).
+        for plugin in reversed(plugins):
+            if plugin.connected():
+                return plugin
         return plugins[-1]
 
     # ------------------------------------------------------------------ pods

@@ -1,10 +1,13 @@
 """The device manager's endpoints: one per resource, dialled back at registration, followed on
 ListAndWatch, disconnected when the stream ends, and the views of capacity built from them.
 
-It follows kubelet v1.32 (protocol reference, sections 3 and 4): ListAndWatch messages replace
+It follows the kubelet (protocol reference, sections 3 and 4): ListAndWatch messages replace
 the device set and are checkpointed; a stream end disconnects the plugin (healthy devices become
-unhealthy, grace period starts); the client is looked up by resource name (kubelet issue
-#121994), so a duplicate registration gets torn down when the old stream ends.
+unhealthy, grace period starts). Clients are kept per (resource, socket path) as from v1.37
+(PR #135437): an older registration's stream end disconnects that registration only, and the
+resource's devices stay with its newest endpoint. With ``per_socket_clients`` off it is v1.32 to
+v1.36: the client is looked up by resource name (kubelet issue #121994), so a duplicate
+registration gets torn down when the old stream ends.
 """
 
 from __future__ import annotations
@@ -190,11 +193,22 @@ class DeviceManager:
         books = self._books.get(client.resource)
         if books is not None and client.stopped_at is None:
             client.stopped_at = time.monotonic()
+            if self._knobs.per_socket_clients and books.endpoint not in (client, None):
+                # v1.37: an endpoint another registration took over leaves the resource alone.
+                self._notify()
+                return
             # PluginDisconnected: every healthy device becomes unhealthy; the grace clock starts.
             books.unhealthy |= books.healthy
             books.healthy.clear()
             books.stopped_at = client.stopped_at
         self._notify()
+
+    async def deregister_plugin(self, client: Endpoint) -> None:
+        """The plugin watcher saw ``client``'s socket go (DeRegisterPlugin): the client is looked
+        up as a stream end looks it up, so up to v1.36 that is the resource's newest one."""
+        current = self._clients.get(self._key(client.resource, client.socket_path))
+        if current is not None:
+            await self.disconnect(current)
 
     async def disconnect_all(self) -> None:
         """Disconnect every plugin (the kubelet stops)."""

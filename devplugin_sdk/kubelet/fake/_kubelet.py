@@ -77,8 +77,9 @@ class FakeKubelet:
         grace_period: Seconds a disconnected plugin's resource keeps its capacity (5 min real).
         dial_timeout: How long Register waits for the plugin's socket to accept (10 s real).
         register_delay: Extra seconds Register takes before dialing (a slow kubelet).
-        per_socket_clients: Track clients per (resource, socket) as kubelet v1.37 does, instead
-            of per resource (v1.32, with its duplicate-registration bug).
+        per_socket_clients: Track clients per (resource, socket) as kubelet v1.37 does (the
+            default: two instances with sockets of their own names overlap cleanly); False is
+            v1.32 to v1.36, per resource, with its duplicate-registration bug (#121994).
         seed: Seed of the random order in which the kubelet iterates its sets.
         plugin_watcher: Also run the plugin watcher on ``registry_directory`` (plugins put a
             socket there instead of calling Register).
@@ -95,6 +96,10 @@ class FakeKubelet:
             kubelet is ``("v1beta1.DRAPlugin",)``.
         dra_call_timeout: The deadline of the DRA calls (45 s real).
         dra_wiping_delay: How long after a DRA driver went away its slices are deleted (30 s).
+        dra_plugins_per_driver: Keep every registered plugin of a DRA driver and call the most
+            recent connected one, as from 1.33 (the default; rolling updates); False is 1.32:
+            one plugin per driver name, replaced by the next registration, and forgotten when
+            any of the driver's registration sockets goes.
 
     Fault hooks, for what a real kubelet does on its own: ``drop_streams()`` ends ListAndWatch
     streams while the kubelet stays up, ``reject(reason)`` answers registrations with an error,
@@ -110,7 +115,7 @@ class FakeKubelet:
         grace_period: float = constants.ENDPOINT_STOP_GRACE_PERIOD_S,
         dial_timeout: float = constants.KUBELET_DIAL_TIMEOUT_S,
         register_delay: float = 0.0,
-        per_socket_clients: bool = False,
+        per_socket_clients: bool = True,
         seed: int = 0,
         plugin_watcher: bool = False,
         registry_directory: str | os.PathLike[str] | None = None,
@@ -120,6 +125,7 @@ class FakeKubelet:
         dra_services: Sequence[str] = KUBELET_SERVICES,
         dra_call_timeout: float = constants.DRA_CALL_TIMEOUT_S,
         dra_wiping_delay: float = constants.DRA_WIPING_DELAY_S,
+        dra_plugins_per_driver: bool = True,
     ) -> None:
         self._own_directory = directory is None
         self.directory = Path(directory) if directory is not None else Path()
@@ -143,6 +149,7 @@ class FakeKubelet:
             services=dra_services,
             call_timeout=dra_call_timeout,
             wiping_delay=dra_wiping_delay,
+            plugins_per_driver=dra_plugins_per_driver,
             notify=self._notify,
         )
         self._checkpoint = CheckpointWriter(

@@ -110,7 +110,7 @@ class PluginWatcher:
             # Deleting the socket deregisters the plugin.
             client = self._watched.pop(path)
             if client is not None:
-                self._spawn(self._devices.disconnect, client)
+                self._spawn(self._devices.deregister_plugin, client)
             else:
                 self._spawn(self._dra.deregister, path)
 
