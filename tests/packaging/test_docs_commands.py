@@ -157,8 +157,15 @@ class Reader:
             self.places[page_path] = self.places["/tmp"] / page_path.removeprefix("/tmp/")
         return self.places[page_path]
 
-    async def shell(self, code: str, what: str, cwd: Path | None = None) -> None:
-        script = f"set -e\n{self.swap(code)}"
+    async def shell(
+        self, code: str, what: str, cwd: Path | None = None, *, bin_dir: str | None = None
+    ) -> None:
+        # The page's /tmp paths are swapped first: this environment's own paths (a clone under
+        # /tmp, as CI's may be) must stay as they are.
+        swapped = self.swap(code)
+        if bin_dir is not None:
+            swapped = without_install(swapped, bin_dir)
+        script = f"set -e\n{swapped}"
         # In the clone (``sh repo``) as the suite's user: the checkout is not nobody's.
         user = self.user if cwd is None else {}
         with anyio.fail_after(120):
@@ -268,9 +275,9 @@ async def test_the_page_runs_as_written(
             elif step.kind == "sh":
                 await reader.shell(step.code, what)
             elif step.kind == "install":
-                await reader.shell(without_install(step.code, bin_dir), what)
+                await reader.shell(step.code, what, bin_dir=bin_dir)
             elif step.kind == "repo":
-                await reader.shell(without_install(step.code, bin_dir), what, cwd=ROOT)
+                await reader.shell(step.code, what, cwd=ROOT, bin_dir=bin_dir)
             else:
                 await reader.background(tg, step.code)
             if step.until is not None:
