@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 import _common
+import _trace
 import anyio
 import grpc
 from _common import devices
@@ -163,8 +164,11 @@ def main() -> None:
     parser.add_argument("--observe", type=Path, help="time ListAndWatch messages on this socket")
     parser.add_argument("--control-fd", type=int, help="static plugins read health from this fd")
     parser.add_argument("--watch-dir", type=Path, help="root of the generic plugin's /dev")
+    parser.add_argument("--trace", type=Path, help="write registration timestamps here at exit")
     args = parser.parse_args()
     _common.quiet_logs()
+    if args.trace is not None:
+        _trace.install(args.trace)
     if args.observe is not None:
         observe(args.observe)
         return

@@ -4,12 +4,15 @@ The kubelet deletes every file in the device-plugin directory when it starts (ou
 them) and then creates a new kubelet.sock. Plugins ask for the inode of kubelet.sock and of their
 own socket and wait for the next change; inotify makes that sub-millisecond, polling is the
 safety net. The runner watches the directory its registration strategy serves in; a DRA driver
-adds its own (``add``) before the watch starts.
+adds its own (``add``) before the watch starts. Each plugin waits on a ``view`` of it: a change
+in the directories wakes every view, a plugin's own events (its streams opening and ending) only
+its own, so N plugins recovering together are not each woken N times per stream.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from pathlib import Path
 
 import anyio
@@ -30,6 +33,16 @@ class DirectoryWatcher:
         self.generation = 0
         self._changed = anyio.Event()
         self._running = False
+        self._parent: DirectoryWatcher | None = None
+        self._views: weakref.WeakSet[DirectoryWatcher] = weakref.WeakSet()
+
+    def view(self) -> DirectoryWatcher:
+        """A watcher of the same directories for one plugin: woken by every change in them and
+        by its own ``notify``, which wakes no other view (never ``run`` it)."""
+        view = DirectoryWatcher(self.directories, self.poll_interval)
+        view._parent = self
+        self._views.add(view)
+        return view
 
     def add(self, *directories: Path) -> None:
         """Watch ``directories`` too.
@@ -37,6 +50,9 @@ class DirectoryWatcher:
         Raises:
             RuntimeError: the watch has started (it watches the directories it started with).
         """
+        if self._parent is not None:
+            self._parent.add(*directories)
+            return
         if self._running:
             raise RuntimeError("DirectoryWatcher.add() after run() started")
         self.directories.extend(d for d in directories if d not in self.directories)
@@ -48,10 +64,12 @@ class DirectoryWatcher:
             self.notify()
 
     def notify(self) -> None:
-        """Wake every waiter (also used by the lifecycle for its own events)."""
+        """Wake every waiter, and every view's (also used by the lifecycle for its own events)."""
         self.generation += 1
         self._changed.set()
         self._changed = anyio.Event()
+        for view in list(self._views):
+            view.notify()
 
     async def wait(self, generation: int) -> int:
         """Wait until the generation moves past ``generation``; return the new generation."""

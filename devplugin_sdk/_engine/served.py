@@ -60,10 +60,11 @@ class ServedPlugin:
         self.plugin = plugin
         self.resource = plugin.resource_name
         self.settings = settings
-        self.watcher = watcher
+        # Its own view: its streams' events wake this plugin's registration loop, not all of them.
+        self.watcher = watcher.view()
         self.strategy = strategy
         self.state = DeviceState(self.resource, events=events, advisory_hold=settings.advisory_hold)
-        self.streams = Streams(self.resource, watcher.notify)
+        self.streams = Streams(self.resource, self.watcher.notify)
         self.link = Link(self.resource, events)
         servicer = DevicePluginServicer(
             plugin,
