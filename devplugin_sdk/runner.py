@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import inspect
 import logging
 import signal
@@ -253,13 +252,7 @@ def run(
         except BaseExceptionGroup as group:
             raise_errors(group)
 
-    anyio.run(main, backend="asyncio", backend_options={"use_uvloop": _uvloop_installed()})
-
-
-def _uvloop_installed() -> bool:
-    """Whether uvloop can be imported: ``run`` then serves on it (one Allocate's server-side
-    cost drops by 0.03-0.07 ms on 2 cores, docs/performance.md); without it, plain asyncio."""
-    return importlib.util.find_spec("uvloop") is not None
+    anyio.run(main, backend="asyncio")
 
 
 async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
