@@ -5,7 +5,8 @@ to the API server; the health feed reaches it as ``want()`` of the pool with a d
 not) against its own in-memory API (``MemoryApi``, which counts every call), so a node's watch
 sees only its own slices, as a field-selected watch does. The API server ends each watch after
 its ``timeoutSeconds`` (the client asks 300 s times a random factor in [1, 2), as client-go
-does) and ends every open watch at once when it goes down.
+does), sends a quiet watch a BOOKMARK about once a minute, and ends every open watch at once
+when it goes down (unreachable: every request fails as a refused connection does).
 
 Time is scaled (``--scale``, 0.05 by default: a simulated minute lasts 3 s): every timer of the
 publisher (retry backoff, resync) and of the server (watch timeouts, the outage) is multiplied
@@ -37,7 +38,7 @@ import anyio
 import anyio.abc
 
 from devplugin_sdk.dra._publisher import Publisher
-from devplugin_sdk.dra.resources import DeviceTaint, SliceDevice
+from devplugin_sdk.dra.resources import DeviceTaint, SliceDevice, SliceEvent
 from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.testing import MemoryApi
 
@@ -47,6 +48,7 @@ WATCH_TIMEOUT = 300.0  # dra/_kube.py: WATCH_TIMEOUT, times [1, 2)
 RETRY_FIRST = 0.5  # dra/_publisher.py: _RETRY_FIRST
 RETRY_MAX = 30.0  # dra/_publisher.py: _RETRY_MAX
 RESYNC = 300.0  # dra/_publisher.py: _RESYNC
+BOOKMARK_EVERY = 60.0  # the API server's bookmarks to a quiet watch (about once a minute)
 WRITES = ("create_slice", "update_slice", "delete_slice")
 
 
@@ -57,6 +59,12 @@ class Fleet:
         self.scale = scale
         self.down = False
         self.apis: list[NodeApi] = []
+        self._tasks: anyio.abc.TaskGroup | None = None
+
+    def tasks(self) -> anyio.abc.TaskGroup:
+        """Where the watches' helper tasks run."""
+        assert self._tasks is not None
+        return self._tasks
 
     def total(self, methods: Sequence[str] | None = None) -> int:
         """Requests so far, all nodes (of ``methods`` only, when given)."""
@@ -95,25 +103,57 @@ class NodeApi(MemoryApi):
         self.fleet = fleet
         self.step: anyio.CancelScope | None = None
 
-    async def watch_slices(self, driver: str, node_name: str) -> AsyncIterator[None]:
-        events = super().watch_slices(driver, node_name)
-        deadline = anyio.current_time() + WATCH_TIMEOUT * (1 + random.random()) * self.fleet.scale
+    async def watch_slices(
+        self, driver: str, node_name: str, resource_version: str = ""
+    ) -> AsyncIterator[SliceEvent | None]:
+        scale = self.fleet.scale
+        deadline = anyio.current_time() + WATCH_TIMEOUT * (1 + random.random()) * scale
+        version = resource_version
+        # MemoryApi's watch runs in a task of its own, so that waiting for its next event can
+        # be given up (for a bookmark, the timeout, the outage) without ending it.
+        send, receive = anyio.create_memory_object_stream[SliceEvent | KubeApiError | None](64)
+        pump = anyio.CancelScope()
+        self.fleet.tasks().start_soon(self._pump, driver, node_name, resource_version, send, pump)
         try:
             while True:
-                with anyio.CancelScope(deadline=deadline) as scope:
-                    self.step = scope
-                    await anext(events)
+                # The API server sends a BOOKMARK about once a minute to a watch that asked
+                # for them (allowWatchBookmarks), with the version the watch has reached.
+                wake = min(deadline, anyio.current_time() + BOOKMARK_EVERY * scale)
+                with anyio.CancelScope(deadline=wake) as step:
+                    self.step = step
+                    item = await receive.receive()
                 self.step = None
-                if scope.cancelled_caught:
-                    if self.fleet.down:
-                        raise KubeApiError(0, "connection reset (the API server went down)")
-                    return  # the server ended the watch: its timeoutSeconds
-                yield None
+                if self.fleet.down:
+                    raise KubeApiError(0, "connection reset (the API server went down)")
+                if step.cancelled_caught:
+                    if anyio.current_time() >= deadline:
+                        return  # the server ended the watch: its timeoutSeconds
+                    if version:
+                        yield SliceEvent("BOOKMARK", None, version)
+                    continue
+                if isinstance(item, KubeApiError):
+                    raise item
+                if item is not None:
+                    version = item.resource_version or version
+                yield item
         finally:
             self.step = None
-            closing = getattr(events, "aclose", None)
-            if closing is not None:
-                await closing()
+            pump.cancel()
+
+    async def _pump(
+        self,
+        driver: str,
+        node_name: str,
+        version: str,
+        send: anyio.abc.ObjectSendStream[SliceEvent | KubeApiError | None],
+        scope: anyio.CancelScope,
+    ) -> None:
+        with scope, send:
+            try:
+                async for event in super().watch_slices(driver, node_name, version):
+                    await send.send(event)
+            except KubeApiError as exc:
+                await send.send(exc)
 
 
 def pool(node: int, *, tainted: bool = False) -> list[SliceDevice]:
@@ -158,6 +198,7 @@ async def main(
             )
         )
     async with anyio.create_task_group() as tg:
+        fleet._tasks = tg
         started = time.perf_counter()
         for i, publisher in enumerate(publishers):
             tg.start_soon(publisher.run)
