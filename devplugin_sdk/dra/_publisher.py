@@ -71,6 +71,9 @@ _RESYNC = 300.0
 # Device changes this close together are published as one write (a flapping device's health):
 # a single change waits this long more before it is written.
 _COALESCE = 0.01
+# A write read back (its echo came) this long before someone undid it was not fought over: the
+# kubelet deleting the node's slices as it restarts, not a second writer answering ours.
+_SETTLE = 0.01
 _LOG_AGAIN_AFTER = 60.0
 _FOUGHT = (
     "someone else keeps changing them back (another writer, or an admission webhook that "
@@ -146,6 +149,11 @@ class Publisher:
         self._version = ""
         self._alive_at = time.monotonic()  # the watch's last sign of life
         self._events = 0  # events seen so far (a list is a view only if none came during it)
+        # The slices of our last write whose echo has not come yet, and when the last echo came
+        # (our write read back): a write undone well after it was read back is no fight.
+        self._unread: set[str] = set()
+        self._read_back_at: float | None = None
+        self._changed_at: float | None = None  # someone else's first change since that write
 
     def want(self, devices: Sequence[SliceDevice], counter_sets: Sequence[CounterSet] = ()) -> None:
         """Make ``devices`` and ``counter_sets`` (each sorted by name) the pool's content;
@@ -189,6 +197,7 @@ class Publisher:
                 if self.coalesce and self.published is not None and self._wanted != self.published:
                     await anyio.sleep(self.coalesce)  # a flap's next change joins this write
                 content = self._wanted
+                stood = self._stood()  # before this sync writes (and starts reading back anew)
                 try:
                     wrote = await self._sync()
                 except KubeApiError as exc:
@@ -197,7 +206,9 @@ class Publisher:
                     self._wrote, self._undone = None, 0
                     await self._retry_after(str(exc), conflict=exc.conflict)
                     continue
-                undone = wrote and self._wrote == content
+                # Undone: written again though the devices did not change, and the last write
+                # was not read back (its echo) well before someone changed it.
+                undone = wrote and self._wrote == content and not stood
                 self._wrote = content if wrote else None
                 self._undone = self._undone + 1 if undone else 0
                 if self._undone > 1:
@@ -205,8 +216,8 @@ class Publisher:
                     # deleting the node's slices as it starts; writing again at once is a fight.
                     await self._retry_after(_FOUGHT, conflict=True)
                     continue
-                if not wrote:
-                    self._retry.reset()
+                if not wrote or stood:
+                    self._retry.reset()  # the last write stuck (read back, or nothing to do)
                 if self.last_error is not None:
                     log.info("DRA %s: publishing ResourceSlices works again", self.driver)
                     self.last_error = None
@@ -322,10 +333,25 @@ class Publisher:
                 return  # deleted by us, or never ours to know
             del self._known[name]
         elif held is not None and not _newer(event.slice.resource_version, held.resource_version):
-            return  # the echo of our own write, or a version we already have
+            # The echo of our own write, or a version we already have.
+            if name in self._unread:
+                self._unread.discard(name)
+                if not self._unread:
+                    self._read_back_at = time.monotonic()
+            return
         else:
             self._known[name] = event.slice
+        if self._changed_at is None:
+            self._changed_at = time.monotonic()
         self._dirty.set()
+
+    def _stood(self) -> bool:
+        """Whether our last write was read back (every slice's echo) and stood at least
+        ``_SETTLE`` seconds before someone else changed the pool: undoing it that late is a
+        restart of the kubelet, not a fight."""
+        at = self._read_back_at
+        changed = self._changed_at if self._changed_at is not None else time.monotonic()
+        return at is not None and changed - at >= _SETTLE
 
     def _watch_failed(self, exc: KubeApiError) -> None:
         """A watch that raised: resumable when the API server could not be reached (nothing
@@ -384,6 +410,7 @@ class Publisher:
             self._published(asked, asked_counters)
             return False
         owner = await self._owner()
+        self._unread, self._read_back_at, self._changed_at = set(), None, None
         generation = max([s.generation for s in current] + [self.generation]) + 1
         count = len(chunks)
         for i, (devices, counters) in enumerate(chunks):
@@ -406,6 +433,7 @@ class Publisher:
             ):
                 self._shares_dropped()
             self._echo[stored.name] = (tuple(stored.devices), tuple(devices))
+            self._unread.add(stored.name)
             if self._known is not None:
                 self._known[stored.name] = stored
         for stale in current[count:]:

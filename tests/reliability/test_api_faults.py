@@ -516,3 +516,21 @@ async def test_a_watch_through_the_real_client_resumes_from_its_version(tmp_path
     assert all(q.get("allowWatchBookmarks") == "true" for q in server.watch_queries)
     # A watch that ran its course is resumed, not followed by a list.
     assert memory.calls.get("list_slices", 0) == lists
+
+
+async def test_wipes_after_the_write_was_read_back_are_no_fight() -> None:
+    # The echo of our write is read back without a list; a kubelet deleting the slices after
+    # that (it restarts seconds apart) is answered every time, never taken for a fight.
+    memory = MemoryApi(nodes=[NODE])
+    pub = Publisher(memory, DRIVER, NODE)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pub.run)
+        await _published(pub, ("w0", "w1"))
+        for _ in range(6):
+            await anyio.sleep(0.05)
+            memory.wipe_slices(NODE)
+            with anyio.fail_after(5):
+                while not memory.pool_complete(DRIVER, NODE):
+                    await memory.wait_changed(memory.generation)
+        assert pub.last_error is None
+        tg.cancel_scope.cancel()
