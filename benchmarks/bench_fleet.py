@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Sequence
 import _common
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectSendStream
 
 from devplugin_sdk.dra._publisher import Publisher
 from devplugin_sdk.dra.resources import DeviceTaint, SliceDevice, SliceEvent
@@ -145,7 +146,7 @@ class NodeApi(MemoryApi):
         driver: str,
         node_name: str,
         version: str,
-        send: anyio.abc.ObjectSendStream[SliceEvent | KubeApiError | None],
+        send: MemoryObjectSendStream[SliceEvent | KubeApiError | None],
         scope: anyio.CancelScope,
     ) -> None:
         with scope, send:
