@@ -28,6 +28,7 @@ FULL: dict[str, list[str]] = {
     "sharing": ["bench_sharing.py", "--calls", "200", "--mib-calls", "50"],
     "dra": ["bench_dra.py", "--claims", "500", "--flips", "500"],
     "upgrade": ["bench_upgrade.py", "--upgrades", "100"],
+    "fleet": ["bench_fleet.py", "--nodes", "1000"],
 }
 QUICK: dict[str, list[str]] = {
     "allocate": ["bench_allocate.py", "--calls", "500", "--warmup", "50"],
@@ -41,6 +42,7 @@ QUICK: dict[str, list[str]] = {
     "sharing": ["bench_sharing.py", "--calls", "20", "--mib-calls", "5"],
     "dra": ["bench_dra.py", "--claims", "50", "--flips", "50"],
     "upgrade": ["bench_upgrade.py", "--upgrades", "10"],
+    "fleet": ["bench_fleet.py", "--nodes", "100", "--steady-minutes", "10", "--changes", "20"],
 }
 
 

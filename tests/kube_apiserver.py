@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
@@ -272,27 +273,24 @@ class FakeApiServer:
             if self.watch_fault != "end":
                 # The API server ends a watch after its timeoutSeconds (or its own limit).
                 with anyio.move_on_after(float(query.get("timeoutSeconds", "inf"))):
-                    await self._events(stream, node, driver)
+                    await self._events(stream, node, driver, query.get("resourceVersion", ""))
             await stream.send(b"0\r\n\r\n")
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             return
 
-    async def _events(self, stream: anyio.abc.ByteStream, node: str, driver: str) -> None:
-        # As the API server without a resourceVersion: the current slices as ADDED, then every
-        # change in order (a slice created and deleted between two reads is two events).
-        generation = self.api.generation
-        for s in await self.api.list_slices(driver, node):
-            await self._event(stream, "ADDED", _slice_json(s))
-        while True:
-            await self.api.wait_changed(generation)
-            since = self.api.changes_since(generation)
-            if since is None:  # this watch fell behind the remembered changes: 410 Gone
-                await self._event(stream, "ERROR", _status(410, "too old resource version"))
-                return
-            generation, changes = since
-            for kind, s in changes:
-                if s.driver == driver and s.node_name == node:
-                    await self._event(stream, kind, _slice_json(s))
+    async def _events(
+        self, stream: anyio.abc.ByteStream, node: str, driver: str, version: str
+    ) -> None:
+        # As the API server: without a resourceVersion the current slices as ADDED, then every
+        # change in order (a slice created and deleted between two reads is two events); from a
+        # version, every change after it; an ERROR 410 when those are no longer remembered.
+        try:
+            async for event in self.api.watch_slices(driver, node, version):
+                if event is not None and event.slice is not None:
+                    stored = replace(event.slice, resource_version=event.resource_version)
+                    await self._event(stream, event.kind, _slice_json(stored))
+        except KubeApiError as exc:
+            await self._event(stream, "ERROR", _status(exc.status or 500, exc.reason))
 
     @staticmethod
     async def _event(stream: anyio.abc.ByteStream, kind: str, obj: dict[str, Any]) -> None:

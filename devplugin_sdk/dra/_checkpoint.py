@@ -101,6 +101,8 @@ class Checkpoint:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # Each claim's line in the file, with the entry it encodes (``_payload``).
+        self._lines: dict[str, tuple[Entry, str]] = {}
 
     def load(self) -> Loaded:
         """The prepared claims by UID; none when the file is missing.
@@ -150,11 +152,17 @@ class Checkpoint:
         Raises:
             OSError: it could not be written; the previous file is unchanged.
         """
-        data = {
-            "format": _FORMAT,
-            "claims": {uid: _raw(entry) for uid, entry in sorted(entries.items())},
-        }
-        payload = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
+        self.commit(self.stage(entries))
+
+    def stage(self, entries: Mapping[str, Entry]) -> Path:
+        """Write ``entries`` to a new temporary file beside the checkpoint, fsynced, and return
+        it: ``commit`` makes it the checkpoint, ``discard`` removes it. A prepare stages the
+        checkpoint while its CDI spec is written, and commits once the spec is durable.
+
+        Raises:
+            OSError: it could not be written; no temporary file is left.
+        """
+        payload = self._payload(entries)
         if not self.path.parent.is_dir():
             private_directory(self.path.parent)
         tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}.tmp")
@@ -165,16 +173,52 @@ class Checkpoint:
                 f.write(payload)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, self.path)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        return tmp
+
+    def commit(self, staged: Path) -> None:
+        """Rename a ``stage``d file over the checkpoint and fsync the directory (the rename
+        itself survives a crash): one fsync for the file, one for the directory.
+
+        Raises:
+            OSError: it could not be renamed (the staged file is removed; the previous
+                checkpoint is unchanged) or the directory not fsynced.
+        """
+        try:
+            os.replace(staged, self.path)
+        except BaseException:
+            self.discard(staged)
+            raise
         dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            os.fsync(dir_fd)  # the rename itself survives a crash
+            os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+    @staticmethod
+    def discard(staged: Path) -> None:
+        """Remove a ``stage``d file that will not be committed."""
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+
+    def _payload(self, entries: Mapping[str, Entry]) -> bytes:
+        """The file's bytes: one line per claim, each encoded once and reused while its entry
+        is the same object (a node with a hundred prepared claims would otherwise encode all of
+        them on every prepare: about 0.9 ms of a worker thread holding the GIL)."""
+        lines = []
+        cache: dict[str, tuple[Entry, str]] = {}
+        for uid, entry in sorted(entries.items()):
+            cached = self._lines.get(uid)
+            if cached is None or cached[0] is not entry:
+                cached = (entry, f"{json.dumps(uid)}: {json.dumps(_raw(entry), sort_keys=True)}")
+            cache[uid] = cached
+            lines.append(cached[1])
+        self._lines = cache
+        claims = "\n " + ",\n ".join(lines) + "\n" if lines else ""
+        return f'{{"claims": {{{claims}}}, "format": {_FORMAT}}}\n'.encode()
 
     def remove_temporaries(self) -> int:
         """Remove temporary files a killed writer left; how many."""

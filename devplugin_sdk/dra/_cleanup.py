@@ -18,6 +18,7 @@ so that an operator sees it in ``kubectl describe node`` without reading the plu
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 
 import anyio
@@ -74,7 +75,12 @@ class Cleanup:
             await self.sweep()
             if self.interval <= 0:
                 return
-            await anyio.sleep(self.interval)
+            await anyio.sleep(self.next_delay())
+
+    def next_delay(self) -> float:
+        """The wait before the next sweep: ``interval`` within 20 % either way, so that the
+        nodes of a fleet started together do not read their claims in step."""
+        return self.interval * random.uniform(0.8, 1.2)
 
     async def sweep(self) -> int:
         """Check every prepared claim once; how many were unprepared."""

@@ -39,6 +39,7 @@ from devplugin_sdk.dra.resources import (
     ResourceClaim,
     ResourceSlice,
     SliceDevice,
+    SliceEvent,
     TaintEffect,
 )
 from devplugin_sdk.errors import KubeApiError
@@ -152,22 +153,26 @@ class LightkubeApi:
         with _errors():
             await self._client.delete(KubeSlice, name)
 
-    async def watch_slices(self, driver: str, node_name: str) -> AsyncIterator[None]:
+    async def watch_slices(
+        self, driver: str, node_name: str, resource_version: str = ""
+    ) -> AsyncIterator[SliceEvent | None]:
         # One watch request, not lightkube's watch(), which opens the next one at once, forever,
         # whenever the server ends one (621-785 requests/s behind a proxy that ends them at
-        # once): the caller lists, backs off and watches again. Its pieces are lightkube's.
+        # once): the caller backs off and watches again, from the last version it saw. Its
+        # pieces are lightkube's.
         seconds = max(1, round(self._watch_timeout * (1 + random.random())))
         read = self._read_timeout if self._read_timeout is not None else seconds + _READ_GRACE
         generic: Any = self._client._client  # lightkube's GenericAsyncClient
-        request = generic.prepare_request(
-            "list",
-            res=KubeSlice,
-            watch=True,
-            params={
-                "timeoutSeconds": seconds,
-                "fieldSelector": f"{_NODE_FIELD}={node_name},{_DRIVER_FIELD}={driver}",
-            },
-        )
+        params: dict[str, Any] = {
+            "timeoutSeconds": seconds,
+            "fieldSelector": f"{_NODE_FIELD}={node_name},{_DRIVER_FIELD}={driver}",
+            # Bookmarks carry the version a quiet watch has reached, so that the next one
+            # resumes from there rather than from a version the server may have compacted.
+            "allowWatchBookmarks": "true",
+        }
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        request = generic.prepare_request("list", res=KubeSlice, watch=True, params=params)
         request.timeout = httpx2.Timeout(_CONNECT_TIMEOUT, read=read)
         with _errors():
             response = await generic.send(generic.build_adapter_request(request), stream=True)
@@ -177,8 +182,7 @@ class LightkubeApi:
                     generic.raise_for_status(response)
                 async for line in response.aiter_lines():
                     if line.strip():
-                        _check_event(line)
-                        yield None
+                        yield _event(line)
             finally:
                 await response.aclose()
 
@@ -209,16 +213,30 @@ class LightkubeApi:
         await self._client.close()
 
 
-def _check_event(line: str) -> None:
-    """Raise the ``Status`` of a watch's ERROR event (410 Gone: the watch is too old)."""
+def _event(line: str) -> SliceEvent | None:
+    """One line of a watch: its event; the ``Status`` of an ERROR event raised (410 Gone: the
+    version is too old); None for an event that cannot be read as a slice (the caller lists)."""
     try:
         event = json.loads(line)
     except ValueError as exc:
         raise KubeApiError(0, f"the watch sent a line that is not JSON: {line[:80]!r}") from exc
-    if isinstance(event, dict) and event.get("type") == "ERROR":
-        status = event.get("object")
-        status = status if isinstance(status, dict) else {}
-        raise KubeApiError(int(status.get("code") or 0), str(status.get("message") or line[:200]))
+    if not isinstance(event, dict):
+        return None
+    kind, obj = event.get("type"), event.get("object")
+    obj = obj if isinstance(obj, dict) else {}
+    if kind == "ERROR":
+        raise KubeApiError(int(obj.get("code") or 0), str(obj.get("message") or line[:200]))
+    meta = obj.get("metadata")
+    version = str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
+    if kind == "BOOKMARK":
+        return SliceEvent("BOOKMARK", None, version) if version else None
+    if kind not in ("ADDED", "MODIFIED", "DELETED"):
+        return None
+    try:
+        resource_slice = slice_from_kube(KubeSlice.from_dict(obj))
+    except Exception:  # a slice we cannot read is a change we cannot see: the caller lists
+        return None
+    return SliceEvent(kind, resource_slice, version)
 
 
 class _errors:

@@ -83,8 +83,14 @@ class Metadata:
                 {"name": full_name, "devices": [self._device(d) for d in devices]},
             ],
         }
+        mount = self.mount(claim, request)
+        data = (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
+        _write_atomically(Path(mount.host_path), data)
+        return mount
+
+    def mount(self, claim: ResourceClaim, request: str) -> Mount:
+        """The bind mount of ``request``'s file (what ``write`` returns), without writing it."""
         path = self.claim_dir(claim.namespace, claim.name) / request / "metadata.json"
-        _write_atomically(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
         if claim.pod_claim_name:
             where = f"resourceclaimtemplates/{claim.pod_claim_name}"
         else:

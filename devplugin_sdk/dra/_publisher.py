@@ -6,9 +6,16 @@ every change (consumers only trust the slices of the highest generation, and a p
 slice count is not complete). Slices are owned by the Node, so they go with it. Stale slices
 (more than needed, or from a previous run) are updated in place or deleted; slices someone else
 changes or deletes (the kubelet deletes every slice of its node when it starts) are noticed
-through a watch, and a periodic resync, and written again. Every retry (a refused write, a
-conflict, a watch that ends at once, a second writer undoing ours) waits a jittered backoff, and
-a write that never sticks is given up, loudly, until the devices change or the next resync.
+through a watch, and a periodic resync, and written again. The watch's events keep a view of the
+pool, so that a change is one write (no list before it, and its own echo costs nothing) and a
+quiet pool costs the watch alone: each watch resumes from the last version it saw, and a list is
+made only when that view cannot be trusted (at start, after a 410 Gone, a conflict, a watch that
+broke once open, or a resync period without a sign of life from the watch). An API server that
+cannot be reached is watched again from the same version, with no list after it comes back.
+Changes of the devices within ``coalesce`` seconds (a flapping device) make one write. Every
+retry (a refused write, a conflict, a watch that ends at once, a second writer undoing ours)
+waits a jittered backoff, and a write that never sticks is given up, loudly, until the devices
+change or the next resync.
 Slices stay when the plugin stops: the kubelet removes them 30 s after the driver is gone for
 good, and a restarted plugin takes them over; nothing is written before the first ``want``, so a
 restart never publishes the pool short of the devices its plugins have yet to report. Devices
@@ -31,7 +38,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 import anyio
@@ -46,6 +53,7 @@ from devplugin_sdk.dra.resources import (
     ResourceApi,
     ResourceSlice,
     SliceDevice,
+    SliceEvent,
 )
 from devplugin_sdk.errors import KubeApiError
 
@@ -57,8 +65,15 @@ _RETRY_FIRST = 0.5
 _RETRY_MAX = 30.0
 # About 2.5 minutes of retries (0.5 s doubling to 30 s, jittered) before giving up on a content.
 _GIVE_UP_AFTER = 10
-# List and compare this often even if the watch says nothing (a silent watch costs this much).
+# Compare this often even if the watch says nothing; list when the watch has shown no sign of
+# life (an event, a bookmark, a normal end) for as long (a silent watch costs this much).
 _RESYNC = 300.0
+# Device changes this close together are published as one write (a flapping device's health):
+# a single change waits this long more before it is written.
+_COALESCE = 0.01
+# A write read back (its echo came) this long before someone undid it was not fought over: the
+# kubelet deleting the node's slices as it restarts, not a second writer answering ours.
+_SETTLE = 0.01
 _LOG_AGAIN_AFTER = 60.0
 _FOUGHT = (
     "someone else keeps changing them back (another writer, or an admission webhook that "
@@ -85,12 +100,14 @@ class Publisher:
         retry_max: float = _RETRY_MAX,
         give_up_after: int = _GIVE_UP_AFTER,
         resync_seconds: float = _RESYNC,
+        coalesce: float = _COALESCE,
     ) -> None:
         self.api = api
         self.driver = driver
         self.node_name = node_name
         self.give_up_after = give_up_after
         self.resync_seconds = resync_seconds
+        self.coalesce = coalesce
         self.generation = 0
         self.published: tuple[SliceDevice, ...] | None = None
         self.syncs = 0
@@ -123,6 +140,20 @@ class Publisher:
         # Slice name -> (its devices as the server stored our write, the devices we sent): a
         # server that defaults or a webhook that adds fields is no reason to write again.
         self._echo: dict[str, tuple[tuple[SliceDevice, ...], tuple[SliceDevice, ...]]] = {}
+        # The pool as the watch's events (and our writes) show it, by slice name; None when it
+        # cannot be trusted, and the next sync lists.
+        self._known: dict[str, ResourceSlice] | None = None
+        # Whether the watch says what changed (an implementation may yield None instead).
+        self._content = False
+        # The version the next watch resumes from ("" starts over, with ADDED events).
+        self._version = ""
+        self._alive_at = time.monotonic()  # the watch's last sign of life
+        self._events = 0  # events seen so far (a list is a view only if none came during it)
+        # The slices of our last write whose echo has not come yet, and when the last echo came
+        # (our write read back): a write undone well after it was read back is no fight.
+        self._unread: set[str] = set()
+        self._read_back_at: float | None = None
+        self._changed_at: float | None = None  # someone else's first change since that write
 
     def want(self, devices: Sequence[SliceDevice], counter_sets: Sequence[CounterSet] = ()) -> None:
         """Make ``devices`` and ``counter_sets`` (each sorted by name) the pool's content;
@@ -163,14 +194,21 @@ class Publisher:
             await self._given.wait()
             while True:
                 await self._wait_for_work()
+                if self.coalesce and self.published is not None and self._wanted != self.published:
+                    await anyio.sleep(self.coalesce)  # a flap's next change joins this write
                 content = self._wanted
+                stood = self._stood()  # before this sync writes (and starts reading back anew)
                 try:
                     wrote = await self._sync()
                 except KubeApiError as exc:
+                    if exc.status != 0:
+                        self._known = None  # a conflict, a refusal: list before writing again
                     self._wrote, self._undone = None, 0
                     await self._retry_after(str(exc), conflict=exc.conflict)
                     continue
-                undone = wrote and self._wrote == content
+                # Undone: written again though the devices did not change, and the last write
+                # was not read back (its echo) well before someone changed it.
+                undone = wrote and self._wrote == content and not stood
                 self._wrote = content if wrote else None
                 self._undone = self._undone + 1 if undone else 0
                 if self._undone > 1:
@@ -178,8 +216,8 @@ class Publisher:
                     # deleting the node's slices as it starts; writing again at once is a fight.
                     await self._retry_after(_FOUGHT, conflict=True)
                     continue
-                if not wrote:
-                    self._retry.reset()
+                if not wrote or stood:
+                    self._retry.reset()  # the last write stuck (read back, or nothing to do)
                 if self.last_error is not None:
                     log.info("DRA %s: publishing ResourceSlices works again", self.driver)
                     self.last_error = None
@@ -187,11 +225,13 @@ class Publisher:
     async def _wait_for_work(self) -> None:
         """Until something may need publishing: a change (the watch, ``want``) or the resync;
         after giving up, only new content or the resync."""
-        with anyio.move_on_after(self.resync_seconds):
+        with anyio.move_on_after(self.resync_seconds) as resync:
             if self._gave_up is None:
                 await self._dirty.wait()
             while self._gave_up == self._wanted:
                 await self._new_content.wait()
+        if resync.cancelled_caught and time.monotonic() - self._alive_at >= self.resync_seconds:
+            self._known = None  # the watch may have gone deaf: list
         if self._gave_up is not None:
             self._gave_up = None
             self._wrote, self._undone = None, 0
@@ -226,14 +266,18 @@ class Publisher:
             started = time.monotonic()
             why: str | None = None
             try:
-                async for _ in self.api.watch_slices(self.driver, self.node_name):
-                    self._dirty.set()
+                async for event in self._watch_slices():
+                    self._seen(event)
             except KubeApiError as exc:
                 why = str(exc)
+                self._watch_failed(exc)
             lasted = time.monotonic() - started
-            # The watch ended (its timeoutSeconds, a proxy, an error): changes may have been
-            # missed, so list again.
-            self._dirty.set()
+            if why is None:
+                self._alive_at = time.monotonic()
+            if not self._version:
+                # Nothing to resume from (the watch carried no versions): changes may have
+                # been missed while it was closed, so list again.
+                self._forget()
             if why is None and lasted >= backoff.cap:
                 # It ran its course: one that outlasts the longest delay is a working watch.
                 if broken:
@@ -257,6 +301,71 @@ class Publisher:
                 else:
                     log.debug("DRA %s: the ResourceSlice watch ended: %s", self.driver, why)
             await backoff.sleep()
+
+    def _watch_slices(self) -> AsyncIterator[SliceEvent | None]:
+        # An implementation that predates resuming takes no version: only one that has sent
+        # versions is given one.
+        if self._version:
+            return self.api.watch_slices(self.driver, self.node_name, self._version)
+        return self.api.watch_slices(self.driver, self.node_name)
+
+    def _seen(self, event: SliceEvent | None) -> None:
+        """One event of the watch: the view follows it, and a change someone else made (not
+        the echo of our own write, not what we already knew) calls for a sync."""
+        self._alive_at = time.monotonic()
+        self._events += 1
+        if event is None:
+            self._content = False  # it cannot say what changed: list
+            self._forget()
+            return
+        self._content = True
+        if _newer(event.resource_version, self._version):
+            self._version = event.resource_version
+        if event.slice is None or event.kind == "BOOKMARK":
+            return
+        if self._known is None:
+            self._dirty.set()
+            return
+        name = event.slice.name
+        held = self._known.get(name)
+        if event.kind == "DELETED":
+            if held is None:
+                return  # deleted by us, or never ours to know
+            del self._known[name]
+        elif held is not None and not _newer(event.slice.resource_version, held.resource_version):
+            # The echo of our own write, or a version we already have.
+            if name in self._unread:
+                self._unread.discard(name)
+                if not self._unread:
+                    self._read_back_at = time.monotonic()
+            return
+        else:
+            self._known[name] = event.slice
+        if self._changed_at is None:
+            self._changed_at = time.monotonic()
+        self._dirty.set()
+
+    def _stood(self) -> bool:
+        """Whether our last write was read back (every slice's echo) and stood at least
+        ``_SETTLE`` seconds before someone else changed the pool: undoing it that late is a
+        restart of the kubelet, not a fight."""
+        at = self._read_back_at
+        changed = self._changed_at if self._changed_at is not None else time.monotonic()
+        return at is not None and changed - at >= _SETTLE
+
+    def _watch_failed(self, exc: KubeApiError) -> None:
+        """A watch that raised: resumable when the API server could not be reached (nothing
+        changed that the next watch will not replay); otherwise (410 Gone, a watch that broke
+        once open, a refusal) the view is forgotten and the pool listed."""
+        if exc.status == 0:
+            return
+        if exc.status == 410:
+            self._version = ""
+        self._forget()
+
+    def _forget(self) -> None:
+        self._known = None
+        self._dirty.set()
 
     def _failed(self, why: str, delay: float, *, conflict: bool) -> None:
         message, at = self._logged
@@ -292,7 +401,7 @@ class Publisher:
         """List the pool and write what differs; whether anything was written."""
         asked = self._wanted
         asked_counters = self._wanted_counters
-        current = await self.api.list_slices(self.driver, self.node_name)
+        current = await self._current()
         self.syncs += 1
         wanted = _keep_time_added(self._shaped(asked), current)
         chunks = _chunks(wanted, () if self.counters_dropped else asked_counters)
@@ -301,6 +410,7 @@ class Publisher:
             self._published(asked, asked_counters)
             return False
         owner = await self._owner()
+        self._unread, self._read_back_at, self._changed_at = set(), None, None
         generation = max([s.generation for s in current] + [self.generation]) + 1
         count = len(chunks)
         for i, (devices, counters) in enumerate(chunks):
@@ -323,6 +433,9 @@ class Publisher:
             ):
                 self._shares_dropped()
             self._echo[stored.name] = (tuple(stored.devices), tuple(devices))
+            self._unread.add(stored.name)
+            if self._known is not None:
+                self._known[stored.name] = stored
         for stale in current[count:]:
             self._echo.pop(stale.name, None)
             try:
@@ -330,6 +443,8 @@ class Publisher:
             except KubeApiError as exc:
                 if not exc.not_found:
                     raise
+            if self._known is not None:
+                self._known.pop(stale.name, None)
         self.generation = generation
         log.log(
             # In a fight, _retry_after says it.
@@ -344,6 +459,18 @@ class Publisher:
         )
         self._published(asked, asked_counters)
         return True
+
+    async def _current(self) -> list[ResourceSlice]:
+        """The pool's slices: from the watch's view when it can be trusted, else listed (and
+        the view started from the list, when the watch says what changes)."""
+        if self._known is not None:
+            return sorted(self._known.values(), key=lambda s: s.name)
+        events = self._events
+        current = await self.api.list_slices(self.driver, self.node_name)
+        if self._content and self._events == events:
+            # An event during the list may be newer than what it returned: list again then.
+            self._known = {s.name: s for s in current}
+        return current
 
     def _shaped(self, wanted: tuple[SliceDevice, ...]) -> tuple[SliceDevice, ...]:
         """``wanted`` as this API server can hold it: without taints when it drops them, a
@@ -466,6 +593,20 @@ class Publisher:
 
 
 _Chunk = tuple[tuple[SliceDevice, ...], tuple[CounterSet, ...]]
+
+
+def _newer(version: str, than: str) -> bool:
+    """Whether resource version ``version`` comes after ``than`` ("" comes before all). The
+    API server's versions are etcd revisions, numbers that grow with every change; one that is
+    not a number is taken as newer when it differs."""
+    if not version:
+        return False
+    if not than:
+        return True
+    try:
+        return int(version) > int(than)
+    except ValueError:
+        return version != than
 
 
 def _lost_counters(

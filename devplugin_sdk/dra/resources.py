@@ -39,6 +39,7 @@ __all__ = [
     "ResourceClaim",
     "ResourceSlice",
     "SliceDevice",
+    "SliceEvent",
 ]
 
 #: ResourceSliceMaxDevices: a slice lists at most this many devices; a bigger pool takes
@@ -314,6 +315,22 @@ class ClaimDeviceStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class SliceEvent:
+    """One change a ResourceSlice watch reports.
+
+    Args:
+        kind: ``"ADDED"``, ``"MODIFIED"``, ``"DELETED"``, or ``"BOOKMARK"`` (no change: only
+            ``resource_version`` says how far the watch has come).
+        slice: The slice as stored (as it was last, for DELETED).
+        resource_version: The version to resume the watch from after this event.
+    """
+
+    kind: Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
+    slice: ResourceSlice | None
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
 class NodeEvent:
     """A Kubernetes Event about a Node (core/v1, in the ``default`` namespace, where the
     kubelet records its own Node events).
@@ -362,10 +379,17 @@ class ResourceApi(Protocol):
         """Delete the slice ``name``."""
         ...
 
-    def watch_slices(self, driver: str, node_name: str) -> AsyncIterator[None]:
-        """Yield once whenever a slice of ``driver`` on ``node_name`` is added, changed or
-        deleted (by anyone: the kubelet deletes a node's slices when it starts). Ends or raises
-        when the watch breaks; the caller lists again and watches anew."""
+    def watch_slices(
+        self, driver: str, node_name: str, resource_version: str = ""
+    ) -> AsyncIterator[SliceEvent | None]:
+        """Yield whenever a slice of ``driver`` on ``node_name`` is added, changed or deleted
+        (by anyone: the kubelet deletes a node's slices when it starts): a ``SliceEvent``, or
+        None from an implementation that cannot say what changed (the caller then lists).
+
+        From ``resource_version`` "" the watch starts with an ADDED event for every slice that
+        exists; from a version seen earlier it sends every change after it (a
+        ``KubeApiError`` 410 when that version is too old). Ends or raises when the watch
+        breaks; the caller watches anew (from the last version it saw)."""
         ...
 
     async def node_uid(self, node_name: str) -> str:

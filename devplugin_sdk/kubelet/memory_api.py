@@ -50,6 +50,7 @@ from devplugin_sdk.dra.resources import (
     ResourceClaim,
     ResourceSlice,
     SliceDevice,
+    SliceEvent,
 )
 from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.types import MAX_ATTRIBUTES_AND_CAPACITIES, NetworkData, Quantity
@@ -102,8 +103,10 @@ class MemoryApi:
         self._changed = anyio.Event()
         self._generation = 0
         self._failures: list[tuple[int, str]] = []
-        # (generation, "ADDED" | "MODIFIED" | "DELETED", the slice): the recent changes.
-        self._history: deque[tuple[int, str, ResourceSlice]] = deque(maxlen=_HISTORY)
+        # (generation, "ADDED" | "MODIFIED" | "DELETED", the slice, its resource version): the
+        # recent changes. One counter gives every change its version, deletions included, as
+        # etcd's revision does: a watch resumes from any of them.
+        self._history: deque[tuple[int, str, ResourceSlice, int]] = deque(maxlen=_HISTORY)
         for node in nodes:
             self.add_node(node)
 
@@ -297,7 +300,7 @@ class MemoryApi:
             not self._history or self._history[0][0] > generation + 1
         ):
             return None
-        return self._generation, [(kind, s) for g, kind, s in self._history if g > generation]
+        return self._generation, [(kind, s) for g, kind, s, _ in self._history if g > generation]
 
     async def wait_changed(self, generation: int) -> int:
         """Wait until the slices change past ``generation``; return the new generation."""
@@ -365,17 +368,38 @@ class MemoryApi:
             raise KubeApiError(404, f'resourceslices.resource.k8s.io "{name}" not found')
         self._notify(("DELETED", gone))
 
-    async def watch_slices(self, driver: str, node_name: str) -> AsyncIterator[None]:
+    async def watch_slices(
+        self, driver: str, node_name: str, resource_version: str = ""
+    ) -> AsyncIterator[SliceEvent | None]:
         self._call("watch_slices")
+
+        def ours(s: ResourceSlice) -> bool:
+            return s.driver == driver and s.node_name == node_name
+
         seen = self._generation
-        # As the API server's watch from resourceVersion "" (or 0) does: first an ADDED event
-        # for every slice that exists, then the changes.
-        for s in list(self.slices.values()):
-            if s.driver == driver and s.node_name == node_name:
-                yield None
+        if resource_version:
+            # As the API server does from a version: every change after it, then the new ones;
+            # 410 Gone when the changes since are no longer all remembered (its watch cache).
+            since = _version(resource_version)
+            if self._history and self._history[0][3] > since + 1:
+                raise KubeApiError(410, f"too old resource version: {resource_version}")
+            for _, kind, s, version in [e for e in self._history if e[3] > since]:
+                if ours(s):
+                    yield SliceEvent(kind, s, str(version))  # type: ignore[arg-type]
+        else:
+            # From "" (or 0): first an ADDED event for every slice that exists, then changes.
+            for s in list(self.slices.values()):
+                if ours(s):
+                    yield SliceEvent("ADDED", s, s.resource_version)
         while True:
-            seen = await self.wait_changed(seen)
-            yield None
+            now = await self.wait_changed(seen)
+            if self._history and self._history[0][0] > seen + 1:
+                raise KubeApiError(410, "the watch fell too far behind")
+            batch = [e for e in self._history if seen < e[0] <= now]
+            seen = now
+            for _, kind, s, version in batch:
+                if ours(s):
+                    yield SliceEvent(kind, s, str(version))  # type: ignore[arg-type]
 
     async def node_uid(self, node_name: str) -> str:
         self._call("node_uid")
@@ -425,7 +449,15 @@ class MemoryApi:
 
     def _notify(self, *changes: tuple[str, ResourceSlice]) -> None:
         self._generation += 1
-        self._history.extend((self._generation, kind, s) for kind, s in changes)
+        self._history.extend(
+            (
+                self._generation,
+                kind,
+                s,
+                next(self._versions) if kind == "DELETED" else int(s.resource_version),
+            )
+            for kind, s in changes
+        )
         self._changed.set()
         self._changed = anyio.Event()
 
@@ -498,6 +530,13 @@ class MemoryApi:
                 problems.extend(_taint_problems(i, device))
         if problems:
             raise KubeApiError(422, f"ResourceSlice is invalid: {'; '.join(problems)}")
+
+
+def _version(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise KubeApiError(400, f"invalid resource version {text!r}") from None
 
 
 def _device_problems(i: int, device: SliceDevice) -> list[str]:

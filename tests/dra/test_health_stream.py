@@ -18,6 +18,7 @@ from sdk_helpers import RESOURCE, widgets
 from devplugin_sdk import Device, Health
 from devplugin_sdk._wire.dra_health import DraHealthClient
 from devplugin_sdk._wire.dra_model import DeviceHealthStatus
+from devplugin_sdk.dra.resources import DeviceTaint
 from devplugin_sdk.runner import Reload
 from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
 from devplugin_sdk.types import Effect
@@ -57,10 +58,19 @@ async def test_a_137_kubelet_follows_v1_and_sees_each_change_with_its_reason() -
             await kubelet.wait_for(
                 lambda: health_of(kubelet, "w1") == ("Unhealthy", XID_79), what="w1 unhealthy"
             )
-            # The same reason is the taint's cause and the log's.
-            (taint,) = next(
-                d.taints for s in api.pool(DRIVER, "node-1") for d in s.devices if d.name == "w1"
-            )
+
+            # The same reason is the taint's cause and the log's (the pool is written within the
+            # publisher's coalescing window, which the stream does not wait for).
+            def taints() -> tuple[DeviceTaint, ...]:
+                return next(
+                    d.taints
+                    for s in api.pool(DRIVER, "node-1")
+                    for d in s.devices
+                    if d.name == "w1"
+                )
+
+            await kubelet.wait_for(lambda: bool(taints()), what="w1 tainted")
+            (taint,) = taints()
             assert taint.value == "Xid-79-GPU-has-fallen-off-the-bus"
 
             plugin.set_health(

@@ -213,3 +213,25 @@ async def test_a_corrupt_checkpoint_yields_a_node_event_and_a_metric_and_the_dri
                 assert checkpoint.with_name("checkpoint.json.corrupt").exists()
         finally:
             await client.aclose()
+
+
+def test_sweeps_of_a_fleet_are_spread_not_in_step(tmp_path: Path) -> None:
+    # Issue 29: a thousand nodes started together read their claims at different times.
+    from devplugin_sdk.dra._checkpoint import Checkpoint
+    from devplugin_sdk.dra._cleanup import Cleanup
+    from devplugin_sdk.dra._prepare import Preparer
+
+    api = MemoryApi(nodes=["node-1"])
+    preparer = Preparer(
+        DRIVER,
+        "node-1",
+        api,
+        lookup=lambda _: None,
+        checkpoint=Checkpoint(tmp_path / "checkpoint.json"),
+        cdi_dir=tmp_path,
+        hook_timeout=1.0,
+    )
+    cleanup = Cleanup(DRIVER, api, preparer, interval=600.0)
+    delays = [cleanup.next_delay() for _ in range(200)]
+    assert all(480.0 <= d <= 720.0 for d in delays)
+    assert max(delays) - min(delays) > 120.0, "the sweeps keep in step"

@@ -22,6 +22,8 @@ from kube_apiserver import FakeApiServer
 from devplugin_sdk.dra import ResourceSlice, SliceDevice
 from devplugin_sdk.dra._kube import LightkubeApi
 from devplugin_sdk.dra._publisher import Publisher
+from devplugin_sdk.dra.resources import DeviceTaint, SliceEvent
+from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.testing import MemoryApi
 
 NODE = "node-1"
@@ -365,3 +367,170 @@ async def test_the_loopback_watch_reports_every_change_in_order(tmp_path: Path) 
         3,
         [("ADDED", first), ("ADDED", made), ("DELETED", made)],
     )
+
+
+# ---------------------------------------------------------------- issue 29: a fleet's load
+
+
+class _CutApi(MemoryApi):
+    """A MemoryApi whose open watch can be cut as an API server going away cuts it: the watch
+    raises an unreachable error, losing what it had not sent yet."""
+
+    def __init__(self) -> None:
+        super().__init__(nodes=[NODE])
+        self.versions: list[str] = []
+        self._cutting = False
+
+    def cut_and_wipe(self) -> None:
+        """Cut the watch, and delete the node's slices while it is down (a kubelet starting)."""
+        self._cutting = True
+        self.wipe_slices(NODE)
+
+    async def watch_slices(
+        self, driver: str, node_name: str, resource_version: str = ""
+    ) -> AsyncIterator[SliceEvent | None]:
+        self.versions.append(resource_version)
+        async for event in super().watch_slices(driver, node_name, resource_version):
+            if self._cutting:
+                self._cutting = False
+                raise KubeApiError(0, "connection reset")
+            yield event
+
+
+def _count(api: MemoryApi) -> dict[str, int]:
+    return dict(api.calls)
+
+
+def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+async def test_a_change_is_one_write_and_its_echo_costs_no_request() -> None:
+    memory = MemoryApi(nodes=[NODE])
+    pub = Publisher(memory, DRIVER, NODE)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pub.run)
+        await _published(pub, ("w0", "w1"))
+        await anyio.sleep(0.1)  # the first write's echo
+        before = _count(memory)
+        tainted = [replace(_devices("w0")[0], taints=(DeviceTaint("k", "", "NoSchedule"),))]
+        await _published(pub, ("w0", "w1"))  # no change: nothing
+        pub.want([*tainted, *_devices("w0", "w1")[1:]])
+        with anyio.fail_after(5):
+            await pub.wait_published()
+        await anyio.sleep(0.2)  # the write's echo arrives, and costs nothing
+        assert _delta(_count(memory), before) == {"update_slice": 1}
+        tg.cancel_scope.cancel()
+
+
+async def test_flaps_within_the_window_are_one_write() -> None:
+    memory = MemoryApi(nodes=[NODE])
+    pub = Publisher(memory, DRIVER, NODE, coalesce=0.05)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pub.run)
+        await _published(pub, ("w0", "w1"))
+        await anyio.sleep(0.1)
+        before = _count(memory)
+        taint = (DeviceTaint("k", "", "NoSchedule"),)
+        for tainted in (True, False, True):
+            pub.want([replace(d, taints=taint if tainted else ()) for d in _devices("w0", "w1")])
+            await anyio.sleep(0.005)
+        with anyio.fail_after(5):
+            await pub.wait_published()
+        await anyio.sleep(0.2)
+        assert _delta(_count(memory), before) == {"update_slice": 1}
+        assert all(d.taints for s in memory.pool(DRIVER, NODE) for d in s.devices)
+        tg.cancel_scope.cancel()
+
+
+async def test_a_cut_watch_resumes_from_its_version_and_replays_what_happened_meanwhile() -> None:
+    memory = _CutApi()
+    pub = Publisher(memory, DRIVER, NODE, retry_first=0.05, retry_max=0.2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pub.run)
+        await _published(pub, ("w0", "w1"))
+        await anyio.sleep(0.1)
+        before = _count(memory)
+        memory.cut_and_wipe()
+        memory.fail_next(0, "connection refused")  # the first reopening, too
+        with anyio.fail_after(10):
+            while not memory.pool_complete(DRIVER, NODE):
+                await memory.wait_changed(memory.generation)
+        calls = _delta(_count(memory), before)
+        # Replayed from the version, not listed: the wipe's DELETED events came with the watch.
+        assert calls == {"watch_slices": 2, "create_slice": 1}, calls
+        assert memory.versions[0] == ""
+        assert all(memory.versions[1:]), memory.versions
+        tg.cancel_scope.cancel()
+
+
+async def test_a_version_too_old_to_resume_lists_again() -> None:
+    class GoneApi(MemoryApi):
+        """Every watch ends after the slices that exist; resuming one is refused (410)."""
+
+        gone = 0
+        relisted = anyio.Event()
+
+        async def list_slices(self, driver: str, node_name: str) -> list[ResourceSlice]:
+            if self.gone:
+                self.relisted.set()
+            return await super().list_slices(driver, node_name)
+
+        async def watch_slices(
+            self, driver: str, node_name: str, resource_version: str = ""
+        ) -> AsyncIterator[SliceEvent | None]:
+            if resource_version:
+                self.gone += 1
+                raise KubeApiError(410, "too old resource version")
+            for s in await self.list_slices(driver, node_name):
+                yield SliceEvent("ADDED", s, s.resource_version)
+
+    memory = GoneApi(nodes=[NODE])
+    pub = Publisher(memory, DRIVER, NODE, retry_first=0.05, retry_max=0.2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pub.run)
+        await _published(pub, ("w0", "w1"))
+        with anyio.fail_after(10):
+            await memory.relisted.wait()  # refused to resume: the pool is listed again
+        tg.cancel_scope.cancel()
+
+
+async def test_a_watch_through_the_real_client_resumes_from_its_version(tmp_path: Path) -> None:
+    memory = MemoryApi(nodes=[NODE])
+    async with FakeApiServer(memory).serving() as server:
+        async with _publishing(
+            tmp_path, server, watch_timeout=0.3, retry_first=0.05, retry_max=0.2
+        ) as pub:
+            await _published(pub, ("w0",))
+            with anyio.fail_after(10):
+                await server.wait_for_watches(4)
+            lists = memory.calls.get("list_slices", 0)
+            with anyio.fail_after(10):
+                await server.wait_for_watches(len(server.watch_queries) + 3)
+            memory.wipe_slices(NODE)
+            with anyio.fail_after(10):
+                while not memory.pool_complete(DRIVER, NODE):
+                    await memory.wait_changed(memory.generation)
+    assert server.watch_queries[0].get("resourceVersion", "") == ""
+    assert all(q.get("resourceVersion") for q in server.watch_queries[2:]), server.watch_queries
+    assert all(q.get("allowWatchBookmarks") == "true" for q in server.watch_queries)
+    # A watch that ran its course is resumed, not followed by a list.
+    assert memory.calls.get("list_slices", 0) == lists
+
+
+async def test_wipes_after_the_write_was_read_back_are_no_fight() -> None:
+    # The echo of our write is read back without a list; a kubelet deleting the slices after
+    # that (it restarts seconds apart) is answered every time, never taken for a fight.
+    memory = MemoryApi(nodes=[NODE])
+    pub = Publisher(memory, DRIVER, NODE)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pub.run)
+        await _published(pub, ("w0", "w1"))
+        for _ in range(6):
+            await anyio.sleep(0.05)
+            memory.wipe_slices(NODE)
+            with anyio.fail_after(5):
+                while not memory.pool_complete(DRIVER, NODE):
+                    await memory.wait_changed(memory.generation)
+        assert pub.last_error is None
+        tg.cancel_scope.cancel()

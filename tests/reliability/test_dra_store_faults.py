@@ -67,6 +67,12 @@ def checkpoint(options: Dra) -> Path:
     return options.plugin_dir / "checkpoint.json"
 
 
+def recorded(options: Dra) -> dict[str, object]:
+    """The claims the checkpoint on disk holds (none when there is no file yet)."""
+    path = checkpoint(options)
+    return json.loads(path.read_bytes())["claims"] if path.exists() else {}  # type: ignore[no-any-return]
+
+
 # ----------------------------------------------------------------------------- row 1
 
 
@@ -304,6 +310,53 @@ async def test_a_prepare_that_cannot_be_recorded_leaves_no_spec() -> None:
             assert len(specs(options)) == 1
 
 
+async def test_a_prepare_whose_metadata_cannot_be_written_leaves_no_spec_and_no_record() -> None:
+    # The metadata, the spec and the staged checkpoint are written at once (issue 29): a
+    # failure of one takes the others back, and the checkpoint is never renamed into place.
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api)
+        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
+        async with driver(kubelet, api, options) as running:
+            assert options.plugin_dir is not None
+            api.allocate("ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
+            blocker = options.plugin_dir / "dra-device-metadata" / "ns_c1"
+            blocker.parent.mkdir(parents=True, exist_ok=True)
+            blocker.write_text("in the way")  # the claim's directory cannot be made
+            with pytest.raises(PodPreparationError, match="cannot write the device metadata"):
+                await kubelet.dra.prepare(pod)
+            assert specs(options) == [], "a spec no record names was left behind"
+            assert recorded(options) == {}
+            assert not list(options.plugin_dir.glob(".checkpoint.json.*.tmp"))
+            assert running.dra is not None
+            assert running.dra.prepared_claims == 0
+            blocker.unlink()
+            await kubelet.dra.prepare(pod)
+            assert len(specs(options)) == 1
+            assert running.dra.prepared_claims == 1
+
+
+async def test_a_prepare_whose_spec_cannot_be_written_records_nothing() -> None:
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api)
+        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
+        async with driver(kubelet, api, options) as running:
+            assert options.plugin_dir is not None
+            claim = api.allocate(
+                "ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid]
+            )
+            spec = options.cdi_dir / f"k8s.{DRIVER}-claim_{claim.uid}.json"
+            spec.mkdir(parents=True)  # the rename over it fails, for root too
+            (spec / "keep").write_text("")
+            with pytest.raises(PodPreparationError, match="cannot write CDI spec"):
+                await kubelet.dra.prepare(pod)
+            assert recorded(options) == {}, "the record named a missing spec"
+            assert not list(options.plugin_dir.glob(".checkpoint.json.*.tmp"))
+            assert running.dra is not None
+            assert running.dra.prepared_claims == 0
+
+
 # ----------------------------------------------------------------------------- rows 15, 16
 
 
@@ -366,3 +419,30 @@ async def test_a_claim_listing_one_device_twice_fails_alone() -> None:
             assert (await kubelet.dra.prepare(fine)).claims
             assert running.dra is not None
             assert running.dra.prepared_claims == 1
+
+
+def test_the_checkpoint_reencodes_only_what_changed_and_reads_back_what_it_wrote(
+    tmp_path: Path,
+) -> None:
+    # Each claim's line is encoded once and reused while its entry stays the same (issue 29);
+    # a replaced entry (a recovered one prepared in full) gets its new line.
+    from devplugin_sdk._wire.dra_model import ClaimRef, PreparedDevice
+    from devplugin_sdk.dra._checkpoint import Checkpoint, Entry
+
+    def entry(i: int, *, recovered: bool = False) -> Entry:
+        device = PreparedDevice(("r",), "node-1", f"w{i}", (f"k8s.{DRIVER}/claim=u{i}-r",))
+        return Entry(
+            ClaimRef("ns", f"u{i}", f"c{i}"), () if recovered else (device,), None, recovered
+        )
+
+    store = Checkpoint(tmp_path / "checkpoint.json")
+    entries = {f"u{i}": entry(i, recovered=i == 1) for i in range(3)}
+    store.save(entries)
+    assert store.load().entries == entries
+    entries["u1"] = entry(1)
+    del entries["u0"]
+    store.save(entries)
+    assert store.load().entries == entries
+    store.save({})
+    assert store.load().entries == {}
+    assert json.loads((tmp_path / "checkpoint.json").read_bytes()) == {"claims": {}, "format": 1}
