@@ -9,7 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["ClaimRef", "DeviceHealthStatus", "HealthStatus", "PreparedClaim", "PreparedDevice"]
+from devplugin_sdk.api import constants
+
+__all__ = [
+    "ClaimRef",
+    "DeviceHealthStatus",
+    "HealthStatus",
+    "PreparedClaim",
+    "PreparedDevice",
+    "health_message",
+]
 
 #: A device's health on the kubelet's DRAResourceHealth stream.
 HealthStatus = Literal["UNKNOWN", "HEALTHY", "UNHEALTHY"]
@@ -66,3 +75,10 @@ class DeviceHealthStatus:
     message: str = ""
     timeout_seconds: int = 0
     updated: int = 0
+
+
+def health_message(text: str) -> str:
+    """``text`` as a DRAResourceHealth message: cut to 1021 characters and ``...`` when longer
+    than 1024, as the kubelet cuts it (the driver sends it so; the fake kubelet reads it so)."""
+    limit = constants.DRA_HEALTH_MESSAGE_MAX
+    return text if len(text) <= limit else text[: limit - 3] + "..."

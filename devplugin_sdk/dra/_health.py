@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Mapping
 import anyio
 
 from devplugin_sdk._engine.state import Condition
-from devplugin_sdk._wire.dra_model import DeviceHealthStatus, HealthStatus
+from devplugin_sdk._wire.dra_model import DeviceHealthStatus, HealthStatus, health_message
 from devplugin_sdk.api import constants
 from devplugin_sdk.types import Effect, Health
 
@@ -69,13 +69,12 @@ class HealthBoard:
 
     def _message(self) -> list[DeviceHealthStatus]:
         now = int(time.time())
-        limit = constants.DRA_HEALTH_MESSAGE_MAX
         return [
             DeviceHealthStatus(
                 self.pool,
                 name,
                 status,
-                message if len(message) <= limit else message[: limit - 3] + "...",
+                health_message(message),
                 self.timeout,
                 now,
             )

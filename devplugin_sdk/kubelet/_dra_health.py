@@ -20,7 +20,7 @@ import anyio.abc
 import grpc
 
 from devplugin_sdk._wire.dra_health import DraHealthClient
-from devplugin_sdk._wire.dra_model import DeviceHealthStatus
+from devplugin_sdk._wire.dra_model import DeviceHealthStatus, health_message
 from devplugin_sdk.api import constants
 
 __all__ = ["HEALTH_SERVICES", "HealthCache", "pick_health_service"]
@@ -100,15 +100,11 @@ class HealthCache:
     def _update(self, driver: str, statuses: Sequence[DeviceHealthStatus]) -> None:
         now = time.monotonic()
         devices = self._devices.setdefault(driver, {})
-        limit = constants.DRA_HEALTH_MESSAGE_MAX
         for status in statuses:
-            message = status.message
-            if len(message) > limit:
-                message = message[: limit - 3] + "..."
             timeout = status.timeout_seconds
             devices[(status.pool, status.device)] = DeviceHealth(
                 _HEALTH[status.health],
-                message,
+                health_message(status.message),
                 now,
                 float(timeout if timeout > 0 else constants.DRA_HEALTH_TIMEOUT_S),
             )
