@@ -1,8 +1,8 @@
 """Fleet: the API server's load from N DRA drivers, one node each, in one process.
 
-Each node runs the driver's ResourceSlice publisher (``dra/_publisher.py``: the piece that talks
-to the API server; the health feed reaches it as ``want()`` of the pool with a device tainted or
-not) against its own in-memory API (``MemoryApi``, which counts every call), so a node's watch
+Each node runs the driver's ResourceSlice publisher (``dra/_pool/publisher.py``: the piece that
+talks to the API server; the health feed reaches it as ``want()`` of the pool with a device tainted
+or not) against its own in-memory API (``MemoryApi``, which counts every call), so a node's watch
 sees only its own slices, as a field-selected watch does. The API server ends each watch after
 its ``timeoutSeconds`` (the client asks 300 s times a random factor in [1, 2), as client-go
 does), sends a quiet watch a BOOKMARK about once a minute, and ends every open watch at once
@@ -38,7 +38,7 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectSendStream
 
-from devplugin_sdk.dra._publisher import Publisher
+from devplugin_sdk.dra._pool.publisher import Publisher
 from devplugin_sdk.dra.resources import DeviceTaint, SliceDevice, SliceEvent
 from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.testing import MemoryApi
@@ -46,9 +46,9 @@ from devplugin_sdk.testing import MemoryApi
 DRIVER = "fleet.example.com"
 DEVICES = 8
 WATCH_TIMEOUT = 300.0  # dra/_kube.py: WATCH_TIMEOUT, times [1, 2)
-RETRY_FIRST = 0.5  # dra/_publisher.py: _RETRY_FIRST
-RETRY_MAX = 30.0  # dra/_publisher.py: _RETRY_MAX
-RESYNC = 300.0  # dra/_publisher.py: _RESYNC
+RETRY_FIRST = 0.5  # dra/_pool/publisher.py: _RETRY_FIRST
+RETRY_MAX = 30.0  # dra/_pool/publisher.py: _RETRY_MAX
+RESYNC = 300.0  # dra/_pool/publisher.py: _RESYNC
 BOOKMARK_EVERY = 60.0  # the API server's bookmarks to a quiet watch (about once a minute)
 WRITES = ("create_slice", "update_slice", "delete_slice")
 

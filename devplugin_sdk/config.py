@@ -15,7 +15,6 @@ import gc
 import math
 import os
 import reprlib
-import stat
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import yaml
 
 from devplugin_sdk import _names
+from devplugin_sdk._files import MAX_FILE_BYTES, read_file
 from devplugin_sdk.errors import ConfigError
 
 __all__ = [
@@ -38,9 +38,6 @@ __all__ = [
     "shown",
 ]
 
-#: The largest configuration file read, in bytes (1 MiB): real ones take a few KiB, and parsing
-#: a mebibyte of YAML already takes about a second.
-MAX_FILE_BYTES = 1 << 20
 #: The deepest nesting of lists and mappings: libyaml's composer recurses in C (a deeper file
 #: crashes the process) and its scanner slows down with the square of the depth.
 MAX_DEPTH = 100
@@ -55,64 +52,6 @@ MAX_NODES = 20_000
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _MESSAGE_LIMIT = 200  # characters of a YAML library message quoted in an error
-
-
-def read_file(path: str | os.PathLike[str], limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of a file the SDK reads (a configuration, a checkpoint, a sysfs attribute), read
-    safely.
-
-    Symlinks are followed (a Kubernetes ConfigMap's files are symlinks), but the file itself
-    must be a regular file of at most ``limit`` bytes: a FIFO, a device (``/dev/zero``), a
-    directory or a bigger file is refused without being read, and opening never blocks.
-
-    Raises:
-        ConfigError: keyed by the path, saying what the file is or why it cannot be read.
-    """
-    name = os.fspath(path)
-    try:
-        # Checked before opening: opening a FIFO waits for a writer, and opening some devices
-        # has effects.
-        _check_regular(name, os.stat(name), limit)
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(name, f"cannot read: {exc.strerror or exc}") from None
-    try:
-        _check_regular(name, os.fstat(fd), limit)  # it may have been swapped since the stat
-        chunks: list[bytes] = []
-        size = 0
-        while size <= limit:  # the file may grow after the fstat: never read past the limit
-            chunk = os.read(fd, min(1 << 16, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise ConfigError(name, f"cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if size > limit:
-        raise ConfigError(name, f"grew larger than the {limit} bytes read of such a file")
-    return b"".join(chunks)
-
-
-def _check_regular(name: str, st: os.stat_result, limit: int) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(name, f"not a regular file but {_file_kind(st.st_mode)}")
-    if st.st_size > limit:
-        raise ConfigError(
-            name, f"{st.st_size} bytes is larger than the {limit} bytes read of such a file"
-        )
-
-
-def _file_kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    )
-    return next((what for test, what in kinds if test(mode)), "a special file")
 
 
 def load_yaml(path: str | os.PathLike[str]) -> Mapping[str, Any]:

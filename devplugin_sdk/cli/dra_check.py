@@ -102,7 +102,7 @@ async def _configured_slices(path: str, node: str | None) -> list[dict[str, Any]
     from devplugin_sdk.cli import resolve_plugins  # noqa: PLC0415
     from devplugin_sdk.cli.runfile import parse_run_config  # noqa: PLC0415
     from devplugin_sdk.config import load_yaml  # noqa: PLC0415
-    from devplugin_sdk.dra import _plugins  # noqa: PLC0415
+    from devplugin_sdk.dra._pool import plugins as _plugins  # noqa: PLC0415
     from devplugin_sdk.dra.check import slice_objects  # noqa: PLC0415
     from devplugin_sdk.kubelet.memory_api import MemoryApi  # noqa: PLC0415
     from devplugin_sdk.settings import Settings  # noqa: PLC0415

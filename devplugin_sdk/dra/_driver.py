@@ -22,16 +22,16 @@ from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._wire import dra_health
 from devplugin_sdk._wire.dra_service import handlers as dra_handlers
 from devplugin_sdk.dra import Dra, _rules, kube_api
-from devplugin_sdk.dra._checkpoint import Checkpoint, private_directory
-from devplugin_sdk.dra._cleanup import Cleanup, report_corrupt_checkpoint
-from devplugin_sdk.dra._health import HealthBoard
-from devplugin_sdk.dra._lock import LOCK_NAME, SharedState
-from devplugin_sdk.dra._metadata import Metadata
-from devplugin_sdk.dra._plugins import Plugins
-from devplugin_sdk.dra._prepare import Preparer
-from devplugin_sdk.dra._publisher import Publisher
+from devplugin_sdk.dra._claims.checkpoint import Checkpoint, private_directory
+from devplugin_sdk.dra._claims.cleanup import Cleanup, report_corrupt_checkpoint
+from devplugin_sdk.dra._claims.lock import LOCK_NAME, SharedState
+from devplugin_sdk.dra._claims.metadata import Metadata
+from devplugin_sdk.dra._claims.preparer import Preparer
+from devplugin_sdk.dra._claims.status import StatusWriter
+from devplugin_sdk.dra._pool.health import HealthBoard
+from devplugin_sdk.dra._pool.plugins import Plugins
+from devplugin_sdk.dra._pool.publisher import Publisher
 from devplugin_sdk.dra._registrar import HEALTH_SERVICES, SERVICES, Registrar
-from devplugin_sdk.dra._status import StatusWriter
 from devplugin_sdk.dra.resources import ResourceApi
 from devplugin_sdk.observe import DraStatus
 from devplugin_sdk.settings import Settings

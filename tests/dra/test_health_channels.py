@@ -61,7 +61,7 @@ async def test_one_signal_every_channel_every_share(tmp_path: Path) -> None:
     api = MemoryApi(nodes=["node-1"])
     reasons = Reasons()
     gpu0, gpu1 = nvml.gpus[0].uuid, nvml.gpus[1].uuid
-    # DRA publishes the GPU once, its replicas as shares of it (dra/_shares.py).
+    # DRA publishes the GPU once, its replicas as shares of it (dra/_claims/shares.py).
     dp0, dra0 = f"{gpu0}::1", device_name(gpu0)
     dp1, dra1 = f"{gpu1}::1", device_name(gpu1)
 

@@ -17,7 +17,7 @@ from kube_apiserver import FakeApiServer
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Device
-from devplugin_sdk.dra import _plugins
+from devplugin_sdk.dra._pool import plugins as _plugins
 from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
 
 

@@ -217,9 +217,9 @@ async def test_a_corrupt_checkpoint_yields_a_node_event_and_a_metric_and_the_dri
 
 def test_sweeps_of_a_fleet_are_spread_not_in_step(tmp_path: Path) -> None:
     # Issue 29: a thousand nodes started together read their claims at different times.
-    from devplugin_sdk.dra._checkpoint import Checkpoint
-    from devplugin_sdk.dra._cleanup import Cleanup
-    from devplugin_sdk.dra._prepare import Preparer
+    from devplugin_sdk.dra._claims.checkpoint import Checkpoint
+    from devplugin_sdk.dra._claims.cleanup import Cleanup
+    from devplugin_sdk.dra._claims.preparer import Preparer
 
     api = MemoryApi(nodes=["node-1"])
     preparer = Preparer(

@@ -21,7 +21,7 @@ from kube_apiserver import FakeApiServer
 
 from devplugin_sdk.dra import ResourceSlice, SliceDevice
 from devplugin_sdk.dra._kube import LightkubeApi
-from devplugin_sdk.dra._publisher import Publisher
+from devplugin_sdk.dra._pool.publisher import Publisher
 from devplugin_sdk.dra.resources import DeviceTaint, SliceEvent
 from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.testing import MemoryApi

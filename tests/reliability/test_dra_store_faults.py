@@ -151,7 +151,7 @@ async def test_a_damaged_checkpoint_deletes_no_spec_the_kubelet_holds(
 _READER = """
 import resource, sys, time
 from pathlib import Path
-from devplugin_sdk.dra._checkpoint import Checkpoint
+from devplugin_sdk.dra._claims.checkpoint import Checkpoint
 started = time.monotonic()
 loaded = Checkpoint(Path(sys.argv[1])).load()
 took = time.monotonic() - started
@@ -427,7 +427,7 @@ def test_the_checkpoint_reencodes_only_what_changed_and_reads_back_what_it_wrote
     # Each claim's line is encoded once and reused while its entry stays the same (issue 29);
     # a replaced entry (a recovered one prepared in full) gets its new line.
     from devplugin_sdk._wire.dra_model import ClaimRef, PreparedDevice
-    from devplugin_sdk.dra._checkpoint import Checkpoint, Entry
+    from devplugin_sdk.dra._claims.checkpoint import Checkpoint, Entry
 
     def entry(i: int, *, recovered: bool = False) -> Entry:
         device = PreparedDevice(("r",), "node-1", f"w{i}", (f"k8s.{DRIVER}/claim=u{i}-r",))

@@ -67,7 +67,7 @@ def memory_units(
 ) -> tuple[list[Device], dict[str, str]]:
     """The memory units of the GPUs ``units``, and the GPU of each unit-ID prefix."""
     keys = _unit_keys([g.id for g in units])
-    # DRA publishes each GPU once, its memory consumable in units (dra/_shares.py).
+    # DRA publishes each GPU once, its memory consumable in units (dra/_claims/shares.py).
     shareable = Shareable("memory", memory.unit_mib << 20)
     devices = [
         # Children of their GPU: its faults (reported by GPU UUID) take them all out.

@@ -24,10 +24,11 @@ from devplugin_sdk._engine.handle import PluginHandle, Strategy
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
 from devplugin_sdk._engine.state import Condition
 from devplugin_sdk._wire.dra_model import HealthStatus
-from devplugin_sdk.dra import Dra, _shares, device_name
+from devplugin_sdk.dra import Dra, device_name
 from devplugin_sdk.dra._deviceclass import tag
-from devplugin_sdk.dra._health import HealthBoard, status_of
-from devplugin_sdk.dra._prepare import Found
+from devplugin_sdk.dra._pool import shares as _shares
+from devplugin_sdk.dra._pool.health import HealthBoard, status_of
+from devplugin_sdk.dra._pool.pool import Found
 from devplugin_sdk.dra.resources import CounterSet, DeviceTaint, SliceDevice
 from devplugin_sdk.settings import Settings
 from devplugin_sdk.types import Device, Effect, Health
@@ -203,7 +204,7 @@ class Plugins:
 
         The shares of one physical device (``Device.shareable``) become that one device; a
         partition (``Device.partition``) is published with its whole device and their counter
-        set (``dra/_shares.py``)."""
+        set (``dra/_claims/shares.py``)."""
         pool = _Pool(self)
         shared: dict[str, list[_Member]] = {}
         wholes: dict[str, list[_Member]] = {}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import anyio
 
-from devplugin_sdk.dra._checkpoint import Checkpoint, Entry
+from devplugin_sdk.dra._claims.checkpoint import Checkpoint, Entry
 
 __all__ = ["LOCK_NAME", "SharedState"]
 

@@ -33,12 +33,13 @@ import anyio.to_thread
 from devplugin_sdk import cdi
 from devplugin_sdk._logging import printable
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim, PreparedDevice
-from devplugin_sdk.dra import _shares
 from devplugin_sdk.dra import config as claim_config
-from devplugin_sdk.dra._checkpoint import Checkpoint, Entry, Loaded
-from devplugin_sdk.dra._lock import SharedState
-from devplugin_sdk.dra._metadata import Metadata, MetadataDevice
-from devplugin_sdk.dra._status import StatusWriter, status_problem
+from devplugin_sdk.dra._claims import shares as _shares
+from devplugin_sdk.dra._claims.checkpoint import Checkpoint, Entry, Loaded
+from devplugin_sdk.dra._claims.lock import SharedState
+from devplugin_sdk.dra._claims.metadata import Metadata, MetadataDevice
+from devplugin_sdk.dra._claims.status import StatusWriter, status_problem
+from devplugin_sdk.dra._pool.pool import Found
 from devplugin_sdk.dra.resources import (
     AllocatedDevice,
     ClaimDeviceStatus,
@@ -51,24 +52,9 @@ from devplugin_sdk.types import Allocation, Device, DeviceStatus, Health
 if TYPE_CHECKING:
     from devplugin_sdk.plugin import DevicePlugin
 
-__all__ = ["Found", "Preparer", "spec_file_name"]
+__all__ = ["Preparer", "spec_file_name"]
 
 log = logging.getLogger("devplugin_sdk")
-
-
-@dataclass(frozen=True, slots=True)
-class Found:
-    """A published device: the plugin that serves it, the device and its health now; for a
-    shared device its shares, for a whole device the names of its partitions, for a partition
-    the name of its whole device (``dra/_shares.py``)."""
-
-    resource: str
-    plugin: DevicePlugin
-    device: Device
-    health: Health
-    shares: tuple[Device, ...] = ()
-    parts: tuple[str, ...] = ()
-    whole: str | None = None
 
 
 #: Finds a device of this driver's pool by its name in the slices.
@@ -133,7 +119,7 @@ class Preparer:
         self.api = api
         self.lookup = lookup
         self.checkpoint = checkpoint
-        self.shared = shared or SharedState(checkpoint, None)  # rolling upgrades: dra._lock
+        self.shared = shared or SharedState(checkpoint, None)  # rolling upgrades: dra._claims.lock
         self.cdi_dir = cdi_dir
         self.hook_timeout = hook_timeout
         self.metadata = metadata

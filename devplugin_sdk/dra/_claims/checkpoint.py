@@ -24,7 +24,7 @@ from typing import Any
 
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedDevice
 from devplugin_sdk.config import read_file
-from devplugin_sdk.dra._shares import Use
+from devplugin_sdk.dra._claims.shares import Use
 from devplugin_sdk.errors import ConfigError
 
 __all__ = ["MAX_CHECKPOINT_BYTES", "Checkpoint", "Entry", "Loaded", "private_directory"]

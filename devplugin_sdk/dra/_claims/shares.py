@@ -1,5 +1,5 @@
-"""Shares, partitions and admin access of a DRA driver's devices: how they are published and
-what a claim that holds one gets.
+"""Shares, partitions and admin access of a DRA driver's devices: what a claim that holds one
+gets (how they are published is the pool's: ``dra/_pool/shares.py``).
 
 A physical device advertised as shares (``Device.shareable``: replicas, memory units, slices)
 is published once, with ``allowMultipleAllocations`` and one consumable capacity whose
@@ -19,24 +19,14 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from devplugin_sdk.dra.resources import (
-    AllocatedDevice,
-    CounterConsumption,
-    CounterSet,
-    RequestPolicy,
-    SliceDevice,
-)
-from devplugin_sdk.types import Allocation, Device, Partition, Quantity, Shareable
+from devplugin_sdk.dra.resources import AllocatedDevice
+from devplugin_sdk.types import Allocation, Device, Quantity
 
 __all__ = [
     "ShareError",
     "Use",
     "admin_edits",
-    "counter_set",
-    "partition_device",
-    "shared_device",
     "take",
-    "whole_device",
 ]
 
 
@@ -80,68 +70,6 @@ class Use:
         return cls(
             str(raw["device"]), str(raw.get("shareID") or ""), shares, raw.get("admin") is True
         )
-
-
-# ------------------------------------------------------------------ publishing
-
-
-def shared_device(name: str, shares: Sequence[Device]) -> SliceDevice:
-    """The one device published for the ``shares`` of a physical device.
-
-    Its capacity is the shares' capacity name, ``unit`` times their number; a claim takes a
-    whole number of units (``validRange`` with ``step`` = unit), at most ``most`` of them (one
-    unit: ``validValues``). The shares' other capacities are left out: with multiple
-    allocations every capacity is consumed, by default all of it (resource/v1 types.go,
-    DeviceCapacity.requestPolicy), which would let one claim take the device.
-    """
-    first = shares[0]
-    described = first.shareable
-    assert described is not None
-    unit = described.unit
-    count = len(shares)
-    most = count if described.most is None else min(described.most, count)
-    one = Quantity(unit)
-    if most == 1:
-        policy = RequestPolicy(default=one, valid_values=(one,))
-    else:
-        policy = RequestPolicy(default=one, minimum=one, maximum=Quantity(unit * most), step=one)
-    return SliceDevice(
-        name,
-        first.attributes,
-        {described.capacity: Quantity(unit * count)},
-        allow_multiple_allocations=True,
-        request_policies={described.capacity: policy},
-    )
-
-
-def counter_set(name: str, partition: Partition) -> CounterSet:
-    """The counter set of a whole device, named ``name``."""
-    return CounterSet(name, dict(partition.counters))
-
-
-def partition_device(name: str, device: Device, counters: str) -> SliceDevice:
-    """A partition, consuming its share of the counter set ``counters``."""
-    assert device.partition is not None
-    return SliceDevice(
-        name,
-        device.attributes,
-        device.capacity,
-        consumes_counters=(CounterConsumption(counters, dict(device.partition.consumes)),),
-    )
-
-
-def whole_device(name: str, partition: Partition, counters: str) -> SliceDevice:
-    """The whole device of a partition, consuming every counter of its set."""
-    whole = partition.whole
-    return SliceDevice(
-        name,
-        whole.attributes,
-        whole.capacity,
-        consumes_counters=(CounterConsumption(counters, dict(partition.counters)),),
-    )
-
-
-# ------------------------------------------------------------------ preparing
 
 
 def take(
@@ -213,8 +141,3 @@ def _amount(value: int) -> str:
 
 def _shown(consumed: Mapping[str, Quantity]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(consumed.items())) or "none"
-
-
-def shareable_of(device: Device) -> Shareable | None:
-    """The share description of ``device`` when it is a share of a parent."""
-    return device.shareable if device.parent is not None else None

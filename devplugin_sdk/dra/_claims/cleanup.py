@@ -25,7 +25,7 @@ import anyio
 
 from devplugin_sdk._logging import printable
 from devplugin_sdk._wire.dra_model import ClaimRef
-from devplugin_sdk.dra._prepare import Preparer
+from devplugin_sdk.dra._claims.preparer import Preparer
 from devplugin_sdk.dra.resources import NodeEvent, ResourceApi
 from devplugin_sdk.errors import KubeApiError
 
