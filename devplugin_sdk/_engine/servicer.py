@@ -26,7 +26,8 @@ import grpc
 from devplugin_sdk._engine.answers import MergedAnswers
 from devplugin_sdk._engine.events import Events
 from devplugin_sdk._engine.hooks import run_hook
-from devplugin_sdk._engine.state import DeviceState, Snapshot
+from devplugin_sdk._engine.listing import Snapshot
+from devplugin_sdk._engine.state import DeviceState
 from devplugin_sdk._engine.streams import Streams
 from devplugin_sdk._logging import printable
 from devplugin_sdk._wire import convert, rpc

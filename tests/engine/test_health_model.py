@@ -11,8 +11,9 @@ import logging
 import pytest
 
 from devplugin_sdk import Device, Health
+from devplugin_sdk._engine.conditions import Condition
 from devplugin_sdk._engine.events import Events
-from devplugin_sdk._engine.state import Condition, DeviceState
+from devplugin_sdk._engine.state import DeviceState
 from devplugin_sdk.errors import UnknownDeviceError
 from devplugin_sdk.types import Effect, HealthReport
 

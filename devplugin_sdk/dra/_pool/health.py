@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import anyio
 
-from devplugin_sdk._engine.state import Condition
+from devplugin_sdk._engine.conditions import Condition
 from devplugin_sdk._wire.dra_model import DeviceHealthStatus, HealthStatus, health_message
 from devplugin_sdk.api import constants
 from devplugin_sdk.types import Effect, Health

@@ -20,9 +20,9 @@ import anyio
 import anyio.abc
 
 from devplugin_sdk import _names
+from devplugin_sdk._engine.conditions import Condition
 from devplugin_sdk._engine.handle import PluginHandle, Strategy
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
-from devplugin_sdk._engine.state import Condition
 from devplugin_sdk._wire.dra_model import HealthStatus
 from devplugin_sdk.dra import Dra, device_name
 from devplugin_sdk.dra._deviceclass import tag
