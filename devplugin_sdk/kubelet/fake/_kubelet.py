@@ -6,13 +6,16 @@ the kubelet process: it starts (reading the checkpoint, cleaning the directory, 
 ``kubelet.sock``), stops, crashes and restarts, offers the fault hooks and the views tests wait
 on, and hands each part of the device manager its work:
 
-- ``_register``: the Registration service on ``kubelet.sock`` (validation, dial-back);
+- ``_directories``: the device-plugin directory and ``plugins_registry`` (given or temporary),
+  cleaned at start as the kubelet cleans it;
+- ``_register``: the Registration service on ``kubelet.sock`` (its server, validation, dial-back);
 - ``_plugin_watcher``: discovery in ``plugins_registry`` (device plugins and DRA drivers);
 - ``_device_manager``: each resource's endpoint, its ListAndWatch follower and the capacity;
 - ``_admission``: choosing devices, Allocate, PreStartContainer, the allocations held;
 - ``_checkpoint``: the checkpoint file, read at start and written after each change;
 - ``_tasks``: the work of one run (dial-backs, followers), which ``stop`` ends before it closes
-  any connection that work uses, as a kubelet's work ends with its process.
+  any connection that work uses, as a kubelet's work ends with its process;
+- ``_waiting``: the change signal every part raises and the waits of ``wait_for``.
 
 Its DRA side (``dra``, ``kubelet.fake_dra``) registers DRA drivers found by the plugin watcher and
 prepares pods' ResourceClaims as the kubelet's DRA manager does.
@@ -21,10 +24,7 @@ prepares pods' ResourceClaims as the kubelet's DRA manager does.
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -32,17 +32,17 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import grpc
 
-from devplugin_sdk._wire import registration as _registration
 from devplugin_sdk.api import constants
 from devplugin_sdk.kubelet.fake._admission import Admission
 from devplugin_sdk.kubelet.fake._checkpoint import CheckpointWriter, checkpoint_text, read_resources
 from devplugin_sdk.kubelet.fake._device_manager import DeviceManager
+from devplugin_sdk.kubelet.fake._directories import Directories
 from devplugin_sdk.kubelet.fake._plugin_watcher import PluginWatcher
 from devplugin_sdk.kubelet.fake._records import ContainerAllocation, KubeletDevice, Registration
-from devplugin_sdk.kubelet.fake._register import RegisterService, RegistrationLog
+from devplugin_sdk.kubelet.fake._register import KubeletSocket, RegisterService, RegistrationLog
 from devplugin_sdk.kubelet.fake._tasks import RunTasks
+from devplugin_sdk.kubelet.fake._waiting import Changes
 from devplugin_sdk.kubelet.fake_dra import KUBELET_SERVICES, FakeDra
 from devplugin_sdk.kubelet.memory_api import MemoryApi
 from devplugin_sdk.settings import Settings
@@ -127,10 +127,7 @@ class FakeKubelet:
         dra_wiping_delay: float = constants.DRA_WIPING_DELAY_S,
         dra_plugins_per_driver: bool = True,
     ) -> None:
-        self._own_directory = directory is None
-        self.directory = Path(directory) if directory is not None else Path()
-        self._registry_arg = Path(registry_directory) if registry_directory is not None else None
-        self.registry_directory = self._registry_arg or self.directory.parent / "plugins_registry"
+        self._dirs = Directories(directory, registry_directory)
         self.plugin_watcher = plugin_watcher
         self.node_name = node_name
         self.grace_period = grace_period
@@ -139,10 +136,9 @@ class FakeKubelet:
         self.per_socket_clients = per_socket_clients
         self.restarts = 0
         self.on_list = on_list
-        self._server: grpc.aio.Server | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._tasks = RunTasks(lambda: self._tg)  # the work of each run, ended by stop()
-        self._changed = anyio.Event()
+        self._changes = Changes()
         self.dra = FakeDra(
             dra_api,
             node_name=node_name,
@@ -165,9 +161,10 @@ class FakeKubelet:
         self._log = RegistrationLog()
         #: Every registration answered (on either path), in order, with the kubelet's error.
         self.registrations: list[Registration] = self._log.records
-        self._register = RegisterService(
+        register = RegisterService(
             self, self._devices, self._log, spawn=self._tasks.spawn, notify=self._notify
         )
+        self._sock = KubeletSocket(lambda: self.socket_path, register)
         self._watcher = PluginWatcher(
             self, self._devices, self.dra, self._log, spawn=self._tasks.spawn, notify=self._notify
         )
@@ -175,10 +172,7 @@ class FakeKubelet:
     # ------------------------------------------------------------------ context management
 
     async def __aenter__(self) -> FakeKubelet:
-        if self._own_directory:
-            root = Path(tempfile.mkdtemp(prefix="dpk-", dir="/tmp"))
-            self.directory = root / "device-plugins"
-            self.registry_directory = self._registry_arg or root / "plugins_registry"
+        self._dirs.make()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._checkpoint.run)
@@ -204,8 +198,17 @@ class FakeKubelet:
                 return False
             raise
         finally:
-            if self._own_directory:
-                shutil.rmtree(self.directory.parent, ignore_errors=True)
+            self._dirs.remove()
+
+    @property
+    def directory(self) -> Path:
+        """The device-plugin directory (``kubelet.sock``, the plugins' sockets, the checkpoint)."""
+        return self._dirs.device_plugins
+
+    @property
+    def registry_directory(self) -> Path:
+        """The ``plugins_registry`` directory the plugin watcher watches."""
+        return self._dirs.registry
 
     @property
     def socket_path(self) -> Path:
@@ -218,7 +221,7 @@ class FakeKubelet:
 
     @property
     def running(self) -> bool:
-        return self._server is not None
+        return self._sock.serving
 
     def settings(self, **overrides: Any) -> Settings:
         """Plugin settings for this kubelet, with test-friendly timings."""
@@ -240,20 +243,13 @@ class FakeKubelet:
 
     async def start(self) -> None:
         """Start as the kubelet does: read the checkpoint, clean the directory, serve."""
-        if self._server is not None:
+        if self.running:
             raise RuntimeError("FakeKubelet is already running")
-        self.directory.mkdir(mode=0o750, parents=True, exist_ok=True)
+        self._dirs.create()
         async with self._checkpoint.lock:
             self._devices.restore(read_resources(self.checkpoint_path))
-            _clean_directory(self.directory)
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers(
-            [_registration.registration_server(self._register.register)]
-        )
-        server.add_insecure_port(f"unix:{self.socket_path}")
-        with anyio.CancelScope(shield=True):  # never leave a half-started server behind
-            await server.start()
-        self._server = server
+            self._dirs.clean()
+        await self._sock.serve()
         assert self._tg is not None
         self.dra.start(self._tg)
         if self.plugin_watcher or self.dra.api is not None:
@@ -265,16 +261,13 @@ class FakeKubelet:
     async def stop(self) -> None:
         """Stop gracefully: end the kubelet's work (a Register in flight fails), then disconnect
         every plugin and remove ``kubelet.sock``."""
-        server, self._server = self._server, None
-        if server is None:
+        if not await self._sock.close():  # first: no Register may start work outliving this run
             return
-        await server.stop(0)  # first: no Register may start work that outlives this run
         self._watcher.stop()
         await self._tasks.end()
         await self.dra.stop()
         await self._devices.disconnect_all()
-        # Go's unix listener removes its socket on Close (grpcio does too; make it certain).
-        self.socket_path.unlink(missing_ok=True)
+        self._sock.remove()
         async with self._checkpoint.lock:
             self._checkpoint.flush()
         self._notify()
@@ -282,9 +275,7 @@ class FakeKubelet:
     async def crash(self) -> None:
         """Stop without cleanup: plugins' streams break and a stale ``kubelet.sock`` stays."""
         await self.stop()
-        stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        stale.bind(str(self.socket_path))
-        stale.close()  # bound, never listening: connections are refused
+        self._sock.leave_stale()
         self._notify()
 
     async def restart(self) -> None:
@@ -372,8 +363,7 @@ class FakeKubelet:
     # ------------------------------------------------------------------ waiting
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+        self._changes.notify()
 
     async def wait_for(
         self, predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition"
@@ -383,16 +373,7 @@ class FakeKubelet:
         Raises:
             TimeoutError: naming ``what`` and the kubelet's view, after ``timeout`` seconds.
         """
-        try:
-            with anyio.fail_after(timeout):
-                while not predicate():
-                    with anyio.move_on_after(0.05):
-                        # Capacity can also change with time alone (the grace period).
-                        await self._changed.wait()
-        except TimeoutError:
-            raise TimeoutError(
-                f"timed out after {timeout:g}s waiting for {what}; {self.describe()}"
-            ) from None
+        await self._changes.until(predicate, timeout, what, self.describe)
 
     async def wait_for_allocatable(self, resource: str, count: int, timeout: float = 5.0) -> None:
         """Wait until ``allocatable(resource) == count``."""
@@ -488,13 +469,3 @@ def _only(group: BaseExceptionGroup[BaseException], exc: BaseException) -> bool:
 
     cancelled = anyio.get_cancelled_exc_class()
     return [e for e in leaves(group) if not isinstance(e, cancelled)] == [exc]
-
-
-def _clean_directory(directory: Path) -> None:
-    # The kubelet removes every entry directly in its directory except the checkpoint and
-    # subdirectories, whatever its type (CleanupPluginDirectory).
-    for entry in os.scandir(directory):
-        if entry.name == constants.CHECKPOINT_NAME or entry.is_dir(follow_symlinks=False):
-            continue
-        # os.RemoveAll in the kubelet: a file already gone is not an error.
-        Path(entry.path).unlink(missing_ok=True)

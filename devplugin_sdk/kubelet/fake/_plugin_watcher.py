@@ -34,8 +34,10 @@ log = logging.getLogger("devplugin_sdk.fake_kubelet")
 class _Knobs(Protocol):
     """What the watcher reads from FakeKubelet at each use."""
 
-    registry_directory: Path
     dial_timeout: float
+
+    @property
+    def registry_directory(self) -> Path: ...
 
     @property
     def running(self) -> bool: ...

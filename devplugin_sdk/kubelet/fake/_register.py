@@ -1,5 +1,5 @@
-"""The kubelet's Registration service on ``kubelet.sock``, and the record both registration
-paths (this one and the plugin watcher's) keep.
+"""The kubelet's Registration service on ``kubelet.sock`` (the handler and the socket's server),
+and the record both registration paths (this one and the plugin watcher's) keep.
 
 Register validates with the kubelet's error strings and dials back synchronously, calling
 GetDevicePluginOptions inside Register (protocol reference, section 2); as in v1.32 a client
@@ -9,12 +9,14 @@ that gives up does not stop the kubelet from connecting.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import anyio
+import grpc
 
 from devplugin_sdk import _names
 from devplugin_sdk._wire import registration as _registration
@@ -22,7 +24,7 @@ from devplugin_sdk.api import constants
 from devplugin_sdk.kubelet.fake._device_manager import DeviceManager, Spawn
 from devplugin_sdk.kubelet.fake._records import Registration, with_error
 
-__all__ = ["RegisterService", "RegistrationLog"]
+__all__ = ["KubeletSocket", "RegisterService", "RegistrationLog"]
 
 
 class RegistrationLog:
@@ -53,8 +55,10 @@ class RegistrationLog:
 class _Knobs(Protocol):
     """What Register reads from FakeKubelet at each call (tests turn ``register_delay``)."""
 
-    directory: Path
     register_delay: float
+
+    @property
+    def directory(self) -> Path: ...
 
 
 class RegisterService:
@@ -129,6 +133,54 @@ class RegisterService:
         return await self._devices.connect(
             request.resource_name, _join_endpoint(self._knobs.directory, request.endpoint)
         )
+
+
+class KubeletSocket:
+    """``kubelet.sock``: the gRPC server of the Registration service, one per kubelet run.
+
+    Args:
+        path: Where ``kubelet.sock`` is now (FakeKubelet's directory is chosen on entry).
+        register: The handler of Register calls.
+    """
+
+    def __init__(self, path: Callable[[], Path], register: RegisterService) -> None:
+        self._path = path
+        self._register = register
+        self._server: grpc.aio.Server | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    async def serve(self) -> None:
+        """Create ``kubelet.sock`` and answer Register calls on it."""
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers(
+            [_registration.registration_server(self._register.register)]
+        )
+        server.add_insecure_port(f"unix:{self._path()}")
+        with anyio.CancelScope(shield=True):  # never leave a half-started server behind
+            await server.start()
+        self._server = server
+
+    async def close(self) -> bool:
+        """Stop answering at once (a Register in flight fails); False if it was not serving."""
+        server, self._server = self._server, None
+        if server is None:
+            return False
+        await server.stop(0)
+        return True
+
+    def remove(self) -> None:
+        """Remove the socket file."""
+        # Go's unix listener removes its socket on Close (grpcio does too; make it certain).
+        self._path().unlink(missing_ok=True)
+
+    def leave_stale(self) -> None:
+        """Leave a stale ``kubelet.sock``, as a crashed kubelet does: connections are refused."""
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stale.bind(str(self._path()))
+        stale.close()  # bound, never listening
 
 
 def _join_endpoint(directory: Path, endpoint: str) -> Path:
