@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from devplugin_sdk.errors import ConfigError
@@ -98,10 +99,20 @@ def file_kind(mode: int) -> str:
     return next((what for test, what in kinds if test(mode)), "a special file")
 
 
-def temporary_names(path: Path) -> re.Pattern[str]:
-    """The names of ``path``'s temporary files: ``.<name>.<8 hex digits>.tmp``. The random part
-    has no dot, so another file's temporary files never match."""
-    return re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{8}}{re.escape(_TMP_SUFFIX)}")
+def temporary_names(path: Path, *, former: Iterable[str] = ()) -> re.Pattern[str]:
+    """The names of ``path``'s temporary files: ``.<name>.<8 random characters>.tmp``.
+
+    Ours are hex; the class also takes ``tempfile.mkstemp``'s (lowercase letters, digits and
+    ``_``), which earlier writers used. The random part has no dot, so another file's temporary
+    files never match.
+
+    Args:
+        path: The file written.
+        former: Names that earlier writers of ``path`` put in place of its own
+            (``.<former>.<random>.tmp``), to recognise the temporary files they left.
+    """
+    names = "|".join(re.escape(name) for name in (path.name, *former))
+    return re.compile(rf"\.(?:{names})\.[a-z0-9_]{{8}}{re.escape(_TMP_SUFFIX)}")
 
 
 def stage(path: Path, data: bytes, *, mode: int = 0o644) -> Path:
@@ -185,13 +196,19 @@ def fsync_directory(directory: Path) -> None:
         os.close(dir_fd)
 
 
-def remove_temporaries(path: Path) -> int:
-    """Remove the temporary files that a killed writer of ``path`` left; how many."""
+def remove_temporaries(path: Path, *, former: Iterable[str] = ()) -> int:
+    """Remove the temporary files that a killed writer of ``path`` left; how many.
+
+    Only regular files whose names ``temporary_names(path, former=former)`` matches are
+    removed: another file's temporary files, a directory or a symlink of such a name are left.
+    The caller makes sure that no live writer of ``path`` has one open (it holds the lock, or it
+    is the only writer). A directory that cannot be listed removes nothing.
+    """
     removed = 0
-    names = temporary_names(path)
+    names = temporary_names(path, former=former)
     with contextlib.suppress(OSError), os.scandir(path.parent) as entries:
         for entry in entries:
-            if names.fullmatch(entry.name):
+            if names.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
                     removed += 1

@@ -14,11 +14,11 @@ import errno
 import fcntl
 import logging
 import os
-import re
-import secrets
 import stat
 from pathlib import Path
 
+from devplugin_sdk import _files
+from devplugin_sdk._files import file_kind
 from devplugin_sdk.cdi.names import spec_file_name
 from devplugin_sdk.cdi.spec import CdiSpec
 
@@ -29,10 +29,9 @@ log = logging.getLogger("devplugin_sdk")
 #: Where generated (as opposed to installed) specs go; runtimes also read /etc/cdi.
 DEFAULT_SPEC_DIR = Path("/var/run/cdi")
 
-# Runtimes load only *.json and *.yaml files from a spec directory (pkg/cdi/spec-dirs.go), so a
-# temporary file with another suffix is never read half-written.
+# Runtimes load only *.json and *.yaml files from a spec directory (pkg/cdi/spec-dirs.go); the
+# temporary files of a write end in .tmp and are never read half-written.
 _SPEC_SUFFIXES = (".json", ".yaml")
-_TMP_SUFFIX = ".tmp"
 _FILE_MODE = 0o644
 
 #: What a spec path's identity is: device, inode, size and modification time. A file replaced by
@@ -42,19 +41,6 @@ _Identity = tuple[int, int, int, int]
 
 def _identity(st: os.stat_result) -> _Identity:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _what(mode: int) -> str:
-    """A file type in words, for messages about what sits at a spec path."""
-    kinds = (
-        (stat.S_ISLNK, "a symlink"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISDIR, "a directory"),
-    )
-    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 def _target(spec: CdiSpec, directory: Path, name: str | None) -> Path:
@@ -68,13 +54,6 @@ def _target(spec: CdiSpec, directory: Path, name: str | None) -> Path:
         # Runtimes skip subdirectories; a leading dot would hide it from people, not runtimes.
         raise ValueError(f"CDI spec file name {name!r} must be a bare name not starting with '.'")
     return Path(directory) / name
-
-
-def _temp_names(path: Path) -> re.Pattern[str]:
-    """Names of ``path``'s temporary files: ``.<stem>.<8 random characters>.tmp`` (ours are
-    hex; earlier versions used ``tempfile.mkstemp``'s lowercase, digits and ``_``). The random
-    part has no dot, so another spec's temporary files never match."""
-    return re.compile(rf"\.{re.escape(path.stem)}\.[a-z0-9_]{{8}}{re.escape(_TMP_SUFFIX)}")
 
 
 def _holds(path: Path, data: bytes) -> _Identity | None:
@@ -96,7 +75,7 @@ def _holds(path: Path, data: bytes) -> _Identity | None:
         log.warning(
             "CDI spec path %s is %s, not a regular file: not reading it; the spec replaces it",
             path,
-            _what(before.st_mode),
+            file_kind(before.st_mode),
         )
         return None
     if before.st_size != len(data):
@@ -124,28 +103,10 @@ def _holds(path: Path, data: bytes) -> _Identity | None:
         os.close(fd)
 
 
-def _fsync_dir(directory: Path) -> None:
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dir_fd)  # make a rename or unlink in it durable
-    finally:
-        os.close(dir_fd)
-
-
-def _create_temp(path: Path) -> tuple[int, Path]:
-    """A new, empty, private temporary file beside ``path``."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    for _ in range(100):
-        tmp = path.with_name(f".{path.stem}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
-        try:
-            return os.open(tmp, flags, 0o600), tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(errno.EEXIST, "no free temporary file name", str(path.parent))
-
-
 def _replace(path: Path, data: bytes) -> _Identity:
-    """Atomically replace whatever is at ``path`` with a regular file holding ``data``.
+    """Atomically and durably replace whatever is at ``path`` with a regular file holding
+    ``data`` (``_files.write_atomically``: the rename replaces the directory entry itself, a
+    symlink, a FIFO or a device, never writing through it).
 
     Returns:
         The new file's identity.
@@ -154,24 +115,7 @@ def _replace(path: Path, data: bytes) -> _Identity:
         OSError: nothing changed at ``path`` and no temporary file is left.
     """
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    fd, tmp = _create_temp(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), _FILE_MODE)
-            os.fsync(f.fileno())
-            written = _identity(os.fstat(f.fileno()))
-        # rename replaces the directory entry itself, whatever it is (a symlink, a FIFO, a
-        # device), never writing through it; atomic within one filesystem: a runtime reading
-        # the directory sees the old spec or the new one, never a partial file.
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-    return written
+    return _identity(_files.write_atomically(path, data, mode=_FILE_MODE))
 
 
 def _write_if_changed(data: bytes, path: Path) -> bool:
@@ -185,7 +129,7 @@ def _write_if_changed(data: bytes, path: Path) -> bool:
 def write_spec(spec: CdiSpec, directory: Path = DEFAULT_SPEC_DIR, name: str | None = None) -> Path:
     """Write ``spec`` atomically into ``directory``; blocking (use a thread from async code).
 
-    The bytes go to a temporary ``.<stem>.*.tmp`` file in the same directory (runtimes only
+    The bytes go to a temporary ``.<name>.*.tmp`` file in the same directory (runtimes only
     read ``*.json`` and ``*.yaml``), are fsynced, then renamed over the target, so a runtime sees
     the old spec or the new one, never a partial file. An unchanged spec is not rewritten. The
     existing file is only read when it is a regular file of the new spec's size; anything else
@@ -278,7 +222,7 @@ class _SpecFile:
                 if not stat.S_ISREG(before.st_mode):  # never open a FIFO or a device
                     raise OSError(
                         errno.EINVAL,
-                        f"{_what(before.st_mode)}, not a regular file, is in the way of the "
+                        f"{file_kind(before.st_mode)}, not a regular file, is in the way of the "
                         "CDI spec's lock file",
                         str(self.lock_path),
                     )
@@ -319,16 +263,9 @@ class _SpecFile:
 
     def _remove_stale_temps(self) -> int:
         """Temporary files of this spec left by a process killed mid-write (we hold the lock,
-        so no live writer has one open)."""
-        names = _temp_names(self.path)
-        removed = 0
-        with os.scandir(self.path.parent) as entries:
-            for entry in entries:
-                if names.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
-                        removed += 1
-        return removed
+        so no live writer has one open), including those of earlier versions, which named them
+        after the spec's stem (``.<stem>.<random>.tmp``)."""
+        return _files.remove_temporaries(self.path, former=(self.path.stem,))
 
     def publish(self, data: bytes) -> tuple[bool, int]:
         """Own the spec path and make it hold ``data``.
@@ -384,7 +321,7 @@ class _SpecFile:
         if _identity(st) != mine:
             return "replaced"
         os.unlink(self.path)
-        _fsync_dir(self.path.parent)
+        _files.fsync_directory(self.path.parent)
         return "removed"
 
     def release(self) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devplugin_sdk import config
+from devplugin_sdk import _yaml
 from devplugin_sdk.backends import generic
 from devplugin_sdk.cli.runfile import SDK_KEYS, parse_run_config
 from devplugin_sdk.config import (
@@ -127,7 +127,7 @@ def test_text_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
 def test_libyaml_is_used_when_installed() -> None:
     if not yaml.__with_libyaml__:  # pragma: no cover - CI images have it
         pytest.skip("PyYAML built without libyaml")
-    assert config._Loader is yaml.CSafeLoader
+    assert _yaml._Loader is yaml.CSafeLoader
 
 
 def test_a_duplicate_top_level_key_names_both_lines() -> None:
@@ -206,7 +206,7 @@ def _libyaml_refusing(levels: int) -> type:
     words before it hands over their events, as the libyaml of PyYAML 6.0.4's wheels does
     at 1,000 levels while it scans ahead: the same test whichever PyYAML is installed."""
 
-    class Loader(config._Loader):  # type: ignore[misc]
+    class Loader(_yaml._Loader):  # type: ignore[misc]
         def __init__(self, stream: str) -> None:
             super().__init__(stream)
             run = stream.find("[" * levels)
@@ -224,14 +224,14 @@ def _libyaml_refusing(levels: int) -> type:
 def test_our_limit_is_reported_where_libyaml_refuses_deeper_nesting_itself(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(config, "_Loader", _libyaml_refusing(1000))
+    monkeypatch.setattr(_yaml, "_Loader", _libyaml_refusing(1000))
     error = _error(parse_yaml, DEEP, "deep.yaml")
     assert (error.key, error.reason) == (
         "deep.yaml",
         f"nesting deeper than {MAX_DEPTH} levels at line 1",
     )
     # A refusal of libyaml's that comes before our limit stays libyaml's, where it is.
-    monkeypatch.setattr(config, "_Loader", _libyaml_refusing(MAX_DEPTH // 2))
+    monkeypatch.setattr(_yaml, "_Loader", _libyaml_refusing(MAX_DEPTH // 2))
     error = _error(parse_yaml, DEEP, "deep.yaml")
     assert error.key == "deep.yaml"
     assert re.fullmatch(rf"invalid YAML at line 1, column {3 + MAX_DEPTH // 2}: .+", error.reason)
@@ -302,13 +302,13 @@ def test_the_garbage_collector_is_paused_only_while_parsing() -> None:
     """Full collections triggered by the nodes would stall the event loop (GIL); the
     collector comes back on afterwards, even after an error, and stays off if it was off."""
     seen: list[bool] = []
-    original = config._check_duplicate_keys
+    original = _yaml._check_duplicate_keys
 
     def spy(*args: object) -> None:
         seen.append(gc.isenabled())
         original(*args)  # type: ignore[arg-type]
 
-    config._check_duplicate_keys = spy  # type: ignore[assignment]
+    _yaml._check_duplicate_keys = spy  # type: ignore[assignment]
     try:
         assert gc.isenabled()
         parse_yaml("a: 1\n")
@@ -324,4 +324,4 @@ def test_the_garbage_collector_is_paused_only_while_parsing() -> None:
         finally:
             gc.enable()
     finally:
-        config._check_duplicate_keys = original  # type: ignore[assignment]
+        _yaml._check_duplicate_keys = original  # type: ignore[assignment]

@@ -808,16 +808,20 @@ async def test_lock_path_that_is_no_regular_file_is_refused_unopened(
 
 
 class FullDisk:
-    """os.fsync of a spec's temporary file fails with ENOSPC while ``full`` is set."""
+    """os.fsync of a spec's temporary file fails with ENOSPC while ``full`` is set (only in the
+    spec directory: the fake kubelet fsyncs its checkpoint elsewhere)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
         self.full = False
         self.refused = 0
         self._lock = threading.Lock()
         real_fsync = os.fsync
 
+        def in_directory(fd: int) -> bool:
+            return Path(os.readlink(f"/proc/self/fd/{fd}")).parent == directory
+
         def fsync(fd: int) -> None:
-            if self.full and stat.S_ISREG(os.fstat(fd).st_mode):
+            if self.full and stat.S_ISREG(os.fstat(fd).st_mode) and in_directory(fd):
                 with self._lock:
                     self.refused += 1
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -827,8 +831,8 @@ class FullDisk:
 
 
 @pytest.fixture
-def disk(monkeypatch: pytest.MonkeyPatch) -> FullDisk:
-    return FullDisk(monkeypatch)
+def disk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FullDisk:
+    return FullDisk(monkeypatch, tmp_path)
 
 
 async def test_new_devices_wait_for_a_failed_write_and_come_once_a_retry_writes_it(

@@ -3,13 +3,13 @@ kubelet start reads back from it, and a writer that keeps it off the event loop.
 
 The kubelet writes it after every ListAndWatch message and allocation, and at start gives each
 resource it names a stopped endpoint with empty device sets (protocol reference, section 7).
+Written durably (``_files.write_atomically``) and read as any file from outside (``read_file``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -17,11 +17,17 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
+from devplugin_sdk._files import read_file, write_atomically
+from devplugin_sdk.errors import ConfigError
 from devplugin_sdk.kubelet.fake._records import ContainerAllocation
 
 __all__ = ["CheckpointWriter", "checkpoint_text", "read_resources"]
 
 log = logging.getLogger("devplugin_sdk.fake_kubelet")
+
+# A few hundred bytes per container holding devices: 16 MiB is tens of thousands of them (the
+# bound the SDK's own reader of a node's checkpoint uses).
+_MAX_BYTES = 16 << 20
 
 
 def checkpoint_text(
@@ -47,8 +53,8 @@ def checkpoint_text(
 def read_resources(path: Path) -> list[str]:
     """The resources a checkpoint at ``path`` names; none when it is missing or unreadable."""
     try:
-        data = json.loads(path.read_text())["Data"]
-    except (OSError, ValueError, KeyError):
+        data = json.loads(read_file(path, _MAX_BYTES))["Data"]
+    except (ConfigError, ValueError, KeyError):
         return []
     return list(data.get("RegisteredDevices", {}))
 
@@ -83,10 +89,7 @@ class CheckpointWriter:
         if not self._dirty:
             return
         self._dirty = False
-        path = self._path()
-        tmp = path.with_name(".checkpoint.tmp")
-        tmp.write_text(self._text())
-        os.replace(tmp, path)
+        write_atomically(self._path(), self._text().encode())
 
     async def run(self) -> None:
         """Write each scheduled checkpoint, for as long as FakeKubelet is entered."""
@@ -99,12 +102,7 @@ class CheckpointWriter:
                 self._dirty = False
                 path = self._path()
 
-                def write(text: str = text, path: Path = path) -> None:
-                    tmp = path.with_name(".checkpoint.bg.tmp")
-                    tmp.write_text(text)
-                    os.replace(tmp, path)
-
                 try:
-                    await anyio.to_thread.run_sync(write)
+                    await anyio.to_thread.run_sync(write_atomically, path, text.encode())
                 except OSError:
                     log.exception("FakeKubelet could not write its checkpoint")
