@@ -9,9 +9,8 @@ server applies to slices (names, device count, attribute and taint limits, count
 policies, the 1.35 rule that a slice holds devices or counter sets), and device taints:
 ``timeAdded`` set when a taint comes without one, or the whole field dropped silently, as a
 server with the ``DRADeviceTaints`` feature off does (``device_taints=False``). Tests add
-claims and allocate devices with ``allocate``, playing the scheduler (exclusive devices, shares
-of devices that allow multiple allocations with their capacities rounded by their request
-policies, counters, admin access); ``devplugin_sdk.testing`` exports it.
+claims and allocate devices with ``allocate``, playing the scheduler (``kubelet._scheduler``);
+``devplugin_sdk.testing`` exports it.
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ from devplugin_sdk.dra.resources import (
     MAX_IPS,
     MAX_TAINTS_PER_DEVICE,
     MAX_VALID_VALUES,
-    AllocatedDevice,
     ClaimDeviceStatus,
     DeviceConfig,
     NodeEvent,
@@ -53,6 +51,7 @@ from devplugin_sdk.dra.resources import (
     SliceEvent,
 )
 from devplugin_sdk.errors import KubeApiError
+from devplugin_sdk.kubelet import _scheduler
 from devplugin_sdk.types import MAX_ATTRIBUTES_AND_CAPACITIES, NetworkData, Quantity
 
 __all__ = ["MemoryApi"]
@@ -148,12 +147,9 @@ class MemoryApi:
     ) -> ResourceClaim:
         """Allocate devices to a claim and reserve it for pods, as the scheduler does.
 
-        The claim is created first if it does not exist. A device that allows multiple
-        allocations gets a share: a new ``shareID`` and ``consumedCapacity`` for every one of
-        its capacities, the request's amount rounded up by the capacity's request policy (its
-        default when the request names none; the whole capacity without a policy), as the
-        scheduler's allocator computes them (k8s.io/dynamic-resource-allocation structured,
-        consumable capacity).
+        The claim is created if it does not exist. A device that allows multiple allocations
+        gets a share: a new ``shareID`` and a ``consumedCapacity`` of each capacity, rounded up
+        by its request policy (its default for a request that names none; no policy: all of it).
 
         Args:
             namespace: The claim's namespace.
@@ -168,73 +164,32 @@ class MemoryApi:
                 request name.
             admin_access: Allocate for admin access (``adminAccess: true``): in use or not,
                 nothing consumed.
-            check: Refuse what the scheduler would not allocate (a device in use, capacity or
-                counters exhausted); False allocates anyway, as a scheduler that saw another
-                state would (to test a driver's own last line of defence).
+            check: Refuse what the scheduler would not (a device in use, capacity or counters
+                exhausted); False allocates anyway, to test a driver's own last line of defence.
 
         Raises:
-            KubeApiError: a device is not in a published slice of that driver and pool (the
-                scheduler only allocates what slices list); with ``check``, it is taken by
-                another claim, or its capacity, request policy or counters do not allow it.
+            KubeApiError: a device is not in a published slice of that driver and pool; with
+                ``check``, it is taken, or its capacity, request policy or counters refuse it.
         """
-        slices = [
-            s
-            for s in self.slices.values()
-            if s.driver == driver and s.pool == pool and s.generation == self._pool_generation(s)
-        ]
-        published = {d.name: d for s in slices for d in s.devices}
-        counter_sets = {c.name: c.counters for s in slices for c in s.shared_counters}
-        others = [
-            r
-            for claim in self.claims.values()
-            for r in claim.results
-            if (claim.namespace, claim.name) != (namespace, name)
-            and (r.driver, r.pool) == (driver, pool)
-            and not r.admin_access
-        ]
-        owners = {
-            (r.device, r.share_id): f"{claim.namespace}/{claim.name}"
-            for claim in self.claims.values()
-            for r in claim.results
-        }
-        results: list[AllocatedDevice] = []
-        for request, names in devices.items():
-            asked = (capacity or {}).get(request, {})
-            for device_name in names:
-                device = published.get(device_name)
-                if device is None:
-                    raise KubeApiError(422, f"device {device_name} is not published in pool {pool}")
-                result = AllocatedDevice(
-                    request, driver, pool, device_name, admin_access=admin_access
-                )
-                if device.allow_multiple_allocations and not admin_access:
-                    consumed = _consumed(device, asked)
-                    result = replace(result, share_id=str(uuid.uuid4()), consumed=consumed or {})
-                    if check and consumed is None:
-                        raise KubeApiError(
-                            422,
-                            f"device {device_name}: request {request} asks "
-                            f"{_shown(asked)}, which its request policy does not allow",
-                        )
-                if check and not admin_access:
-                    _check_free(
-                        device,
-                        result,
-                        others=[*others, *results],
-                        owners=owners,
-                        counter_sets=counter_sets,
-                        published=published,
-                    )
-                results.append(result)
+        results = _scheduler.allocate(
+            (namespace, name),
+            devices,
+            driver=driver,
+            pool=pool,
+            slices=self.pool(driver, pool),
+            claims=self.claims.values(),
+            capacity=capacity or {},
+            admin_access=admin_access,
+            check=check,
+        )
         claim = self.claims.get((namespace, name)) or self.add_claim(namespace, name)
-        claim = replace(
+        self.claims[(namespace, name)] = claim = replace(
             claim,
             allocated=True,
-            results=tuple(results),
+            results=results,
             reserved_for=tuple(pods),
-            config=_ordered_config(config),
+            config=_scheduler.ordered_config(config),
         )
-        self.claims[(namespace, name)] = claim
         return claim
 
     def deallocate(self, namespace: str, name: str) -> None:
@@ -491,13 +446,6 @@ class MemoryApi:
         counters = s.shared_counters if self.partitionable_devices else ()
         return replace(s, devices=devices, shared_counters=counters)
 
-    def _pool_generation(self, resource_slice: ResourceSlice) -> int:
-        return max(
-            s.generation
-            for s in self.slices.values()
-            if s.driver == resource_slice.driver and s.pool == resource_slice.pool
-        )
-
     def _validate(self, s: ResourceSlice) -> None:
         """What the API server's validation of a ResourceSlice refuses (422 Invalid)."""
         problems = []
@@ -570,13 +518,6 @@ def _taint_problems(i: int, device: SliceDevice) -> list[str]:
         if taint.effect not in ("None", "NoSchedule", "NoExecute"):
             problems.append(f"{where}.effect: unsupported value {taint.effect!r}")
     return problems
-
-
-def _ordered_config(config: Sequence[DeviceConfig]) -> tuple[DeviceConfig, ...]:
-    """The entries as the scheduler records them: every class's before the claim's
-    (k8s.io/dynamic-resource-allocation structured allocator: ``FromClass`` entries are
-    appended per request first, then the claim's ``spec.devices.config``)."""
-    return tuple(sorted(config, key=lambda c: 0 if c.source == "FromClass" else 1))
 
 
 def _counter_set_problems(s: ResourceSlice) -> list[str]:
@@ -677,86 +618,6 @@ def _range_problems(policy: RequestPolicy, capacity: Quantity) -> list[str]:
         elif (high is not None and high % step) or default % step:
             problems.append("validRange: max and default must be multiples of step")
     return problems
-
-
-def _consumed(device: SliceDevice, asked: Mapping[str, Quantity]) -> dict[str, Quantity] | None:
-    """What a share of ``device`` consumes of every capacity for a request of ``asked``;
-    None when a request policy refuses it or it names a capacity the device lacks."""
-    if any(key not in device.capacity for key in asked):
-        return None
-    out: dict[str, Quantity] = {}
-    for key, value in device.capacity.items():
-        policy = device.request_policies.get(key)
-        if policy is None:
-            amount: Quantity | None = asked.get(key, value)
-            if amount is not None and amount.value > value.value:
-                amount = None
-        else:
-            amount = policy.consumed(asked.get(key), value)
-        if amount is None:
-            return None
-        out[key] = amount
-    return out
-
-
-def _check_free(
-    device: SliceDevice,
-    result: AllocatedDevice,
-    *,
-    others: Sequence[AllocatedDevice],
-    owners: Mapping[tuple[str, str], str],
-    counter_sets: Mapping[str, Mapping[str, Quantity]],
-    published: Mapping[str, SliceDevice],
-) -> None:
-    """Refuse what the scheduler would not allocate: a device in use (exclusively, or by
-    anyone when this allocation is exclusive), capacity past the device's, counters past their
-    set's."""
-    same = [r for r in others if r.device == result.device]
-    if same and not device.allow_multiple_allocations:
-        first = same[0]
-        raise KubeApiError(
-            409,
-            f"device {result.device} is allocated to "
-            f"{owners.get((first.device, first.share_id), 'another claim')}",
-        )
-    for key, value in device.capacity.items():
-        if not device.allow_multiple_allocations:
-            break
-        used = sum(r.consumed.get(key, Quantity(0)).value for r in same)
-        want = result.consumed.get(key, Quantity(0)).value
-        if used + want > value.value:
-            raise KubeApiError(
-                409,
-                f"device {result.device}: {key} {Quantity(want)} asked, "
-                f"{Quantity(max(value.value - used, 0))} of {value} free",
-            )
-    for consumption in device.consumes_counters:
-        total = counter_sets.get(consumption.counter_set)
-        if total is None:
-            raise KubeApiError(
-                422,
-                f"device {result.device} consumes counter set {consumption.counter_set}, "
-                "which the pool does not publish",
-            )
-        for key, amount in consumption.counters.items():
-            used = sum(
-                c.counters.get(key, Quantity(0)).value
-                for r in others
-                if r.device in published
-                for c in published[r.device].consumes_counters
-                if c.counter_set == consumption.counter_set
-            )
-            have = total.get(key, Quantity(0)).value
-            if used + amount.value > have:
-                raise KubeApiError(
-                    409,
-                    f"device {result.device}: counter {consumption.counter_set}/{key} has "
-                    f"{Quantity(max(have - used, 0))} left, the device consumes {amount}",
-                )
-
-
-def _shown(asked: Mapping[str, Quantity]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(asked.items())) or "no amounts"
 
 
 def _status_problems(claim: ResourceClaim, devices: Sequence[ClaimDeviceStatus]) -> list[str]:
