@@ -4,22 +4,19 @@ It implements ``resources.ResourceApi`` with the API server's behaviour that a d
 generated names, resource versions and conflicts on stale updates, a watch that starts with the
 slices that exist (one ADDED event each, as from resourceVersion "") and reports every
 change (including deletions by someone else; ``changes_since`` keeps the recent ones in order,
-as the API server's watch cache does), field-selector lists, the validation a real
-server applies to slices (names, device count, attribute and taint limits, counters and request
-policies, the 1.35 rule that a slice holds devices or counter sets), and device taints:
+as the API server's watch cache does), field-selector lists, the validation a real server
+applies to slices and to a claim's device status (``dra._validation``, the rules ``devplugin dra
+check`` applies too, as of the newest release it knows), and device taints:
 ``timeAdded`` set when a taint comes without one, or the whole field dropped silently, as a
 server with the ``DRADeviceTaints`` feature off does (``device_taints=False``). Tests add
-claims and allocate devices with ``allocate``, playing the scheduler (exclusive devices, shares
-of devices that allow multiple allocations with their capacities rounded by their request
-policies, counters, admin access); ``devplugin_sdk.testing`` exports it.
+claims and allocate devices with ``allocate``, playing the scheduler (``kubelet._scheduler``);
+``devplugin_sdk.testing`` exports it.
 """
 
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import itertools
-import json
 import secrets
 import uuid
 from collections import deque
@@ -28,32 +25,18 @@ from dataclasses import replace
 
 import anyio
 
-from devplugin_sdk import _names
+from devplugin_sdk.dra import _validation
 from devplugin_sdk.dra.resources import (
-    MAX_COUNTER_CONSUMPTIONS_PER_DEVICE,
-    MAX_COUNTER_SETS_PER_SLICE,
-    MAX_COUNTERS_PER_SET,
-    MAX_DEVICE_CONDITIONS,
-    MAX_DEVICE_DATA_BYTES,
-    MAX_DEVICES_PER_SLICE,
-    MAX_DEVICES_PER_SLICE_WITH_TAINTS,
-    MAX_HARDWARE_ADDRESS,
-    MAX_INTERFACE_NAME,
-    MAX_IPS,
-    MAX_TAINTS_PER_DEVICE,
-    MAX_VALID_VALUES,
-    AllocatedDevice,
     ClaimDeviceStatus,
     DeviceConfig,
     NodeEvent,
-    RequestPolicy,
     ResourceClaim,
     ResourceSlice,
-    SliceDevice,
     SliceEvent,
 )
 from devplugin_sdk.errors import KubeApiError
-from devplugin_sdk.types import MAX_ATTRIBUTES_AND_CAPACITIES, NetworkData, Quantity
+from devplugin_sdk.kubelet import _scheduler
+from devplugin_sdk.types import Quantity
 
 __all__ = ["MemoryApi"]
 
@@ -148,12 +131,9 @@ class MemoryApi:
     ) -> ResourceClaim:
         """Allocate devices to a claim and reserve it for pods, as the scheduler does.
 
-        The claim is created first if it does not exist. A device that allows multiple
-        allocations gets a share: a new ``shareID`` and ``consumedCapacity`` for every one of
-        its capacities, the request's amount rounded up by the capacity's request policy (its
-        default when the request names none; the whole capacity without a policy), as the
-        scheduler's allocator computes them (k8s.io/dynamic-resource-allocation structured,
-        consumable capacity).
+        The claim is created if it does not exist. A device that allows multiple allocations
+        gets a share: a new ``shareID`` and a ``consumedCapacity`` of each capacity, rounded up
+        by its request policy (its default for a request that names none; no policy: all of it).
 
         Args:
             namespace: The claim's namespace.
@@ -168,73 +148,32 @@ class MemoryApi:
                 request name.
             admin_access: Allocate for admin access (``adminAccess: true``): in use or not,
                 nothing consumed.
-            check: Refuse what the scheduler would not allocate (a device in use, capacity or
-                counters exhausted); False allocates anyway, as a scheduler that saw another
-                state would (to test a driver's own last line of defence).
+            check: Refuse what the scheduler would not (a device in use, capacity or counters
+                exhausted); False allocates anyway, to test a driver's own last line of defence.
 
         Raises:
-            KubeApiError: a device is not in a published slice of that driver and pool (the
-                scheduler only allocates what slices list); with ``check``, it is taken by
-                another claim, or its capacity, request policy or counters do not allow it.
+            KubeApiError: a device is not in a published slice of that driver and pool; with
+                ``check``, it is taken, or its capacity, request policy or counters refuse it.
         """
-        slices = [
-            s
-            for s in self.slices.values()
-            if s.driver == driver and s.pool == pool and s.generation == self._pool_generation(s)
-        ]
-        published = {d.name: d for s in slices for d in s.devices}
-        counter_sets = {c.name: c.counters for s in slices for c in s.shared_counters}
-        others = [
-            r
-            for claim in self.claims.values()
-            for r in claim.results
-            if (claim.namespace, claim.name) != (namespace, name)
-            and (r.driver, r.pool) == (driver, pool)
-            and not r.admin_access
-        ]
-        owners = {
-            (r.device, r.share_id): f"{claim.namespace}/{claim.name}"
-            for claim in self.claims.values()
-            for r in claim.results
-        }
-        results: list[AllocatedDevice] = []
-        for request, names in devices.items():
-            asked = (capacity or {}).get(request, {})
-            for device_name in names:
-                device = published.get(device_name)
-                if device is None:
-                    raise KubeApiError(422, f"device {device_name} is not published in pool {pool}")
-                result = AllocatedDevice(
-                    request, driver, pool, device_name, admin_access=admin_access
-                )
-                if device.allow_multiple_allocations and not admin_access:
-                    consumed = _consumed(device, asked)
-                    result = replace(result, share_id=str(uuid.uuid4()), consumed=consumed or {})
-                    if check and consumed is None:
-                        raise KubeApiError(
-                            422,
-                            f"device {device_name}: request {request} asks "
-                            f"{_shown(asked)}, which its request policy does not allow",
-                        )
-                if check and not admin_access:
-                    _check_free(
-                        device,
-                        result,
-                        others=[*others, *results],
-                        owners=owners,
-                        counter_sets=counter_sets,
-                        published=published,
-                    )
-                results.append(result)
+        results = _scheduler.allocate(
+            (namespace, name),
+            devices,
+            driver=driver,
+            pool=pool,
+            slices=self.pool(driver, pool),
+            claims=self.claims.values(),
+            capacity=capacity or {},
+            admin_access=admin_access,
+            check=check,
+        )
         claim = self.claims.get((namespace, name)) or self.add_claim(namespace, name)
-        claim = replace(
+        self.claims[(namespace, name)] = claim = replace(
             claim,
             allocated=True,
-            results=tuple(results),
+            results=results,
             reserved_for=tuple(pods),
-            config=_ordered_config(config),
+            config=_scheduler.ordered_config(config),
         )
-        self.claims[(namespace, name)] = claim
         return claim
 
     def deallocate(self, namespace: str, name: str) -> None:
@@ -422,9 +361,11 @@ class MemoryApi:
                 f"Precondition failed: UID in precondition: {claim.uid}, UID in object meta: "
                 f"{current.uid}",
             )
-        problems = _status_problems(current, devices)
+        allocated = {(r.driver, r.pool, r.device) for r in current.results}
+        problems = _validation.claim_status_problems(allocated, devices)
         if problems:
-            raise KubeApiError(422, f"ResourceClaim is invalid: {'; '.join(problems)}")
+            shown = "; ".join(f"status.{where}: {why}" for where, why in problems)
+            raise KubeApiError(422, f"ResourceClaim is invalid: {shown}")
         # Server-side apply: this manager's entries are replaced by what it applies now; the
         # other managers' stay (the list is a map keyed by driver, pool, device).
         self.claim_status.setdefault(key, {})[field_manager] = tuple(devices)
@@ -462,16 +403,11 @@ class MemoryApi:
         self._changed = anyio.Event()
 
     def _stored(self, s: ResourceSlice) -> ResourceSlice:
-        """What the server stores of a valid write: taints dropped without the feature, a
-        missing ``timeAdded`` set to now (whole seconds, as metav1.Time keeps)."""
+        """What the server stores of a valid write: a missing ``timeAdded`` set to now (whole
+        seconds, as metav1.Time keeps)."""
         now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
         devices = tuple(
-            replace(
-                d,
-                taints=tuple(replace(t, time_added=t.time_added or now) for t in d.taints)
-                if self.device_taints
-                else (),
-            )
+            replace(d, taints=tuple(replace(t, time_added=t.time_added or now) for t in d.taints))
             for d in s.devices
         )
         return replace(s, devices=devices)
@@ -479,9 +415,11 @@ class MemoryApi:
     def _without_disabled(self, s: ResourceSlice) -> ResourceSlice:
         """The fields of disabled features dropped before validation, as the API server's
         strategy does (dropDisabledFields in pkg/registry/resource/resourceslice)."""
-        if self.partitionable_devices and self.consumable_capacity:
+        if self.partitionable_devices and self.consumable_capacity and self.device_taints:
             return s
         devices = s.devices
+        if not self.device_taints:
+            devices = tuple(replace(d, taints=()) for d in devices)
         if not self.partitionable_devices:
             devices = tuple(replace(d, consumes_counters=()) for d in devices)
         if not self.consumable_capacity:
@@ -491,45 +429,15 @@ class MemoryApi:
         counters = s.shared_counters if self.partitionable_devices else ()
         return replace(s, devices=devices, shared_counters=counters)
 
-    def _pool_generation(self, resource_slice: ResourceSlice) -> int:
-        return max(
-            s.generation
-            for s in self.slices.values()
-            if s.driver == resource_slice.driver and s.pool == resource_slice.pool
-        )
-
     def _validate(self, s: ResourceSlice) -> None:
-        """What the API server's validation of a ResourceSlice refuses (422 Invalid)."""
-        problems = []
-        for what, problem in (
-            ("spec.driver", _names.driver_name_problem(s.driver)),
-            ("spec.pool.name", _names.pool_name_problem(s.pool)),
-        ):
-            if problem is not None:
-                problems.append(f"{what}: {problem}")
-        if s.generation < 0:
-            problems.append("spec.pool.generation: must be >= 0")
-        if s.slice_count <= 0:
-            problems.append("spec.pool.resourceSliceCount: must be > 0")
-        tainted = self.device_taints and any(d.taints for d in s.devices)
-        counting = any(d.consumes_counters for d in s.devices)
-        most = MAX_DEVICES_PER_SLICE_WITH_TAINTS if tainted or counting else MAX_DEVICES_PER_SLICE
-        if s.devices and s.shared_counters:
-            # Kubernetes >= 1.35 (validation of ResourceSliceSpec).
-            problems.append("spec: only one of devices and sharedCounters can be set")
-        problems.extend(_counter_set_problems(s))
-        if len(s.devices) > most:
-            problems.append(f"spec.devices: at most {most} devices")
-        names = [d.name for d in s.devices]
-        if len(set(names)) != len(names):
-            problems.append("spec.devices: duplicate device names")
-        for i, device in enumerate(s.devices):
-            problems.extend(_device_problems(i, device))
-            problems.extend(_sharing_problems(i, device))
-            if self.device_taints:
-                problems.extend(_taint_problems(i, device))
+        """What the API server's validation of a ResourceSlice refuses (422 Invalid), as of the
+        newest release ``dra._validation`` knows."""
+        problems = _validation.slice_problems(_validation.slice_spec(s))
         if problems:
-            raise KubeApiError(422, f"ResourceSlice is invalid: {'; '.join(problems)}")
+            shown = "; ".join(
+                f"spec{'.' if where else ''}{where}: {why}" for where, why in problems
+            )
+            raise KubeApiError(422, f"ResourceSlice is invalid: {shown}")
 
 
 def _version(text: str) -> int:
@@ -537,269 +445,3 @@ def _version(text: str) -> int:
         return int(text)
     except ValueError:
         raise KubeApiError(400, f"invalid resource version {text!r}") from None
-
-
-def _device_problems(i: int, device: SliceDevice) -> list[str]:
-    """What the API server's validation of a device's name, attributes and capacities refuses."""
-    problems = []
-    problem = _names.device_name_problem(device.name)
-    if problem is not None:
-        problems.append(f"spec.devices[{i}].name: {problem}")
-    if len(device.attributes) + len(device.capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
-        problems.append(f"spec.devices[{i}]: too many attributes and capacities")
-    for key in (*device.attributes, *device.capacity):
-        problem = _names.attribute_name_problem(key)
-        if problem is not None:
-            problems.append(f"spec.devices[{i}]: {key}: {problem}")
-    return problems
-
-
-def _taint_problems(i: int, device: SliceDevice) -> list[str]:
-    """What the API server's validation of a device's taints refuses."""
-    problems = []
-    if len(device.taints) > MAX_TAINTS_PER_DEVICE:
-        problems.append(f"spec.devices[{i}].taints: at most {MAX_TAINTS_PER_DEVICE}")
-    for j, taint in enumerate(device.taints):
-        where = f"spec.devices[{i}].taints[{j}]"
-        key_problem = _names.label_name_problem(taint.key)
-        if key_problem is not None:
-            problems.append(f"{where}.key: {key_problem}")
-        value_problem = _names.label_value_problem(taint.value)
-        if value_problem is not None:
-            problems.append(f"{where}.value: {value_problem}")
-        if taint.effect not in ("None", "NoSchedule", "NoExecute"):
-            problems.append(f"{where}.effect: unsupported value {taint.effect!r}")
-    return problems
-
-
-def _ordered_config(config: Sequence[DeviceConfig]) -> tuple[DeviceConfig, ...]:
-    """The entries as the scheduler records them: every class's before the claim's
-    (k8s.io/dynamic-resource-allocation structured allocator: ``FromClass`` entries are
-    appended per request first, then the claim's ``spec.devices.config``)."""
-    return tuple(sorted(config, key=lambda c: 0 if c.source == "FromClass" else 1))
-
-
-def _counter_set_problems(s: ResourceSlice) -> list[str]:
-    """What the API server's validation of ``spec.sharedCounters`` refuses."""
-    problems = []
-    if len(s.shared_counters) > MAX_COUNTER_SETS_PER_SLICE:
-        problems.append(f"spec.sharedCounters: at most {MAX_COUNTER_SETS_PER_SLICE}")
-    names = [c.name for c in s.shared_counters]
-    if len(set(names)) != len(names):
-        problems.append("spec.sharedCounters: duplicate names")
-    for i, counter_set in enumerate(s.shared_counters):
-        where = f"spec.sharedCounters[{i}]"
-        problem = _names.device_name_problem(counter_set.name)
-        if problem is not None:
-            problems.append(f"{where}.name: {problem}")
-        if not counter_set.counters:
-            problems.append(f"{where}.counters: required")
-        if len(counter_set.counters) > MAX_COUNTERS_PER_SET:
-            problems.append(f"{where}.counters: at most {MAX_COUNTERS_PER_SET}")
-        for key in counter_set.counters:
-            problem = _names.device_name_problem(key)
-            if problem is not None:
-                problems.append(f"{where}.counters[{key}]: {problem}")
-    return problems
-
-
-def _sharing_problems(i: int, device: SliceDevice) -> list[str]:
-    """What the API server's validation of a device's counters and request policies refuses."""
-    problems = []
-    where = f"spec.devices[{i}]"
-    if len(device.consumes_counters) > MAX_COUNTER_CONSUMPTIONS_PER_DEVICE:
-        problems.append(f"{where}.consumesCounters: at most {MAX_COUNTER_CONSUMPTIONS_PER_DEVICE}")
-    sets = [c.counter_set for c in device.consumes_counters]
-    if len(set(sets)) != len(sets):
-        problems.append(f"{where}.consumesCounters: one entry per counter set")
-    for j, consumption in enumerate(device.consumes_counters):
-        if len(consumption.counters) > MAX_COUNTERS_PER_SET:
-            problems.append(
-                f"{where}.consumesCounters[{j}].counters: at most {MAX_COUNTERS_PER_SET}"
-            )
-    if device.request_policies and not device.allow_multiple_allocations:
-        problems.append(f"{where}.capacity: requestPolicy needs allowMultipleAllocations")
-    for key, policy in device.request_policies.items():
-        value = device.capacity.get(key)
-        if value is None:
-            problems.append(f"{where}.capacity[{key}].requestPolicy: no such capacity")
-            continue
-        problems.extend(
-            f"{where}.capacity[{key}].requestPolicy: {p}" for p in _policy_problems(policy, value)
-        )
-    return problems
-
-
-def _policy_problems(policy: RequestPolicy, capacity: Quantity) -> list[str]:
-    """ValidateCapacityRequestPolicy (k8s.io/kubernetes pkg/apis/resource/validation)."""
-    problems = []
-    if policy.valid_values and policy.minimum is not None:
-        problems.append("only one of validValues and validRange may be set")
-    if policy.valid_values:
-        problems.extend(_values_problems(policy, capacity))
-    elif policy.minimum is not None:
-        problems.extend(_range_problems(policy, capacity))
-    if policy.default.value > capacity.value:
-        problems.append("default: larger than the capacity")
-    return problems
-
-
-def _values_problems(policy: RequestPolicy, capacity: Quantity) -> list[str]:
-    problems = []
-    values = [v.value for v in policy.valid_values]
-    if len(values) > MAX_VALID_VALUES:
-        problems.append(f"validValues: at most {MAX_VALID_VALUES}")
-    if values != sorted(set(values)):
-        problems.append("validValues: must be sorted ascending, without duplicates")
-    if policy.default.value not in values:
-        problems.append("default: must be one of validValues")
-    if values[-1] > capacity.value:
-        problems.append("validValues: larger than the capacity")
-    return problems
-
-
-def _range_problems(policy: RequestPolicy, capacity: Quantity) -> list[str]:
-    assert policy.minimum is not None
-    problems = []
-    default = policy.default.value
-    low = policy.minimum.value
-    high = policy.maximum.value if policy.maximum is not None else None
-    step = policy.step.value if policy.step is not None else None
-    if low > capacity.value:
-        problems.append("validRange.min: larger than the capacity")
-    if high is not None and (high > capacity.value or high < low):
-        problems.append("validRange.max: must be between min and the capacity")
-    if not low <= default <= (high if high is not None else capacity.value):
-        problems.append("default: must be within validRange")
-    if step is not None:
-        if step <= 0 or low + step > capacity.value:
-            problems.append("validRange.step: min + step must not exceed the capacity")
-        elif (high is not None and high % step) or default % step:
-            problems.append("validRange: max and default must be multiples of step")
-    return problems
-
-
-def _consumed(device: SliceDevice, asked: Mapping[str, Quantity]) -> dict[str, Quantity] | None:
-    """What a share of ``device`` consumes of every capacity for a request of ``asked``;
-    None when a request policy refuses it or it names a capacity the device lacks."""
-    if any(key not in device.capacity for key in asked):
-        return None
-    out: dict[str, Quantity] = {}
-    for key, value in device.capacity.items():
-        policy = device.request_policies.get(key)
-        if policy is None:
-            amount: Quantity | None = asked.get(key, value)
-            if amount is not None and amount.value > value.value:
-                amount = None
-        else:
-            amount = policy.consumed(asked.get(key), value)
-        if amount is None:
-            return None
-        out[key] = amount
-    return out
-
-
-def _check_free(
-    device: SliceDevice,
-    result: AllocatedDevice,
-    *,
-    others: Sequence[AllocatedDevice],
-    owners: Mapping[tuple[str, str], str],
-    counter_sets: Mapping[str, Mapping[str, Quantity]],
-    published: Mapping[str, SliceDevice],
-) -> None:
-    """Refuse what the scheduler would not allocate: a device in use (exclusively, or by
-    anyone when this allocation is exclusive), capacity past the device's, counters past their
-    set's."""
-    same = [r for r in others if r.device == result.device]
-    if same and not device.allow_multiple_allocations:
-        first = same[0]
-        raise KubeApiError(
-            409,
-            f"device {result.device} is allocated to "
-            f"{owners.get((first.device, first.share_id), 'another claim')}",
-        )
-    for key, value in device.capacity.items():
-        if not device.allow_multiple_allocations:
-            break
-        used = sum(r.consumed.get(key, Quantity(0)).value for r in same)
-        want = result.consumed.get(key, Quantity(0)).value
-        if used + want > value.value:
-            raise KubeApiError(
-                409,
-                f"device {result.device}: {key} {Quantity(want)} asked, "
-                f"{Quantity(max(value.value - used, 0))} of {value} free",
-            )
-    for consumption in device.consumes_counters:
-        total = counter_sets.get(consumption.counter_set)
-        if total is None:
-            raise KubeApiError(
-                422,
-                f"device {result.device} consumes counter set {consumption.counter_set}, "
-                "which the pool does not publish",
-            )
-        for key, amount in consumption.counters.items():
-            used = sum(
-                c.counters.get(key, Quantity(0)).value
-                for r in others
-                if r.device in published
-                for c in published[r.device].consumes_counters
-                if c.counter_set == consumption.counter_set
-            )
-            have = total.get(key, Quantity(0)).value
-            if used + amount.value > have:
-                raise KubeApiError(
-                    409,
-                    f"device {result.device}: counter {consumption.counter_set}/{key} has "
-                    f"{Quantity(max(have - used, 0))} left, the device consumes {amount}",
-                )
-
-
-def _shown(asked: Mapping[str, Quantity]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(asked.items())) or "no amounts"
-
-
-def _status_problems(claim: ResourceClaim, devices: Sequence[ClaimDeviceStatus]) -> list[str]:
-    """What the API server's validation of a claim's status.devices[] refuses (k8s.io/api
-    resource/v1 types.go, pkg/apis/resource/validation): entries only for allocated devices,
-    one per key, and the size limits."""
-    problems = []
-    allocated = {(r.driver, r.pool, r.device) for r in claim.results}
-    seen: set[tuple[str, str, str]] = set()
-    for i, entry in enumerate(devices):
-        where = f"status.devices[{i}]"
-        key = (entry.driver, entry.pool, entry.device)
-        if key not in allocated:
-            problems.append(f"{where}: must be an allocated device in the claim")
-        if key in seen:
-            problems.append(f"{where}: duplicate value")
-        seen.add(key)
-        status = entry.status
-        if len(status.conditions) > MAX_DEVICE_CONDITIONS:
-            problems.append(f"{where}.conditions: at most {MAX_DEVICE_CONDITIONS}")
-        if status.data is not None:
-            size = len(json.dumps(status.data, separators=(",", ":")).encode())
-            if size > MAX_DEVICE_DATA_BYTES:
-                problems.append(f"{where}.data: at most {MAX_DEVICE_DATA_BYTES} bytes")
-        if status.network_data is not None:
-            problems.extend(_network_problems(where, status.network_data))
-    return problems
-
-
-def _network_problems(where: str, net: NetworkData) -> list[str]:
-    problems = []
-    if len(net.interface_name) > MAX_INTERFACE_NAME:
-        problems.append(f"{where}.networkData.interfaceName: too long")
-    if len(net.ips) > MAX_IPS:
-        problems.append(f"{where}.networkData.ips: at most {MAX_IPS}")
-    if len(net.hardware_address) > MAX_HARDWARE_ADDRESS:
-        problems.append(f"{where}.networkData.hardwareAddress: too long")
-    for ip in net.ips:
-        try:
-            ipaddress.ip_interface(ip)
-            valid = "/" in ip
-        except ValueError:
-            valid = False
-        if not valid:
-            problems.append(f"{where}.networkData.ips: {ip!r} is not in CIDR form")
-    return problems

@@ -154,7 +154,7 @@ ONE = {"memory": Quantity(1)}
     [
         (
             _slice((SliceDevice("a"),), (CounterSet("c", ONE),)),
-            "only one of devices and sharedCounters",
+            "devices and sharedCounters in one slice",
         ),
         (_slice(counters=tuple(CounterSet(f"c{i}", ONE) for i in range(9))), "at most 8"),
         (_slice(counters=(CounterSet("Bad_Name", ONE),)), "sharedCounters[0].name"),
@@ -176,7 +176,7 @@ ONE = {"memory": Quantity(1)}
                     for i in range(65)
                 )
             ),
-            "at most 64 devices",
+            "65 devices: at most 64 per slice",
         ),
         (
             _slice(
@@ -206,7 +206,7 @@ ONE = {"memory": Quantity(1)}
                     ),
                 )
             ),
-            "max and default must be multiples of step",
+            "default is not a multiple of step from min",
         ),
         (
             _slice(

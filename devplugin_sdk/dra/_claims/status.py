@@ -14,84 +14,25 @@ logged and does not fail the prepare. Since Kubernetes 1.36 the writer needs the
 
 from __future__ import annotations
 
-import ipaddress
-import json
 import logging
-import re
 
 import anyio
 
 from devplugin_sdk._logging import printable
-from devplugin_sdk.dra.resources import (
-    MAX_DEVICE_CONDITIONS,
-    MAX_DEVICE_DATA_BYTES,
-    MAX_HARDWARE_ADDRESS,
-    MAX_INTERFACE_NAME,
-    MAX_IPS,
-    ClaimDeviceStatus,
-    ResourceApi,
-    ResourceClaim,
-)
+from devplugin_sdk.dra import _validation
+from devplugin_sdk.dra.resources import ClaimDeviceStatus, ResourceApi, ResourceClaim
 from devplugin_sdk.errors import KubeApiError
-from devplugin_sdk.types import DeviceCondition, DeviceStatus, NetworkData
+from devplugin_sdk.types import DeviceStatus
 
 __all__ = ["StatusWriter", "status_problem"]
 
 log = logging.getLogger("devplugin_sdk")
 
-# metav1.Condition: type a qualified name, reason CamelCase (apimachinery validation).
-_REASON = re.compile(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?")
-_TYPE = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-
 
 def status_problem(status: DeviceStatus) -> str | None:
     """Why the API server would refuse ``status``, or None."""
-    if len(status.conditions) > MAX_DEVICE_CONDITIONS:
-        return f"{len(status.conditions)} conditions; at most {MAX_DEVICE_CONDITIONS}"
-    types = [c.type for c in status.conditions]
-    if len(set(types)) != len(types):
-        return "two conditions of one type"
-    for condition in status.conditions:
-        problem = _condition_problem(condition)
-        if problem is not None:
-            return problem
-    if status.data is not None:
-        try:
-            size = len(json.dumps(status.data, separators=(",", ":")).encode())
-        except (TypeError, ValueError) as exc:
-            return f"data is not JSON: {exc}"
-        if size > MAX_DEVICE_DATA_BYTES:
-            return f"data is {size} bytes as JSON; at most {MAX_DEVICE_DATA_BYTES}"
-    return None if status.network_data is None else _network_problem(status.network_data)
-
-
-def _condition_problem(c: DeviceCondition) -> str | None:
-    if not _TYPE.fullmatch(c.type) or len(c.type) > 316:
-        return f"condition type {c.type!r} is not a qualified name"
-    if c.status not in ("True", "False", "Unknown"):
-        return f"condition {c.type}: status must be True, False or Unknown"
-    if not _REASON.fullmatch(c.reason) or len(c.reason) > 1024:
-        return f"condition {c.type}: reason {c.reason!r} is not CamelCase"
-    if len(c.message) > 32768:
-        return f"condition {c.type}: message longer than 32768"
-    return None
-
-
-def _network_problem(net: NetworkData) -> str | None:
-    if len(net.interface_name) > MAX_INTERFACE_NAME:
-        return f"interface name longer than {MAX_INTERFACE_NAME}"
-    if len(net.hardware_address) > MAX_HARDWARE_ADDRESS:
-        return f"hardware address longer than {MAX_HARDWARE_ADDRESS}"
-    if len(net.ips) > MAX_IPS:
-        return f"{len(net.ips)} IPs; at most {MAX_IPS}"
-    for ip in net.ips:
-        try:
-            ipaddress.ip_interface(ip)
-        except ValueError:
-            return f"IP {ip!r} is not in CIDR form"
-        if "/" not in ip:
-            return f"IP {ip!r} is not in CIDR form (address/prefix)"
-    return None
+    problems = _validation.device_status_problems(status)
+    return problems[0] if problems else None
 
 
 class StatusWriter:
