@@ -303,36 +303,7 @@ def slice_to_kube(s: ResourceSlice) -> KubeSlice:
         resourceVersion=s.resource_version or None,
         ownerReferences=owners,
     )
-    devices = [
-        m.Device(
-            name=d.name,
-            attributes={k: _attribute_to_kube(v) for k, v in d.attributes.items()} or None,
-            capacity={
-                k: m.DeviceCapacity(
-                    value=str(q), requestPolicy=_policy_to_kube(d.request_policies.get(k))
-                )
-                for k, q in d.capacity.items()
-            }
-            or None,
-            allowMultipleAllocations=d.allow_multiple_allocations or None,
-            consumesCounters=[
-                m.DeviceCounterConsumption(
-                    counterSet=c.counter_set,
-                    counters={k: m.Counter(value=str(q)) for k, q in c.counters.items()},
-                )
-                for c in d.consumes_counters
-            ]
-            or None,
-            taints=[
-                m.DeviceTaint(
-                    key=t.key, value=t.value or None, effect=t.effect, timeAdded=t.time_added
-                )
-                for t in d.taints
-            ]
-            or None,
-        )
-        for d in s.devices
-    ]
+    devices = [_device_to_kube(d) for d in s.devices]
     spec = m.ResourceSliceSpec(
         driver=s.driver,
         pool=m.ResourcePool(name=s.pool, generation=s.generation, resourceSliceCount=s.slice_count),
@@ -348,6 +319,35 @@ def slice_to_kube(s: ResourceSlice) -> KubeSlice:
         or None,
     )
     return KubeSlice(metadata=metadata, spec=spec)
+
+
+def _device_to_kube(d: SliceDevice) -> m.Device:
+    """The lightkube object of a slice's device."""
+    return m.Device(
+        name=d.name,
+        attributes={k: _attribute_to_kube(v) for k, v in d.attributes.items()} or None,
+        capacity={
+            k: m.DeviceCapacity(
+                value=str(q), requestPolicy=_policy_to_kube(d.request_policies.get(k))
+            )
+            for k, q in d.capacity.items()
+        }
+        or None,
+        allowMultipleAllocations=d.allow_multiple_allocations or None,
+        consumesCounters=[
+            m.DeviceCounterConsumption(
+                counterSet=c.counter_set,
+                counters={k: m.Counter(value=str(q)) for k, q in c.counters.items()},
+            )
+            for c in d.consumes_counters
+        ]
+        or None,
+        taints=[
+            m.DeviceTaint(key=t.key, value=t.value or None, effect=t.effect, timeAdded=t.time_added)
+            for t in d.taints
+        ]
+        or None,
+    )
 
 
 def _policy_to_kube(policy: RequestPolicy | None) -> m.CapacityRequestPolicy | None:

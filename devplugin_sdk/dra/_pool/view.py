@@ -63,7 +63,7 @@ class View:
         self._content = False
         # The version the next watch resumes from ("" starts over, with ADDED events).
         self._version = ""
-        self.alive_at = time.monotonic()  # the watch's last sign of life
+        self._alive_at = time.monotonic()  # the watch's last sign of life
         self._events = 0  # events seen so far (a list is a view only if none came during it)
         # Slice name -> (its devices as the server stored our write, the devices we sent).
         self._echo: dict[str, tuple[tuple[SliceDevice, ...], tuple[SliceDevice, ...]]] = {}
@@ -134,7 +134,7 @@ class View:
     def quiet_for(self, seconds: float) -> bool:
         """Whether the watch has shown no sign of life (an event, a bookmark, a normal end) for
         ``seconds``: it may have gone deaf."""
-        return time.monotonic() - self.alive_at >= seconds
+        return time.monotonic() - self._alive_at >= seconds
 
     def stood(self) -> bool:
         """Whether our last write was read back (every slice's echo) and stood at least
@@ -168,7 +168,7 @@ class View:
                 self._failed(exc)
             lasted = time.monotonic() - started
             if why is None:
-                self.alive_at = time.monotonic()
+                self._alive_at = time.monotonic()
             if not self._version:
                 # Nothing to resume from (the watch carried no versions): changes may have
                 # been missed while it was closed, so list again.
@@ -207,7 +207,7 @@ class View:
     def _seen(self, event: SliceEvent | None) -> None:
         """One event of the watch: the view follows it, and a change someone else made (not
         the echo of our own write, not what we already knew) calls for a sync."""
-        self.alive_at = time.monotonic()
+        self._alive_at = time.monotonic()
         self._events += 1
         if event is None:
             self._content = False  # it cannot say what changed: list
