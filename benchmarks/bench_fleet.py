@@ -1,12 +1,13 @@
 """Fleet: the API server's load from N DRA drivers, one node each, in one process.
 
-Each node runs the driver's ResourceSlice publisher (``dra/_pool/publisher.py``: the piece that
-talks to the API server; the health feed reaches it as ``want()`` of the pool with a device tainted
-or not) against its own in-memory API (``MemoryApi``, which counts every call), so a node's watch
-sees only its own slices, as a field-selected watch does. The API server ends each watch after
-its ``timeoutSeconds`` (the client asks 300 s times a random factor in [1, 2), as client-go
-does), sends a quiet watch a BOOKMARK about once a minute, and ends every open watch at once
-when it goes down (unreachable: every request fails as a refused connection does).
+Each node runs the driver's ResourceSlice publisher (``dra/_pool/publisher.py`` and its watch-fed
+``view.py``: the pieces that talk to the API server; the health feed reaches it as ``want()`` of
+the pool with a device tainted or not) against its own in-memory API (``MemoryApi``, which counts
+every call), so a node's watch sees only its own slices, as a field-selected watch does. The API
+server ends each watch after its ``timeoutSeconds`` (the client asks 300 s times a random factor
+in [1, 2), as client-go does), sends a quiet watch a BOOKMARK about once a minute, and ends every
+open watch at once when it goes down (unreachable: every request fails as a refused connection
+does).
 
 Time is scaled (``--scale``, 0.05 by default: a simulated minute lasts 3 s): every timer of the
 publisher (retry backoff, resync) and of the server (watch timeouts, the outage) is multiplied

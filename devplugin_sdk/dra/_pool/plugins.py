@@ -1,37 +1,28 @@
-"""The plugins a DRA driver serves: each one's registration strategy, and the pool they make.
+"""The plugins a DRA driver serves: each one's registration strategy, its detach grace and the
+bound on the first device lists.
 
 Each served plugin runs ``Plugins.attach`` as its registration strategy (``alongside`` runs the
-device-plugin strategy too, for ``api: both``). The driver reads every attached plugin's device
-state (the engine's one owner of devices and health) and, from each device's one condition,
-hands the devices it selects with their taints to the publisher and their health to the health
-stream's board, and answers the preparer with the plugin that serves a DRA device name
-(``find``).
+device-plugin strategy too, for ``api: both``). On every change of an attached plugin's device
+state (the engine's one owner of devices and health) the pool is built again (``pool.py``) and
+handed to the publisher and the health stream's board; ``find`` answers the claims side with the
+plugin that serves a DRA device name.
 """
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
 
 import anyio
 import anyio.abc
 
-from devplugin_sdk import _names
-from devplugin_sdk._engine.conditions import Condition
 from devplugin_sdk._engine.handle import PluginHandle, Strategy
 from devplugin_sdk._engine.kubelet_watch import DirectoryWatcher
-from devplugin_sdk._wire.dra_model import HealthStatus
-from devplugin_sdk.dra import Dra, device_name
-from devplugin_sdk.dra._deviceclass import tag
-from devplugin_sdk.dra._pool import shares as _shares
-from devplugin_sdk.dra._pool.health import HealthBoard, status_of
-from devplugin_sdk.dra._pool.pool import Found
-from devplugin_sdk.dra.resources import CounterSet, DeviceTaint, SliceDevice
+from devplugin_sdk.dra import Dra
+from devplugin_sdk.dra._pool.health import HealthBoard
+from devplugin_sdk.dra._pool.pool import Found, Member, build
+from devplugin_sdk.dra.resources import CounterSet, SliceDevice
 from devplugin_sdk.settings import Settings
-from devplugin_sdk.types import Device, Effect, Health
 
 __all__ = ["DETACH_GRACE", "FIRST_LIST_WAIT", "Plugins"]
 
@@ -75,7 +66,6 @@ class Plugins:
         self.options = options
         self.driver = options.driver
         self.board = board
-        self.taint_key = f"{options.driver}/health"
         self.both = both
         self.expected = set(expected)
         self.ready = anyio.Event()
@@ -199,152 +189,19 @@ class Plugins:
     # ------------------------------------------------------------------ the pool
 
     def refresh(self) -> None:
-        """Recompute the pool from the attached plugins' states and hand it to the publisher
-        (every device, with its taints, and the counter sets) and the health board.
-
-        The shares of one physical device (``Device.shareable``) become that one device; a
-        partition (``Device.partition``) is published with its whole device and their counter
-        set (``dra/_claims/shares.py``)."""
-        pool = _Pool(self)
-        shared: dict[str, list[_Member]] = {}
-        wholes: dict[str, list[_Member]] = {}
-        for resource, plugin in self._attached.items():
-            stopped = resource in self._stopped
-            for device in plugin.state.devices:
-                if not self.options.selects(resource, device):
-                    continue
-                member = _Member(resource, plugin, device, stopped)
-                if device.shareable is not None and device.parent is not None:
-                    shared.setdefault(device.parent, []).append(member)
-                    continue
-                name = device_name(device.id)
-                partition = device.partition
-                if partition is None:
-                    pool.offer(
-                        name, [member], SliceDevice(name, device.attributes, device.capacity)
-                    )
-                    continue
-                counters = device_name(partition.whole.id)
-                wholes.setdefault(partition.whole.id, []).append(member)
-                pool.offer(
-                    name,
-                    [member],
-                    _shares.partition_device(name, device, counters),
-                    whole=counters,
-                )
-        for parent, members in shared.items():
-            name = device_name(parent)
-            devices = tuple(m.device for m in members)
-            shown = replace(devices[0], id=parent, shareable=None, parent=None)
-            pool.offer(name, members, _shares.shared_device(name, devices), shown, shares=devices)
-        for members in wholes.values():
-            partition = members[0].device.partition
-            assert partition is not None
-            name = device_name(partition.whole.id)
-            parts = tuple(device_name(m.device.id) for m in members)
-            if pool.offer(
-                name,
-                members,
-                _shares.whole_device(name, partition, name),
-                partition.whole,
-                parts=parts,
-            ):
-                pool.counter_sets.append(_shares.counter_set(name, partition))
+        """Recompute the pool (``pool.build``) from the attached plugins' states and hand it to
+        the publisher (every device, with its taints, and the counter sets) and the health
+        board."""
+        members = [
+            Member(resource, plugin, device, resource in self._stopped)
+            for resource, plugin in self._attached.items()
+            for device in plugin.state.devices
+            if self.options.selects(resource, device)
+        ]
+        pool = build(self.options, members, several=len(self._attached) > 1, said=self._duplicates)
         self._found = pool.found
         self.board.set(pool.health)
         if not self.ready.is_set() and self.expected <= set(self._attached):
             self.ready.set()
         if self.ready.is_set() and self._want is not None:
             self._want(pool.offered, pool.counter_sets)
-
-    def _taints(self, condition: Condition) -> tuple[DeviceTaint, ...]:
-        """The taint a device in ``condition`` carries: none when Healthy with nothing to say;
-        its key in the driver's domain, the reason's cause as value, ``NoExecute`` only when
-        the operator opted in."""
-        effect = condition.effect
-        if effect is None:
-            return ()
-        if effect is Effect.NO_EXECUTE and not self.options.no_execute:
-            effect = Effect.NO_SCHEDULE
-        cause = condition.reason.split(":", 1)[0]
-        default = "advisory" if effect is Effect.ADVISORY else "unhealthy"
-        added = datetime.datetime.fromtimestamp(int(condition.since), datetime.timezone.utc)
-        return (
-            DeviceTaint(self.taint_key, _names.label_value(cause, default), effect.value, added),
-        )
-
-    def _duplicate(self, name: str, resource: str, device_id: str, first: Found) -> None:
-        if name in self._duplicates:
-            return
-        self._duplicates.add(name)
-        log.error(
-            "DRA %s: device %s of %s has the same DRA name %s as device %s of %s; only the "
-            "first is published",
-            self.driver,
-            device_id,
-            resource,
-            name,
-            first.device.id,
-            first.resource,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _Member:
-    """A device of an attached plugin that DRA gets."""
-
-    resource: str
-    plugin: PluginHandle
-    device: Device
-    stopped: bool
-
-
-class _Pool:
-    """The pool being built: the devices offered, their ``Found`` and health, counter sets."""
-
-    def __init__(self, plugins: Plugins) -> None:
-        self.plugins = plugins
-        self.found: dict[str, Found] = {}
-        self.offered: list[SliceDevice] = []
-        self.counter_sets: list[CounterSet] = []
-        self.health: dict[str, tuple[HealthStatus, str]] = {}
-        # Several resources in one pool: each device names its resource (its DeviceClass).
-        self.several = len(plugins._attached) > 1
-
-    def offer(
-        self,
-        name: str,
-        members: Sequence[_Member],
-        published: SliceDevice,
-        device: Device | None = None,
-        **found: Any,
-    ) -> bool:
-        """Publish ``published`` for ``members`` (one device, or the shares or partitions
-        behind it; the first unhealthy one speaks for all); False for a duplicate name."""
-        first = next((m for m in members if m.stopped), None) or next(
-            (m for m in members if _condition(m).health is not Health.HEALTHY), members[0]
-        )
-        if name in self.found:
-            self.plugins._duplicate(name, first.resource, first.device.id, self.found[name])
-            return False
-        condition = _condition(first)
-        shown = device if device is not None else first.device
-        self.found[name] = Found(
-            first.resource, first.plugin.plugin, shown, condition.health, **found
-        )
-        attributes = tag(
-            published.attributes, published.capacity, first.resource, several=self.several
-        )
-        self.offered.append(
-            replace(published, attributes=attributes, taints=self.plugins._taints(condition))
-        )
-        self.health[name] = (
-            ("UNKNOWN", f"the plugin of {first.resource} stopped")
-            if first.stopped
-            else status_of(condition)
-        )
-        return True
-
-
-def _condition(member: _Member) -> Condition:
-    return member.plugin.state.condition_of(member.device.id)
