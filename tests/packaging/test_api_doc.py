@@ -40,8 +40,6 @@ API_MD = ROOT / "docs" / "api.md"
 ELSEWHERE = {
     "devplugin_sdk.backends": "backends.md",
     "devplugin_sdk.cli": "configuration.md",
-    "devplugin_sdk.healthz": "metrics.md",
-    "devplugin_sdk.metrics": "metrics.md",
     "devplugin_sdk.kubelet.conformance": "probe-and-conformance.md",
     "devplugin_sdk.kubelet.probe": "probe-and-conformance.md",
     "devplugin_sdk.testing.device_trees": "testing.md",
