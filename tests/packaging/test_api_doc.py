@@ -14,10 +14,12 @@ Its convention, which the parser below reads:
 
 What is compared is what ``inspect.signature`` shows: parameter names, their kinds and order and
 their defaults (by value; ``...`` for a dataclass default made anew for each instance, a UUID);
-annotations are prose. For a class block, annotated names are the
-dataclass fields in order (for a dataclass) or class attributes, and each ``def`` is the method's
-signature. A public name counts as documented when an entry names the same object under the same
-name in any section (``devplugin_sdk.Device`` documents ``devplugin_sdk.types.Device``).
+annotations are prose. A block's ``async def`` and ``@dataclass(frozen=True, slots=True)`` are
+compared too. For a class block, annotated names are the dataclass fields in order (for a
+dataclass) or class attributes, and each ``def`` is the method's signature. Inside a module's
+section every sub-heading is an entry. A public name counts as documented when an entry names
+the same object under the same name in any section (``devplugin_sdk.Device`` documents
+``devplugin_sdk.types.Device``). Modules in ``ELSEWHERE`` are described by other pages for now.
 """
 
 from __future__ import annotations
@@ -40,8 +42,6 @@ API_MD = ROOT / "docs" / "api.md"
 ELSEWHERE = {
     "devplugin_sdk.backends": "backends.md",
     "devplugin_sdk.cli": "configuration.md",
-    "devplugin_sdk.kubelet.conformance": "probe-and-conformance.md",
-    "devplugin_sdk.kubelet.probe": "probe-and-conformance.md",
     "devplugin_sdk.testing.device_trees": "testing.md",
     "devplugin_sdk.testing.fake_nvml": "testing.md",
     "devplugin_sdk.testing.fpga_trees": "testing.md",
@@ -144,14 +144,14 @@ def _inline_signature(name: str, body: str) -> ast.stmt | None:
     prose = re.sub(r"^```.*?^```", "", body, flags=re.M | re.S)
     for span in _SPAN.findall(prose.replace("\n", " ")):
         match = re.match(rf"(?:\w+\.)*{name}(\(.*)$", span)
-        if match:
-            code = f"def {name}{match.group(1)}: ..."
-            try:
-                return ast.parse(code).body[0]
-            except SyntaxError:
-                raise AssertionError(
-                    f"`{name}`: the code span `{span}` is not a signature"
-                ) from None
+        if not match:
+            continue
+        try:
+            node = ast.parse(f"def {name}{match.group(1)}: ...").body[0]
+        except SyntaxError:
+            raise AssertionError(f"`{name}`: the code span `{span}` is not a signature") from None
+        node.inline = True  # type: ignore[attr-defined]  # a code span says nothing of async
+        return node
     return None
 
 
@@ -236,6 +236,7 @@ def _compare_params(
         signature = inspect.signature(actual)
     except (TypeError, ValueError):
         return [f"{what}: documented as callable, but inspect.signature cannot read the code's"]
+    problems = _compare_async(what, node, actual)
     documented = _documented_params(node.args)[1 if drop_first else 0 :]
     # A dataclass's signature shows a default factory as "<factory>": compare what it makes.
     factories = (
@@ -256,9 +257,31 @@ def _compare_params(
         for d, c in zip(documented, code, strict=True)
     )
     if same:
+        return problems
+    return [
+        *problems,
+        f"{what}: documented {_shown(documented, code=False)}, the code has {_shown(code, code=True)}",
+    ]
+
+
+def _compare_async(
+    what: str, node: ast.FunctionDef | ast.AsyncFunctionDef, actual: Any
+) -> list[str]:
+    """``async def`` where the code's is a coroutine or async generator function, and only there
+    (a decorated context manager or a class is called plainly whatever the page shows)."""
+    if (
+        getattr(node, "inline", False)
+        or inspect.isclass(actual)
+        or any("contextmanager" in ast.unparse(d) for d in node.decorator_list)
+    ):
+        return []
+    function = getattr(actual, "_get_wrapped_function", lambda: actual)()  # a pytest fixture
+    code = inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)
+    documented = isinstance(node, ast.AsyncFunctionDef)
+    if code == documented:
         return []
     return [
-        f"{what}: documented {_shown(documented, code=False)}, the code has {_shown(code, code=True)}"
+        f"{what}: documented {'async ' if documented else ''}def, the code's is {'async ' if code else ''}def"
     ]
 
 
@@ -272,11 +295,20 @@ def _field_default(field: dataclasses.Field[Any]) -> object:
 
 
 def _compare_class(entry: Entry, node: ast.ClassDef, cls: type, scope: dict[str, Any]) -> list[str]:
-    documented_dataclass = any("dataclass" in ast.unparse(d) for d in node.decorator_list)
+    decorator = next(
+        (ast.unparse(d) for d in node.decorator_list if "dataclass" in ast.unparse(d)), None
+    )
+    documented_dataclass = decorator is not None
     problems: list[str] = []
     if documented_dataclass != dataclasses.is_dataclass(cls):
         shown = "a dataclass" if documented_dataclass else "a plain class"
         problems.append(f"{entry.where}: documented as {shown}, the code says otherwise")
+    elif decorator is not None:
+        params = cls.__dataclass_params__  # type: ignore[attr-defined]
+        code = {"frozen": params.frozen, "slots": "__slots__" in vars(cls)}
+        shown = {key: f"{key}=True" in decorator for key in code}
+        if shown != code:
+            problems.append(f"{entry.where}: documented {decorator}, the code's is {code}")
     fields = [
         (s.target.id, None if s.value is None else ast.unparse(s.value))
         for s in node.body
