@@ -41,7 +41,6 @@ API_MD = ROOT / "docs" / "api.md"
 # readers there. Each is a module prefix.
 ELSEWHERE = {
     "devplugin_sdk.backends": "backends.md",
-    "devplugin_sdk.cli": "configuration.md",
     "devplugin_sdk.testing.device_trees": "testing.md",
     "devplugin_sdk.testing.fake_nvml": "testing.md",
     "devplugin_sdk.testing.fpga_trees": "testing.md",
