@@ -19,7 +19,7 @@ compared too. For a class block, annotated names are the dataclass fields in ord
 dataclass) or class attributes, and each ``def`` is the method's signature. Inside a module's
 section every sub-heading is an entry. A public name counts as documented when an entry names
 the same object under the same name in any section (``devplugin_sdk.Device`` documents
-``devplugin_sdk.types.Device``). Modules in ``ELSEWHERE`` are described by other pages for now.
+``devplugin_sdk.types.Device``).
 """
 
 from __future__ import annotations
@@ -36,13 +36,6 @@ import pytest
 from sdk_helpers import ROOT, is_private, sdk_modules
 
 API_MD = ROOT / "docs" / "api.md"
-
-# Public modules whose names another page describes, not (yet) docs/api.md, whose intro sends
-# readers there; each a module prefix. The backends' ~90 names (constants, schemas, the vendors'
-# config types) are the debt left.
-ELSEWHERE = {
-    "devplugin_sdk.backends": "backends.md",
-}
 
 _SECTION = re.compile(r"^## `(devplugin_sdk(?:\.\w+)*)`$")
 _ENTRY = re.compile(r"^#{3,4} (`\w+`(?:(?:, | and )`\w+`)*)$")
@@ -405,10 +398,6 @@ def public_modules() -> list[str]:
     ]
 
 
-def _elsewhere(module: str) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in ELSEWHERE)
-
-
 def test_every_entry_names_a_public_object_with_its_documented_signature() -> None:
     problems = [problem for entry in ENTRIES for problem in check_entry(entry)]
     assert not problems, "docs/api.md misstates the code:\n" + "\n".join(problems)
@@ -423,8 +412,6 @@ def test_every_public_name_has_an_entry() -> None:
         )
     missing: list[str] = []
     for name in public_modules():
-        if _elsewhere(name):
-            continue
         module = importlib.import_module(name)
         for item in module.__all__:
             value = getattr(module, item)
@@ -436,7 +423,7 @@ def test_every_public_name_has_an_entry() -> None:
     assert not missing, "docs/api.md does not document:\n" + "\n".join(missing)
 
 
-def test_every_section_is_a_public_module_and_the_intro_names_the_other_pages() -> None:
+def test_every_section_is_a_public_module_and_holds_only_entries() -> None:
     text = API_MD.read_text()
     sections = re.findall(r"^## `([\w.]+)`$", text, re.M)
     public = set(public_modules())
@@ -451,8 +438,6 @@ def test_every_section_is_a_public_module_and_the_intro_names_the_other_pages() 
         elif module.startswith("## `") and re.match(r"#{3,6} ", line) and not _ENTRY.match(line):
             loose.append(f"docs/api.md:{number}: {line!r} is not an entry heading")
     assert loose == []
-    intro = text.split("\n## ", 1)[0]
-    assert [page for page in set(ELSEWHERE.values()) if f"]({page})" not in intro] == []
 
 
 # ----------------------------------------------------------------------------- the checker itself
