@@ -30,6 +30,7 @@ import importlib
 import inspect
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -187,7 +188,8 @@ def _same_default(documented: str | None, actual: object, scope: dict[str, Any])
     if documented is None or actual is _MISSING:
         return documented is None and actual is _MISSING
     try:
-        value = eval(documented, dict(scope))
+        # The module's own names, and Path for a module that only annotates with it.
+        value = eval(documented, {"Path": Path, **scope})
     except Exception:
         return False
     try:
