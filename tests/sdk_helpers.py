@@ -49,6 +49,25 @@ def load_example(name: str) -> ModuleType:
     return module
 
 
+def sdk_modules() -> list[str]:
+    """Every module and package of ``devplugin_sdk`` by dotted name, read from the files (nothing is
+    imported); ``__main__`` modules aside, generated ``api/`` code included."""
+    package = ROOT / "devplugin_sdk"
+    names = set()
+    for path in package.rglob("*.py"):
+        parts = ("devplugin_sdk", *path.relative_to(package).with_suffix("").parts)
+        if parts[-1] == "__main__":
+            continue
+        names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return sorted(names)
+
+
+def is_private(module: str) -> bool:
+    """Whether a dotted module name is private: any part below the package starts with ``_``
+    (the modules of a private package are private, whatever their own names)."""
+    return any(part.startswith("_") for part in module.split(".")[1:])
+
+
 def figures(row: str, **values: Any) -> None:
     """One line of measured figures for docs/reliability.md (``pytest -s`` shows them)."""
     shown = ", ".join(

@@ -26,12 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sdk_helpers import ROOT
+from sdk_helpers import ROOT, sdk_modules
 
-import devplugin_sdk
-import devplugin_sdk.cdi
-import devplugin_sdk.dra
-import devplugin_sdk.testing
 from devplugin_sdk import Device, Health, Settings, cli
 from devplugin_sdk.backends import fpga, generic, nvidia, rdma
 from devplugin_sdk.errors import ConfigError
@@ -316,18 +312,6 @@ async def test_writing_a_backend_example_serves_a_fake_host(
 # ----------------------------------------------------------------------------- references
 
 
-def test_api_reference_covers_every_public_name() -> None:
-    text = (DOCS / "api.md").read_text()
-    documented = set(re.findall(r"^#{3,4} `(\w+)`$", text, re.M))
-    public = {
-        *devplugin_sdk.__all__,
-        *devplugin_sdk.testing.__all__,
-        *devplugin_sdk.cdi.__all__,
-        *devplugin_sdk.dra.__all__,
-    }
-    assert public - documented == set()
-
-
 def test_configuration_reference_lists_every_cli_option_and_setting() -> None:
     text = (DOCS / "configuration.md").read_text()
     parser = cli.build_parser()
@@ -392,6 +376,112 @@ def test_configuration_reference_lists_every_backend_key(
     keys = {k for config in configs for k in expected_keys(load, config)}
     undocumented = sorted(k for k in keys if not re.search(rf"`[^`\n]*\b{k}\b[^`\n]*`", text))
     assert not undocumented, f"{heading}: {undocumented}"
+
+
+# Packages whose own modules the rooms table names by the package alone: the generated code, the
+# built-in backends, the kubelet side's fakes and tools, the test kit's fake hardware.
+BY_PACKAGE = {
+    "api",
+    "backends.fpga",
+    "backends.generic",
+    "backends.nvidia",
+    "backends.rdma",
+    "kubelet.conformance",
+    "kubelet.fake",
+    "kubelet.probe",
+    "testing.fake_nvml",
+    "testing.fpga_trees",
+}
+
+
+def _dotted(span: str) -> str:
+    """``dra/_claims/`` or ``runner.py`` as a name below the package: ``dra._claims``, ``runner``."""
+    return span.removesuffix("/").removesuffix(".py").replace("/", ".")
+
+
+def rooms_table() -> list[tuple[str, set[str], list[str]]]:
+    """(first cell, rooms, code spans of "what it holds") per row of concepts.md's rooms table.
+
+    A row's rooms are the modules and packages its first cell names (`dra/_claims/`,
+    `runner.py`); a row named in words ("options", "core") holds the top-level ones its second
+    cell names."""
+    text = section((DOCS / "concepts.md").read_text(), "## The rooms")
+    top = {m.split(".")[1] for m in sdk_modules() if m != "devplugin_sdk"}
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("| ") or line.startswith(("| room ", "|---")):
+            continue
+        first, holds = (cell.strip() for cell in line.strip("|").split("|")[:2])
+        spans = re.findall(r"`([^`]+)`", holds)
+        rooms = {_dotted(s) for s in re.findall(r"`([^`]+)`", first)}
+        rooms = rooms or {_dotted(s) for s in spans if _dotted(s) in top}
+        rows.append((first, rooms, spans))
+    return rows
+
+
+def _named(rel: str, room: str, spans: list[str]) -> bool:
+    """Whether a row of ``room`` names the module ``rel`` (below the package)."""
+    if rel == room or room in BY_PACKAGE:
+        return True
+    parts = rel[len(room) + 1 :].split(".")
+    for depth, part in enumerate(parts, 1):
+        package = ".".join((room, *parts[:depth]))
+        if depth < len(parts) and f"{part}/" in spans and package in BY_PACKAGE:
+            return True
+        if part not in spans and f"{part}/" not in spans:
+            return False
+    return True
+
+
+def test_the_rooms_table_names_every_module_and_package() -> None:
+    rows = rooms_table()
+    problems = []
+    for module in sdk_modules():
+        if module == "devplugin_sdk":
+            continue
+        rel = module.removeprefix("devplugin_sdk.")
+        holding = [
+            (room, row)
+            for row in rows
+            for room in row[1]
+            if rel == room or rel.startswith(f"{room}.")
+        ]
+        if not holding:
+            problems.append(f"`{module}`: in no row; add `{rel}` to the row of its layer")
+            continue
+        room, (first, _, spans) = max(holding, key=lambda held: len(held[0]))
+        if not _named(rel, room, spans):
+            parts = rel[len(room) + 1 :].split(".")
+            names = ", ".join(f"`{p}/`" for p in parts[:-1]) + (", " if parts[1:] else "")
+            own = f", or give `{'/'.join(rel.split('.')[:-1])}/` a row" if parts[1:] else ""
+            problems.append(f"`{module}`: name {names}`{parts[-1]}` in the row of {first}{own}")
+    assert not problems, "docs/concepts.md's rooms table misses:\n" + "\n".join(problems)
+
+
+def test_the_rooms_table_names_nothing_that_is_gone() -> None:
+    """Every room exists, and each lower-case name in "what it holds" is a module below the row's
+    rooms or something one of them defines (`serving`, `load_yaml`)."""
+    modules = {m.removeprefix("devplugin_sdk.") for m in sdk_modules()}
+    stale = []
+    for first, rooms, spans in rooms_table():
+        stale += [f"{first}: no module {room}" for room in rooms if room not in modules]
+        for span in spans:
+            if not re.fullmatch(r"[a-z_][a-z0-9_]*/?", span):
+                continue
+            name = span.removesuffix("/")
+            below = any(
+                m.startswith(f"{r}.") and m.endswith(f".{name}") for r in rooms for m in modules
+            )
+            defined = any(
+                hasattr(importlib.import_module(f"devplugin_sdk.{r}"), name)
+                for r in rooms
+                if r in modules
+            )
+            if not (below or defined or name in rooms):
+                stale.append(
+                    f"{first}: `{span}` names no module below the row's rooms, nor anything they define"
+                )
+    assert not stale, "docs/concepts.md's rooms table names what is gone:\n" + "\n".join(stale)
 
 
 def test_health_strings_in_the_docs_are_the_kubelets() -> None:
