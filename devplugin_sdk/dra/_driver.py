@@ -107,18 +107,7 @@ class DraDriver:
         self.publisher = Publisher(self.api, driver, node_name)
         self.status_writer = StatusWriter(driver, self.api)
         self.store = Store(Checkpoint(self.plugin_dir / "checkpoint.json"), self._lock_path())
-        files = ClaimFiles(driver, options.cdi_dir, Metadata(driver, self.plugin_dir))
-        preparer = Preparer(
-            driver,
-            node_name,
-            lookup=self.plugins.find,
-            store=self.store,
-            files=files,
-            hook_timeout=settings.hook_timeout,
-        )
-        self.claims = ClaimService(
-            driver, self.api, self.store, preparer, files, status=self.status_writer
-        )
+        self.claims = self._claims_side(node_name)
         self.cleanup = Cleanup(
             driver,
             self.api,
@@ -129,6 +118,23 @@ class DraDriver:
         )
         self.corrupt_checkpoints = 0
         self._going = _Going()
+
+    def _claims_side(self, node_name: str) -> ClaimService:
+        """The kubelet's ``DRAPlugin`` service over ``store``: its preparer and the claims'
+        files."""
+        driver = self.options.driver
+        files = ClaimFiles(driver, self.options.cdi_dir, Metadata(driver, self.plugin_dir))
+        preparer = Preparer(
+            driver,
+            node_name,
+            lookup=self.plugins.find,
+            store=self.store,
+            files=files,
+            hook_timeout=self.settings.hook_timeout,
+        )
+        return ClaimService(
+            driver, self.api, self.store, preparer, files, status=self.status_writer
+        )
 
     def strategy(self, device_plugin: Strategy) -> Strategy:
         """Each plugin's registration strategy: the driver's own, or with ``both``, the driver's
