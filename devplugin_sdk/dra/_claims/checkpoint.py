@@ -76,7 +76,7 @@ class Loaded:
     problem: str | None = None
     aside: Path | None = None
     generation: int = 0
-    converted_from: object = None
+    converted_from: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +268,8 @@ def _parse(text: bytes) -> Loaded:
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
         raise TypeError("generation is not a count")
     claims = {uid: _entry(uid, raw) for uid, raw in data["claims"].items()}
-    return Loaded(claims, generation=generation, converted_from=None if was == FORMAT else was)
+    older = was if isinstance(was, int) and was != FORMAT else None
+    return Loaded(claims, generation=generation, converted_from=older)
 
 
 def _raw(entry: Entry) -> dict[str, Any]:
