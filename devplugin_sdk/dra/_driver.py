@@ -1,16 +1,17 @@
-"""A DRA driver's kubelet plugin built from the runner's plugins: its roles, wired up.
+"""A DRA driver's kubelet plugin built from the runner's plugins: its parts, built and wired up.
 
-The runner starts one ``DraDriver`` and runs each served plugin with its ``strategy``. The
-driver only assembles its roles, each knowing what it is handed: ``Plugins`` (each plugin's
-strategy, and the pool their devices make), ``Publisher`` (the pool in ResourceSlices),
-``Preparer`` (the kubelet's ``DRAPlugin`` service, both versions, on ``dra.sock``),
-``HealthBoard`` (the kubelet's ``DRAResourceHealth`` stream, both versions, on ``dra.sock``) and
-``Registrar`` (``dra.sock``'s registration with the kubelet's plugin watcher).
+The runner makes one ``DraDriver`` and runs each served plugin with its ``strategy``. The driver
+builds both rooms when it is made and runs them in ``run``: the published pool (``Plugins``, each
+plugin's strategy and the pool their devices make; ``Publisher``, the pool in ResourceSlices;
+``HealthBoard``, the kubelet's ``DRAResourceHealth`` stream) and the claims side
+(``ClaimService``, the kubelet's ``DRAPlugin`` service, with its store, preparer and files; the
+stale-claim ``Cleanup``; the ``StatusWriter``), both served on ``dra.sock`` by the ``Registrar``
+(its registration with the kubelet's plugin watcher).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection, Sequence
 from pathlib import Path
 
 import anyio
@@ -24,15 +25,24 @@ from devplugin_sdk._wire.dra_service import handlers as dra_handlers
 from devplugin_sdk.dra import Dra, _rules, kube_api
 from devplugin_sdk.dra._claims.checkpoint import Checkpoint, private_directory
 from devplugin_sdk.dra._claims.cleanup import Cleanup, report_corrupt_checkpoint
-from devplugin_sdk.dra._claims.lock import LOCK_NAME, SharedState
+from devplugin_sdk.dra._claims.files import ClaimFiles
 from devplugin_sdk.dra._claims.metadata import Metadata
 from devplugin_sdk.dra._claims.preparer import Preparer
+from devplugin_sdk.dra._claims.service import ClaimService
 from devplugin_sdk.dra._claims.status import StatusWriter
+from devplugin_sdk.dra._claims.store import LOCK_NAME, Store
 from devplugin_sdk.dra._pool.health import HealthBoard
 from devplugin_sdk.dra._pool.plugins import Plugins
 from devplugin_sdk.dra._pool.publisher import Publisher
 from devplugin_sdk.dra._registrar import HEALTH_SERVICES, SERVICES, Registrar
-from devplugin_sdk.dra.resources import ResourceApi
+from devplugin_sdk.dra.resources import (
+    ClaimDeviceStatus,
+    NodeEvent,
+    ResourceApi,
+    ResourceClaim,
+    ResourceSlice,
+    SliceEvent,
+)
 from devplugin_sdk.observe import DraStatus
 from devplugin_sdk.settings import Settings
 
@@ -81,11 +91,11 @@ class DraDriver:
         if problem is not None:
             raise ValueError(problem)
         self.events = Events(None)
-        node_name = options.resolved_node_name()
+        driver, node_name = options.driver, options.resolved_node_name()
         self.health = HealthBoard(node_name, options.health_timeout)
         self.plugins = Plugins(options, self.health, both=both, expected=expected)
         self.registrar = Registrar(
-            options.driver,
+            driver,
             node_name,
             # dra-<pod UID>.sock with rolling upgrades, as the kubeletplugin helper names it.
             settings.instance_socket(self.plugin_dir, "dra.sock"),
@@ -93,12 +103,38 @@ class DraDriver:
             self.plugins.registered,
         )
         watcher.add(settings.plugins_registry_dir, self.plugin_dir)
-        self.publisher: Publisher | None = None
-        self.preparer: Preparer | None = None
-        self.cleanup: Cleanup | None = None
-        self.status_writer: StatusWriter | None = None
+        self.api: ResourceApi = options.api or _KubeApi(options.kubeconfig)
+        self.publisher = Publisher(self.api, driver, node_name)
+        self.status_writer = StatusWriter(driver, self.api)
+        self.store = Store(Checkpoint(self.plugin_dir / "checkpoint.json"), self._lock_path())
+        self.claims = self._claims_side(node_name)
+        self.cleanup = Cleanup(
+            driver,
+            self.api,
+            self.store,
+            self.claims.unprepare,
+            interval=options.cleanup_interval,
+            counted=self._stale_claim,
+        )
         self.corrupt_checkpoints = 0
-        self._sockets_down = anyio.Event()  # the registrar has stopped serving, for good
+        self._going = _Going()
+
+    def _claims_side(self, node_name: str) -> ClaimService:
+        """The kubelet's ``DRAPlugin`` service over ``store``: its preparer and the claims'
+        files."""
+        driver = self.options.driver
+        files = ClaimFiles(driver, self.options.cdi_dir, Metadata(driver, self.plugin_dir))
+        preparer = Preparer(
+            driver,
+            node_name,
+            lookup=self.plugins.find,
+            store=self.store,
+            files=files,
+            hook_timeout=self.settings.hook_timeout,
+        )
+        return ClaimService(
+            driver, self.api, self.store, preparer, files, status=self.status_writer
+        )
 
     def strategy(self, device_plugin: Strategy) -> Strategy:
         """Each plugin's registration strategy: the driver's own, or with ``both``, the driver's
@@ -132,10 +168,7 @@ class DraDriver:
                         anyio.CancelScope(shield=True),
                         anyio.move_on_after(2 * settings.stop_grace + 1.0),
                     ):
-                        for _ in range(3):  # the driver's own cancellation runs first
-                            await anyio.lowlevel.checkpoint()
-                        if self.registrar.closing:
-                            await self._sockets_down.wait()
+                        await self._going.down()
                     scope.cancel()
 
         return served
@@ -149,70 +182,52 @@ class DraDriver:
             MissingDependencyError: no Kubernetes client is installed (the ``dra`` extra).
             SocketInUseError: another live instance serves the driver's sockets.
         """
-        api: ResourceApi = self.options.api or kube_api(self.options.kubeconfig)
         try:
+            if isinstance(self.api, _KubeApi):
+                self.api.connect()
             private_directory(self.plugin_dir)  # 0700: no one else renames a checkpoint in
             self.settings.plugins_registry_dir.mkdir(parents=True, exist_ok=True)
-            self.publisher = Publisher(api, self.options.driver, self.registrar.node_name)
-            self.status_writer = StatusWriter(self.options.driver, api)
-            checkpoint = Checkpoint(self.plugin_dir / "checkpoint.json")
-            shared = SharedState(checkpoint, self._lock_path())
-            self.preparer = Preparer(
-                self.options.driver,
-                self.registrar.node_name,
-                api,
-                lookup=self.plugins.find,
-                checkpoint=checkpoint,
-                cdi_dir=self.options.cdi_dir,
-                hook_timeout=self.settings.hook_timeout,
-                metadata=Metadata(self.options.driver, self.plugin_dir),
-                status=self.status_writer,
-                shared=shared,
-            )
-            # Under the lock: the cleanup of unfinished prepares must not take the spec of a
-            # prepare that the previous instance has in flight.
-            async with shared.held(self.preparer.prepared):
-                await self.preparer.load()
+            await self.claims.start()
             async with anyio.create_task_group() as tg:
-                self._after_load(api, tg)
+                await tg.start(self._going.watch)
+                self._after_load(tg)
                 tg.start_soon(self.publisher.run)
                 tg.start_soon(self.plugins.run)
                 task_status.started()
                 self.plugins.publish_to(self.publisher.want)
                 await self.plugins.ready.wait()
                 services = [
-                    *dra_handlers(self.preparer.prepare, self.preparer.unprepare, SERVICES),
+                    *dra_handlers(self.claims.prepare, self.claims.unprepare, SERVICES),
                     *dra_health.handlers(self.health.watch, HEALTH_SERVICES),
                 ]
                 try:
                     await self.registrar.run(services, self.watcher)
                 finally:
-                    self._sockets_down.set()
+                    self._going.sockets_down.set()
         finally:
-            self._sockets_down.set()
-            if self.options.api is None:
+            self._going.sockets_down.set()
+            if isinstance(self.api, _KubeApi):
                 with anyio.CancelScope(shield=True):
-                    await api.aclose()
+                    await self.api.aclose()
 
-    def _after_load(self, api: ResourceApi, tg: anyio.abc.TaskGroup) -> None:
+    def _after_load(self, tg: anyio.abc.TaskGroup) -> None:
         """Report a checkpoint that was set aside; start the stale-claim cleanup."""
-        assert self.preparer is not None
         driver, node = self.options.driver, self.registrar.node_name
-        loaded = self.preparer.loaded
+        loaded = self.store.loaded
         if loaded.problem is not None:
             self.corrupt_checkpoints += 1
             self.events.dra_checkpoint_corrupted(driver)
             where = f"; moved to {loaded.aside}" if loaded.aside else ""
             message = (
-                f"DRA driver {driver}: the checkpoint {self.preparer.checkpoint.path} cannot be "
+                f"DRA driver {driver}: the checkpoint {self.store.checkpoint.path} cannot be "
                 f"used: {loaded.problem}{where}; started from the CDI specs on disk"
             )
-            tg.start_soon(report_corrupt_checkpoint, api, driver, node, message)
-        self.cleanup = Cleanup(
-            driver, api, self.preparer, self.options.cleanup_interval, self.events.dra_stale_claim
-        )
+            tg.start_soon(report_corrupt_checkpoint, self.api, driver, node, message)
         if self.options.cleanup_interval > 0:
             tg.start_soon(self.cleanup.run)
+
+    def _stale_claim(self, driver: str, reason: str) -> None:
+        self.events.dra_stale_claim(driver, reason)  # the runner sets events after __init__
 
     def _lock_path(self) -> Path | None:
         """``serialize.lock`` beside the checkpoint when instances may overlap (a pod UID)."""
@@ -220,23 +235,124 @@ class DraDriver:
 
     def status(self) -> DraStatus:
         """What the driver is doing (``Running.dra``)."""
-        publisher, preparer = self.publisher, self.preparer
+        publisher = self.publisher
         return DraStatus(
             driver=self.options.driver,
             node_name=self.registrar.node_name,
             registered=self.registrar.registered,
             registrations=self.registrar.registrations,
-            generation=publisher.generation if publisher is not None else 0,
-            published=len(publisher.published or ()) if publisher is not None else 0,
-            pending_seconds=publisher.pending_seconds if publisher is not None else 0.0,
-            prepared_claims=len(preparer.prepared) if preparer is not None else 0,
-            last_error=publisher.last_error if publisher is not None else None,
-            recovered_claims=preparer.recovered() if preparer is not None else 0,
-            taints_dropped=publisher.taints_dropped if publisher is not None else False,
+            generation=publisher.generation,
+            published=len(publisher.published or ()),
+            pending_seconds=publisher.pending_seconds,
+            prepared_claims=len(self.store.entries()),
+            last_error=publisher.last_error,
+            recovered_claims=self.store.recovered(),
+            taints_dropped=publisher.taints_dropped,
             health_streams=self.health.streams,
-            stale_claims_unprepared=self.cleanup.unprepared if self.cleanup is not None else 0,
+            stale_claims_unprepared=self.cleanup.unprepared,
             checkpoint_corrupted=self.corrupt_checkpoints,
-            status_write_failures=(
-                self.status_writer.failed if self.status_writer is not None else 0
-            ),
+            status_write_failures=self.status_writer.failed,
         )
+
+
+class _Going:
+    """Whether a plugin that stops goes with the whole driver, and when the driver's sockets are
+    down.
+
+    A plugin stopped alone (a configuration reload) leaves the pool at once; one stopped with the
+    driver (SIGTERM cancels every task at once, in no set order) waits until the driver's sockets
+    are down. The driver's cancellation is told by a task of the driver's own (``watch``): its
+    cancellation is pending from the moment the driver's scope is cancelled, whichever task the
+    event loop happens to run first.
+    """
+
+    def __init__(self) -> None:
+        #: The registrar has stopped serving, for good.
+        self.sockets_down = anyio.Event()
+        self._stopping = anyio.Event()
+        self._watcher: anyio.TaskInfo | None = None
+
+    async def watch(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run in the driver's task group until the driver stops."""
+        self._watcher = anyio.get_current_task()
+        task_status.started()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self._stopping.set()
+
+    def stopping(self) -> bool:
+        """The driver is stopping, or has stopped (or never ran)."""
+        return (
+            self._watcher is None
+            or self._stopping.is_set()
+            or self._watcher.has_pending_cancellation()
+        )
+
+    async def down(self) -> None:
+        """Return at once for a plugin stopped alone; when the driver stops too, once its sockets
+        are down."""
+        if self.stopping():
+            await self.sockets_down.wait()
+
+
+class _KubeApi:
+    """The Kubernetes API of a driver given none (``kube_api``), made by ``connect`` when the
+    driver runs: making it reads the kubeconfig or the pod's service account, and needs the
+    ``dra`` extra, neither of which belongs in the driver's construction.
+    """
+
+    def __init__(self, kubeconfig: Path | None) -> None:
+        self._kubeconfig = kubeconfig
+        self._api: ResourceApi | None = None
+
+    def connect(self) -> None:
+        """Make the client.
+
+        Raises:
+            MissingDependencyError: no Kubernetes client is installed (the ``dra`` extra).
+            ValueError: the configuration cannot be loaded.
+        """
+        if self._api is None:
+            self._api = kube_api(self._kubeconfig)
+
+    @property
+    def _made(self) -> ResourceApi:
+        if self._api is None:
+            raise RuntimeError("the Kubernetes API is used before the DRA driver runs")
+        return self._api
+
+    async def read_claim(self, namespace: str, name: str) -> ResourceClaim:
+        return await self._made.read_claim(namespace, name)
+
+    async def list_slices(self, driver: str, node_name: str) -> list[ResourceSlice]:
+        return await self._made.list_slices(driver, node_name)
+
+    async def create_slice(self, resource_slice: ResourceSlice) -> ResourceSlice:
+        return await self._made.create_slice(resource_slice)
+
+    async def update_slice(self, resource_slice: ResourceSlice) -> ResourceSlice:
+        return await self._made.update_slice(resource_slice)
+
+    async def delete_slice(self, name: str) -> None:
+        await self._made.delete_slice(name)
+
+    def watch_slices(
+        self, driver: str, node_name: str, resource_version: str = ""
+    ) -> AsyncIterator[SliceEvent | None]:
+        return self._made.watch_slices(driver, node_name, resource_version)
+
+    async def node_uid(self, node_name: str) -> str:
+        return await self._made.node_uid(node_name)
+
+    async def apply_claim_status(
+        self, claim: ResourceClaim, field_manager: str, devices: Sequence[ClaimDeviceStatus]
+    ) -> None:
+        await self._made.apply_claim_status(claim, field_manager, devices)
+
+    async def create_event(self, event: NodeEvent) -> None:
+        await self._made.create_event(event)
+
+    async def aclose(self) -> None:
+        if self._api is not None:
+            await self._api.aclose()

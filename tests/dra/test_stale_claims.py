@@ -219,19 +219,14 @@ def test_sweeps_of_a_fleet_are_spread_not_in_step(tmp_path: Path) -> None:
     # Issue 29: a thousand nodes started together read their claims at different times.
     from devplugin_sdk.dra._claims.checkpoint import Checkpoint
     from devplugin_sdk.dra._claims.cleanup import Cleanup
-    from devplugin_sdk.dra._claims.preparer import Preparer
+    from devplugin_sdk.dra._claims.store import Store
+
+    async def unprepare(refs: object) -> dict[str, str]:
+        return {}
 
     api = MemoryApi(nodes=["node-1"])
-    preparer = Preparer(
-        DRIVER,
-        "node-1",
-        api,
-        lookup=lambda _: None,
-        checkpoint=Checkpoint(tmp_path / "checkpoint.json"),
-        cdi_dir=tmp_path,
-        hook_timeout=1.0,
-    )
-    cleanup = Cleanup(DRIVER, api, preparer, interval=600.0)
+    store = Store(Checkpoint(tmp_path / "checkpoint.json"))
+    cleanup = Cleanup(DRIVER, api, store, unprepare, interval=600.0)
     delays = [cleanup.next_delay() for _ in range(200)]
     assert all(480.0 <= d <= 720.0 for d in delays)
     assert max(delays) - min(delays) > 120.0, "the sweeps keep in step"

@@ -445,4 +445,128 @@ def test_the_checkpoint_reencodes_only_what_changed_and_reads_back_what_it_wrote
     assert store.load().entries == entries
     store.save({})
     assert store.load().entries == {}
-    assert json.loads((tmp_path / "checkpoint.json").read_bytes()) == {"claims": {}, "format": 1}
+    assert json.loads((tmp_path / "checkpoint.json").read_bytes()) == {
+        "claims": {},
+        "format": 2,
+        "generation": 3,
+    }
+
+
+# ----------------------------------------------------------------------------- formats
+
+#: A checkpoint as nodes hold it in format 1 (before the generation): one claim with a shared
+#: device's share and one recovered from its CDI spec.
+_FORMAT_1 = (
+    '{"claims": {\n'
+    ' "6f1c2b9e-0d2a-4b8e-9c3f-1a2b3c4d5e6f": {"devices": [{"cdiDeviceIDs": '
+    f'["k8s.{DRIVER}/claim=6f1c2b9e-0d2a-4b8e-9c3f-1a2b3c4d5e6f-gpu"], "device": "w0", '
+    '"pool": "node-1", "requests": ["gpu"], "shareID": "s-1"}], "name": "c1", '
+    '"namespace": "ns", '
+    f'"specFile": "k8s.{DRIVER}-claim_6f1c2b9e-0d2a-4b8e-9c3f-1a2b3c4d5e6f.json", '
+    '"uses": [{"device": "w0", "shareID": "s-1", "shares": 2}]},\n'
+    ' "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d": {"devices": [], "name": "", "namespace": "", '
+    '"recovered": true, '
+    f'"specFile": "k8s.{DRIVER}-claim_9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d.json"}}\n'
+    '}, "format": 1}\n'
+)
+
+
+def test_a_format_1_checkpoint_loads_and_the_next_save_writes_format_2(tmp_path: Path) -> None:
+    from devplugin_sdk._wire.dra_model import ClaimRef, PreparedDevice
+    from devplugin_sdk.dra._claims.checkpoint import Checkpoint, Entry
+    from devplugin_sdk.dra._claims.shares import Use
+
+    path = tmp_path / "checkpoint.json"
+    path.write_text(_FORMAT_1)
+    path.chmod(0o600)
+    store = Checkpoint(path)
+    loaded = store.load()
+    assert loaded.problem is None
+    assert (loaded.converted_from, loaded.generation) == (1, 0)
+    shared = "6f1c2b9e-0d2a-4b8e-9c3f-1a2b3c4d5e6f"
+    recovered = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+    assert loaded.entries == {
+        shared: Entry(
+            ClaimRef("ns", shared, "c1"),
+            (
+                PreparedDevice(
+                    ("gpu",), "node-1", "w0", (f"k8s.{DRIVER}/claim={shared}-gpu",), "s-1"
+                ),
+            ),
+            f"k8s.{DRIVER}-claim_{shared}.json",
+            uses=(Use("w0", "s-1", 2),),
+        ),
+        recovered: Entry(
+            ClaimRef("", recovered, ""), (), f"k8s.{DRIVER}-claim_{recovered}.json", True
+        ),
+    }
+    store.save(loaded.entries)
+    written = json.loads(path.read_bytes())
+    assert (written["format"], written["generation"]) == (2, 1)
+    again = Checkpoint(path).load()
+    assert (again.entries, again.generation, again.converted_from) == (loaded.entries, 1, None)
+
+
+def test_a_format_2_checkpoint_round_trips_and_counts_its_saves(tmp_path: Path) -> None:
+    from devplugin_sdk._wire.dra_model import ClaimRef, PreparedDevice
+    from devplugin_sdk.dra._claims.checkpoint import Checkpoint, Entry
+
+    path = tmp_path / "checkpoint.json"
+    device = PreparedDevice(("r",), "node-1", "w1", (f"k8s.{DRIVER}/claim=u1-r",))
+    entries = {"u1": Entry(ClaimRef("ns", "u1", "c1"), (device,), f"k8s.{DRIVER}-claim_u1.json")}
+    first = Checkpoint(path)
+    first.save(entries)
+    first.save(entries)
+    text = path.read_bytes()
+    assert json.loads(text)["generation"] == 2
+    loaded = Checkpoint(path).load()
+    assert (loaded.problem, loaded.entries, loaded.generation) == (None, entries, 2)
+    reader = Checkpoint(path)
+    reader.load()
+    reader.save(loaded.entries)  # the next save after another writer's counts on from it
+    assert json.loads(path.read_bytes()) == {**json.loads(text), "generation": 3}
+
+
+def test_a_checkpoint_of_a_newer_format_is_set_aside(tmp_path: Path) -> None:
+    from devplugin_sdk.dra._claims.checkpoint import Checkpoint
+
+    content = '{"claims": {}, "format": 3, "generation": 1}'
+    path = tmp_path / "checkpoint.json"
+    path.write_text(content)
+    path.chmod(0o600)
+    loaded = Checkpoint(path).load()
+    assert loaded.problem is not None
+    assert "unknown format 3" in loaded.problem
+    assert loaded.entries == {}
+    assert loaded.aside == tmp_path / "checkpoint.json.corrupt"
+    assert loaded.aside.read_text() == content  # kept for the operator, never read as ours
+    assert not path.exists()
+
+
+async def test_a_damaged_checkpoint_deletes_no_spec_in_a_rolling_upgrade_either() -> None:
+    # With a pod UID every start reads the checkpoint under serialize.lock: it is read once, so
+    # the damaged file is reported and its specs kept, as without one.
+    api = MemoryApi(nodes=["node-1"])
+    async with FakeKubelet(dra_api=api) as kubelet:
+        options = dra_options(kubelet, api)
+        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
+        plugin = StaticPlugin(RESOURCE, widgets())
+        for uid in ("5b7e0c1a-1111-4a4a-8b8b-000000000001", "5b7e0c1a-1111-4a4a-8b8b-000000000002"):
+            settings = kubelet.settings(pod_uid=uid)
+            async with serving(plugin, settings=settings, api="dra", dra=options) as running:
+                await kubelet.wait_for(
+                    lambda: running.dra is not None and running.dra.registered, what="registered"
+                )
+                if uid.endswith("1"):
+                    api.allocate(
+                        "ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid]
+                    )
+                    await kubelet.dra.prepare(pod)
+                    held = specs(options)
+                else:
+                    assert specs(options) == held, "a spec the kubelet holds was deleted"
+                    assert running.dra is not None
+                    assert running.dra.recovered_claims == 1
+                    assert running.dra.checkpoint_corrupted == 1
+            if uid.endswith("1"):
+                _truncate(checkpoint(options))

@@ -1,4 +1,4 @@
-"""The prepared claims of a DRA driver, kept in one file written atomically.
+"""The prepared claims of a DRA driver, kept in one file written atomically, and its formats.
 
 The kubelet may ask again for a claim it has already had prepared (after its own restart, or
 ours) and asks to unprepare claims long after they were prepared, when the ResourceClaim may be
@@ -6,7 +6,9 @@ gone from the API. So what each prepared claim got (its devices, its CDI spec fi
 down before NodePrepareResources answers, and read back when the plugin starts: a restart
 neither loses a prepared claim nor prepares it twice. The file is read like any file from
 outside (regular files only, a size cap, never blocking), lives in a directory only we can
-write, and a file that fails any check is set aside rather than trusted or deleted.
+write, and a file that fails any check is set aside rather than trusted or deleted. The file
+names its format: an older one is converted on reading (and written in the current one at the
+next save); one newer than this version knows is set aside like a damaged file.
 """
 
 from __future__ import annotations
@@ -15,23 +17,33 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devplugin_sdk import _files
+from devplugin_sdk._files import read_file
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedDevice
-from devplugin_sdk.config import read_file
 from devplugin_sdk.dra._claims.shares import Use
 from devplugin_sdk.errors import ConfigError
 
-__all__ = ["MAX_CHECKPOINT_BYTES", "Checkpoint", "Entry", "Loaded", "private_directory"]
+__all__ = [
+    "FORMAT",
+    "MAX_CHECKPOINT_BYTES",
+    "Checkpoint",
+    "Entry",
+    "Loaded",
+    "Staged",
+    "private_directory",
+]
 
 log = logging.getLogger("devplugin_sdk")
 
-_FORMAT = 1
+#: The format this version writes: 1 held the claims; 2 adds ``generation``, one more on every
+#: save (another instance's writes show in it).
+FORMAT = 2
 #: The largest checkpoint read: a prepared claim takes about 300 bytes, and a node has a few
 #: hundred pods at most; a bigger file is not ours.
 MAX_CHECKPOINT_BYTES = 4 << 20
@@ -56,12 +68,23 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    """What ``Checkpoint.load`` found: the entries, and why the file was not used, if it was not
-    (then it was moved to ``aside``)."""
+    """What ``Checkpoint.load`` found: the entries and the file's generation, the older format
+    it was converted from, and why the file was not used, if it was not (then it was moved to
+    ``aside``)."""
 
     entries: dict[str, Entry] = field(default_factory=dict)
     problem: str | None = None
     aside: Path | None = None
+    generation: int = 0
+    converted_from: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A checkpoint written to a temporary file (``Checkpoint.stage``), not yet in place."""
+
+    path: Path
+    generation: int
 
 
 def private_directory(path: Path) -> None:
@@ -97,20 +120,26 @@ class Checkpoint:
 
     Args:
         path: The file, e.g. ``/var/lib/kubelet/plugins/<driver>/checkpoint.json``.
+
+    Attributes:
+        generation: The generation of the file last read or written (0 before either); each
+            save writes the next one.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.generation = 0
         # Each claim's line in the file, with the entry it encodes (``_payload``).
         self._lines: dict[str, tuple[Entry, str]] = {}
 
     def load(self) -> Loaded:
         """The prepared claims by UID; none when the file is missing.
 
-        A file that cannot be trusted (unreadable, not a regular file, larger than
-        ``MAX_CHECKPOINT_BYTES``, not valid, of another format, writable by others) is moved
-        aside (``.corrupt``) and reported in ``Loaded.problem``; the caller decides what the
-        CDI specs on disk still prove.
+        A file of an older format is converted (and written in the current one at the next
+        save). A file that cannot be trusted (unreadable, not a regular file, larger than
+        ``MAX_CHECKPOINT_BYTES``, not valid, of a format this version does not know, writable
+        by others) is moved aside (``.corrupt``) and reported in ``Loaded.problem``; the caller
+        decides what the CDI specs on disk still prove.
         """
         name = str(self.path)
         try:
@@ -131,11 +160,13 @@ class Checkpoint:
                 f"mode {oct(stat.S_IMODE(owner.st_mode))})"
             )
         try:
-            return Loaded(_parse(data))
+            loaded = _parse(data)
         except RecursionError:
             return self._aside("nested too deep")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             return self._aside(str(exc))
+        self.generation = loaded.generation
+        return loaded
 
     def _aside(self, problem: str) -> Loaded:
         aside = self.path.with_name(self.path.name + ".corrupt")
@@ -154,32 +185,22 @@ class Checkpoint:
         """
         self.commit(self.stage(entries))
 
-    def stage(self, entries: Mapping[str, Entry]) -> Path:
-        """Write ``entries`` to a new temporary file beside the checkpoint, fsynced, and return
-        it: ``commit`` makes it the checkpoint, ``discard`` removes it. A prepare stages the
-        checkpoint while its CDI spec is written, and commits once the spec is durable.
+    def stage(self, entries: Mapping[str, Entry]) -> Staged:
+        """Write ``entries`` (as the next generation) to a new temporary file beside the
+        checkpoint, fsynced: ``commit`` makes it the checkpoint, ``discard`` removes it. A
+        prepare stages the checkpoint while its CDI spec is written, and commits once the spec
+        is durable.
 
         Raises:
             OSError: it could not be written; no temporary file is left.
         """
-        payload = self._payload(entries)
+        generation = self.generation + 1
+        payload = self._payload(entries, generation)
         if not self.path.parent.is_dir():
             private_directory(self.path.parent)
-        tmp = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            os.fchmod(fd, 0o600)  # whatever the umask
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        return tmp
+        return Staged(_files.stage(self.path, payload, mode=0o600), generation)
 
-    def commit(self, staged: Path) -> None:
+    def commit(self, staged: Staged) -> None:
         """Rename a ``stage``d file over the checkpoint and fsync the directory (the rename
         itself survives a crash): one fsync for the file, one for the directory.
 
@@ -187,24 +208,15 @@ class Checkpoint:
             OSError: it could not be renamed (the staged file is removed; the previous
                 checkpoint is unchanged) or the directory not fsynced.
         """
-        try:
-            os.replace(staged, self.path)
-        except BaseException:
-            self.discard(staged)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _files.commit(staged.path, self.path)
+        self.generation = staged.generation
 
     @staticmethod
-    def discard(staged: Path) -> None:
+    def discard(staged: Staged) -> None:
         """Remove a ``stage``d file that will not be committed."""
-        with contextlib.suppress(OSError):
-            os.unlink(staged)
+        _files.discard(staged.path)
 
-    def _payload(self, entries: Mapping[str, Entry]) -> bytes:
+    def _payload(self, entries: Mapping[str, Entry], generation: int) -> bytes:
         """The file's bytes: one line per claim, each encoded once and reused while its entry
         is the same object (a node with a hundred prepared claims would otherwise encode all of
         them on every prepare: about 0.9 ms of a worker thread holding the GIL)."""
@@ -218,28 +230,46 @@ class Checkpoint:
             lines.append(cached[1])
         self._lines = cache
         claims = "\n " + ",\n ".join(lines) + "\n" if lines else ""
-        return f'{{"claims": {{{claims}}}, "format": {_FORMAT}}}\n'.encode()
+        return (
+            f'{{"claims": {{{claims}}}, "format": {FORMAT}, "generation": {generation}}}\n'
+        ).encode()
 
     def remove_temporaries(self) -> int:
         """Remove temporary files a killed writer left; how many."""
-        removed = 0
-        prefix = f".{self.path.name}."
-        with contextlib.suppress(OSError), os.scandir(self.path.parent) as entries:
-            for entry in entries:
-                if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
-                    with contextlib.suppress(OSError):
-                        os.unlink(entry.path)
-                        removed += 1
-        return removed
+        return _files.remove_temporaries(self.path)
 
 
-def _parse(text: bytes) -> dict[str, Entry]:
+# ------------------------------------------------------------------ formats
+
+
+def _from_format_1(data: dict[str, Any]) -> dict[str, Any]:
+    """Format 1 is format 2 without a generation: such a file counts as generation 0."""
+    return {**data, "format": 2, "generation": 0}
+
+
+#: Each older format's conversion to the next one: a file is converted step by step to
+#: ``FORMAT`` and read as that; a format without a conversion (a newer one) is not read.
+_UPGRADES: dict[object, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_format_1}
+
+
+def _parse(text: bytes) -> Loaded:
     data = json.loads(text)
     if not isinstance(data, dict):
         raise TypeError(f"a JSON object was expected, not {type(data).__name__}")
-    if data.get("format") != _FORMAT:
-        raise ValueError(f"unknown format {data.get('format')!r} (this version writes {_FORMAT})")
-    return {uid: _entry(uid, raw) for uid, raw in data["claims"].items()}
+    was = data.get("format")
+    while data.get("format") != FORMAT:
+        convert = _UPGRADES.get(data.get("format"))
+        if convert is None:
+            raise ValueError(
+                f"unknown format {data.get('format')!r} (this version reads formats up to {FORMAT})"
+            )
+        data = convert(data)
+    generation = data["generation"]
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise TypeError("generation is not a count")
+    claims = {uid: _entry(uid, raw) for uid, raw in data["claims"].items()}
+    older = was if isinstance(was, int) and was != FORMAT else None
+    return Loaded(claims, generation=generation, converted_from=older)
 
 
 def _raw(entry: Entry) -> dict[str, Any]:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
 from devplugin_sdk._logging import printable
 from devplugin_sdk._wire.dra_model import ClaimRef
-from devplugin_sdk.dra._claims.preparer import Preparer
+from devplugin_sdk.dra._claims.store import Store
 from devplugin_sdk.dra.resources import NodeEvent, ResourceApi
 from devplugin_sdk.errors import KubeApiError
 
@@ -40,15 +40,18 @@ _READ_TIMEOUT = 10.0
 
 #: Called with the driver, why a claim was unprepared (``gone``, ``replaced``, ``unreserved``).
 Counter = Callable[[str, str], None]
+#: Unprepares claims as the kubelet's call does (``ClaimService.unprepare``): each UID's error.
+Unprepare = Callable[[Sequence[ClaimRef]], Awaitable[dict[str, str]]]
 
 
 class Cleanup:
-    """Unprepares the stale claims of one driver's ``preparer``.
+    """Unprepares the stale claims of one driver.
 
     Args:
         driver: The driver name.
         api: Where claims are read.
-        preparer: The driver's preparer (its claims, and its unprepare).
+        store: The driver's prepared claims.
+        unprepare: Unprepares claims, under the lock, as the kubelet's call does.
         interval: Seconds between sweeps; 0 sweeps once, at start.
         counted: Told of each claim unprepared here (the metric).
     """
@@ -57,13 +60,16 @@ class Cleanup:
         self,
         driver: str,
         api: ResourceApi,
-        preparer: Preparer,
+        store: Store,
+        unprepare: Unprepare,
+        *,
         interval: float,
         counted: Counter | None = None,
     ) -> None:
         self.driver = driver
         self.api = api
-        self.preparer = preparer
+        self.store = store
+        self.unprepare = unprepare
         self.interval = interval
         self.counted = counted
         self.unprepared = 0
@@ -85,17 +91,17 @@ class Cleanup:
     async def sweep(self) -> int:
         """Check every prepared claim once; how many were unprepared."""
         stale: list[tuple[ClaimRef, str, str]] = []
-        for uid, entry in list(self.preparer.prepared.items()):
+        for uid, entry in list(self.store.entries().items()):
             ref = entry.claim
             if entry.recovered or not (ref.namespace and ref.name):
                 continue
             verdict = await self._verdict(ref)
-            if verdict is not None and self.preparer.prepared.get(uid) is entry:
+            if verdict is not None and self.store.get(uid) is entry:
                 stale.append((ref, *verdict))
         for ref, reason, why in stale:
-            errors = await self.preparer.unprepare([ref])
+            errors = await self.unprepare([ref])
             if errors.get(ref.uid):
-                continue  # logged by the preparer; the next sweep tries again
+                continue  # logged by the service; the next sweep tries again
             self.unprepared += 1
             log.warning(
                 "DRA %s: unprepared stale claim %s: %s", self.driver, printable(str(ref)), why

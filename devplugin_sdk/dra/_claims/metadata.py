@@ -13,16 +13,14 @@ before the spec that mounts it, removed with the claim.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devplugin_sdk import _files
 from devplugin_sdk.dra.resources import ResourceClaim
 from devplugin_sdk.types import AttributeValue, Mount, NetworkData, Version
 
@@ -85,7 +83,10 @@ class Metadata:
         }
         mount = self.mount(claim, request)
         data = (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
-        _write_atomically(Path(mount.host_path), data)
+        path = Path(mount.host_path)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        # Readable by the workload (0644, as kubeletplugin writes it); a reader sees all or none.
+        _files.write_atomically(path, data, mode=0o644)
         return mount
 
     def mount(self, claim: ResourceClaim, request: str) -> Mount:
@@ -131,20 +132,3 @@ def _attribute(value: AttributeValue) -> dict[str, Any]:
     if isinstance(value, Version):
         return {"version": value.text}
     return {"string": value}
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    # Readable by the workload (0644, as kubeletplugin writes it); a reader sees all or none.
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    fd, tmp = tempfile.mkstemp(prefix=".metadata.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -15,16 +15,23 @@ logged and does not fail the prepare. Since Kubernetes 1.36 the writer needs the
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import anyio
 
 from devplugin_sdk._logging import printable
 from devplugin_sdk.dra import _validation
-from devplugin_sdk.dra.resources import ClaimDeviceStatus, ResourceApi, ResourceClaim
+from devplugin_sdk.dra._pool.pool import Found
+from devplugin_sdk.dra.resources import (
+    AllocatedDevice,
+    ClaimDeviceStatus,
+    ResourceApi,
+    ResourceClaim,
+)
 from devplugin_sdk.errors import KubeApiError
 from devplugin_sdk.types import DeviceStatus
 
-__all__ = ["StatusWriter", "status_problem"]
+__all__ = ["StatusWriter", "device_statuses", "status_problem"]
 
 log = logging.getLogger("devplugin_sdk")
 
@@ -33,6 +40,49 @@ def status_problem(status: DeviceStatus) -> str | None:
     """Why the API server would refuse ``status``, or None."""
     problems = _validation.device_status_problems(status)
     return problems[0] if problems else None
+
+
+async def device_statuses(
+    driver: str,
+    members: Sequence[tuple[AllocatedDevice, Found]],
+    claim: str,
+    hook_timeout: float,
+) -> dict[str, ClaimDeviceStatus]:
+    """Each device's status from its plugin's ``device_status`` (when overridden), by device
+    name; an answer the API server would refuse, or an error, is left out with a warning that
+    names ``claim`` (as logs show it) and the device."""
+    out: dict[str, ClaimDeviceStatus] = {}
+    for result, found in members:
+        if not found.plugin.overrides("device_status"):
+            continue
+        try:
+            with anyio.fail_after(hook_timeout):
+                status = await found.plugin.device_status(found.device)
+        except Exception as exc:
+            log.warning(
+                "DRA %s: claim %s: device_status(%s) failed: %s",
+                driver,
+                claim,
+                printable(result.device),
+                printable(str(exc) or type(exc).__name__),
+            )
+            continue
+        if status is None:
+            continue
+        problem = (
+            status_problem(status) if isinstance(status, DeviceStatus) else "not a DeviceStatus"
+        )
+        if problem is not None:
+            log.warning(
+                "DRA %s: claim %s: the status of device %s is left out: %s",
+                driver,
+                claim,
+                printable(result.device),
+                printable(problem),
+            )
+            continue
+        out[result.device] = ClaimDeviceStatus(driver, result.pool, result.device, status)
+    return out
 
 
 class StatusWriter:

@@ -1,0 +1,223 @@
+"""NodePrepareResources and NodeUnprepareResources of a DRA driver: the kubelet's calls for many
+claims, and the claims side's start.
+
+For each claim the kubelet names, the service reads the ResourceClaim (before the lock, as
+Kubernetes' kubeletplugin helper does), then, under the lock, has the preparer prepare each
+claim not prepared yet and answers per claim: every claim succeeds or fails on its own. What a
+claim got is recorded before the answer, so a repeated call (after a kubelet or plugin restart)
+returns it again without redoing the work. Calls are serialised, as the kubeletplugin helper does
+by default; the claims' device status is written after the lock. At start, the checkpoint is
+read and the CDI directory brought in line with it (``start``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+
+import anyio
+import anyio.to_thread
+
+from devplugin_sdk._logging import printable
+from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim
+from devplugin_sdk.dra._claims.checkpoint import Loaded
+from devplugin_sdk.dra._claims.files import ClaimFiles
+from devplugin_sdk.dra._claims.preparer import ClaimError, Preparer, shown
+from devplugin_sdk.dra._claims.status import StatusWriter
+from devplugin_sdk.dra._claims.store import Store
+from devplugin_sdk.dra.resources import ClaimDeviceStatus, ResourceApi, ResourceClaim
+from devplugin_sdk.errors import KubeApiError
+
+__all__ = ["ClaimService"]
+
+log = logging.getLogger("devplugin_sdk")
+
+# Kubernetes object UIDs are UUIDs; the UID names the claim's CDI spec file and CDI devices.
+_UID = re.compile(r"[0-9A-Za-z-]{1,64}")
+
+_Statuses = list[tuple[ResourceClaim, list[ClaimDeviceStatus]]]
+
+
+class ClaimService:
+    """The kubelet's ``DRAPlugin`` calls of one DRA driver on one node.
+
+    Args:
+        driver: The driver name.
+        api: Where ResourceClaims are read.
+        store: The prepared claims.
+        preparer: Prepares and unprepares one claim.
+        files: The claims' CDI specs (brought in line with the checkpoint at start).
+        status: Writes the claims' device status (KEP-4817); None writes none.
+    """
+
+    def __init__(
+        self,
+        driver: str,
+        api: ResourceApi,
+        store: Store,
+        preparer: Preparer,
+        files: ClaimFiles,
+        *,
+        status: StatusWriter | None = None,
+    ) -> None:
+        self.driver = driver
+        self.api = api
+        self.store = store
+        self.preparer = preparer
+        self.files = files
+        self.status = status
+        self._lock = anyio.Lock()
+
+    # ------------------------------------------------------------------ start
+
+    async def start(self) -> Loaded:
+        """Read the checkpoint, under the instances' lock (the cleanup of unfinished prepares
+        must not take the spec of a prepare another instance has in flight); remove temporary
+        files and the CDI specs of claims not prepared. What the checkpoint read found.
+
+        A spec without a checkpoint entry was written by a prepare that never answered (the
+        plugin died in between): no container uses it, and the kubelet asks again. That holds
+        only when the checkpoint was read: if it was not, every spec is kept, recorded as a
+        recovered entry until the kubelet prepares or unprepares its claim.
+        """
+        async with self.store.held(reload=False):
+            loaded = await self.store.load()
+            if loaded.problem is not None:
+                await self._recover(loaded)
+                return loaded
+            known = {e.spec_file for e in self.store.entries().values() if e.spec_file}
+            removed = await anyio.to_thread.run_sync(self.files.clean, known)
+        log.info(
+            "DRA %s: %d prepared claims in %s%s",
+            self.driver,
+            len(self.store.entries()),
+            self.store.checkpoint.path,
+            f"; removed {removed} CDI files of unfinished prepares" if removed else "",
+        )
+        return loaded
+
+    async def _recover(self, loaded: Loaded) -> None:
+        kept = await anyio.to_thread.run_sync(self.files.recovered, self.store.entries())
+        self.store.recover(kept)
+        await anyio.to_thread.run_sync(lambda: self.files.clean((), specs=False))
+        try:
+            await self.store.save()
+            saved = ""
+        except OSError as exc:
+            saved = f"; the new checkpoint cannot be written either: {exc.strerror or exc}"
+        log.error(
+            "DRA %s: the checkpoint %s cannot be used: %s; %s; kept %d CDI spec%s of claims the "
+            "kubelet may still hold, until it prepares or unprepares them%s",
+            self.driver,
+            self.store.checkpoint.path,
+            printable(loaded.problem or ""),
+            f"moved to {loaded.aside}" if loaded.aside else "left in place",
+            len(kept),
+            "" if len(kept) == 1 else "s",
+            saved,
+        )
+
+    # ------------------------------------------------------------------ NodePrepareResources
+
+    async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PreparedClaim]:
+        """Prepare each claim; one result per claim UID, errors included."""
+        # The API reads come first, outside the lock, as kubeletplugin does them.
+        claims: dict[str, ResourceClaim | ClaimError] = {}
+        for ref in refs:
+            if self._done(ref.uid) or ref.uid in claims:
+                continue
+            try:
+                claims[ref.uid] = await self._read(ref)
+            except ClaimError as exc:
+                claims[ref.uid] = exc
+        results: dict[str, PreparedClaim] = {}
+        statuses: _Statuses = []
+        async with self._lock, self.store.held():  # other instances too
+            for ref in refs:
+                results[ref.uid] = await self._prepare_one(ref, claims.get(ref.uid), statuses)
+        if self.status is not None:  # outside the lock
+            for claim, entries in statuses:
+                await self.status.write(claim, entries)
+        return results
+
+    def _done(self, uid: str) -> bool:
+        entry = self.store.get(uid)
+        return entry is not None and not entry.recovered
+
+    async def _read(self, ref: ClaimRef) -> ResourceClaim:
+        if not (ref.uid and ref.namespace and ref.name):
+            raise ClaimError(f"the request names claim {shown(ref)} without namespace, name or UID")
+        if not _UID.fullmatch(ref.uid):
+            raise ClaimError(f"claim {shown(ref)}: the UID is not a Kubernetes UID")
+        where = printable(f"{ref.namespace}/{ref.name}")
+        try:
+            claim = await self.api.read_claim(ref.namespace, ref.name)
+        except KubeApiError as exc:
+            raise ClaimError(f"cannot read ResourceClaim {where}: {exc}") from exc
+        if claim.uid != ref.uid:
+            raise ClaimError(
+                f"ResourceClaim {where} was replaced: its UID is {printable(claim.uid)}, "
+                f"the kubelet asked for {ref.uid}"
+            )
+        if not claim.allocated:
+            raise ClaimError(f"ResourceClaim {where} is not allocated")
+        return claim
+
+    async def _prepare_one(
+        self, ref: ClaimRef, claim: ResourceClaim | ClaimError | None, statuses: _Statuses
+    ) -> PreparedClaim:
+        entry = self.store.get(ref.uid)
+        if entry is not None and not entry.recovered:
+            return PreparedClaim(entry.devices)  # prepared before: the same answer, no work
+        if claim is None:  # it was prepared when looked at, then another instance undid it
+            try:
+                claim = await self._read(ref)
+            except ClaimError as exc:
+                claim = exc
+        if isinstance(claim, ClaimError):
+            return self._refused(ref, claim)
+        try:
+            entry, found = await self.preparer.prepare(ref, claim)
+        except ClaimError as exc:
+            return self._refused(ref, exc)
+        except Exception as exc:
+            log.exception("DRA %s: preparing claim %s failed", self.driver, shown(ref))
+            return PreparedClaim(error=f"preparing failed: {type(exc).__name__}: {exc}")
+        statuses.append((claim, found))  # written after the lock (none: nothing)
+        log.info(
+            "DRA %s: prepared claim %s: %s",
+            self.driver,
+            shown(ref),
+            printable(", ".join(d.device for d in entry.devices)) or "no devices of this driver",
+        )
+        return PreparedClaim(entry.devices)
+
+    def _refused(self, ref: ClaimRef, exc: ClaimError) -> PreparedClaim:
+        log.warning(
+            "DRA %s: cannot prepare claim %s: %s", self.driver, shown(ref), printable(str(exc))
+        )
+        return PreparedClaim(error=str(exc))
+
+    # ------------------------------------------------------------------ NodeUnprepareResources
+
+    async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
+        """Undo each claim's preparation; an unknown claim is already undone (no error)."""
+        errors: dict[str, str] = {}
+        async with self._lock, self.store.held():  # other instances too
+            for ref in refs:
+                try:
+                    await self.preparer.unprepare(ref)
+                except OSError as exc:
+                    # A file system refusing (permissions, I/O): the message, not a traceback.
+                    log.error(  # noqa: TRY400
+                        "DRA %s: cannot unprepare claim %s: %s", self.driver, shown(ref), exc
+                    )
+                    errors[ref.uid] = f"cannot unprepare: {exc}"
+                else:
+                    errors[ref.uid] = ""
+        if self.status is not None:
+            for ref in refs:
+                if not errors.get(ref.uid):
+                    await self.status.clear(ResourceClaim(ref.namespace, ref.name, ref.uid))
+        return errors
