@@ -192,13 +192,20 @@ class DraNode:
             await self.ready()
 
     @asynccontextmanager
-    async def stopped(self) -> AsyncIterator[None]:
-        """Stop the driver (SIGTERM) for the body of an ``async with``, and start it again (the
-        same plugins and options, ready) after it: a driver restart, the kubelet and API kept."""
+    async def stopped(self, *plugins: DevicePlugin) -> AsyncIterator[None]:
+        """Stop the driver (SIGTERM) for the body of an ``async with`` and start it again after
+        it, ready: a driver restart, the kubelet and the API kept.
+
+        Args:
+            *plugins: What the restarted driver serves (new objects, as a new process has);
+                none: the same plugin objects again.
+        """
         assert self._pod is not None, "DraNode.stopped: no driver is running"
         await self._pod.stop()
         self._running = None
         yield
+        if plugins:
+            self.plugins = plugins
         await self._start()
 
     async def ready(self) -> None:
