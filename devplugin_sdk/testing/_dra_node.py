@@ -209,7 +209,8 @@ class DraNode:
         await self._start()
 
     async def ready(self) -> None:
-        """Wait until the driver's pool is published and the kubelet has registered the driver.
+        """Wait until the driver's pool is published and the kubelet has registered the driver
+        (and, for the node's own driver, until its status says so too).
 
         Raises:
             TimeoutError: naming what was missing, after the node's ``timeout``.
@@ -225,6 +226,14 @@ class DraNode:
             timeout=self.timeout,
             what=f"DRA driver {self.driver} registered",
         )
+        if self._running is not None:
+            running = self._running
+            # The driver's own view (its /healthz) follows the kubelet's GetInfo a moment later.
+            await self.kubelet.wait_for(
+                lambda: running.dra is not None and running.dra.registered,
+                timeout=self.timeout,
+                what=f"DRA driver {self.driver} reporting itself registered",
+            )
 
     # ------------------------------------------------------------------ what tests read
 
