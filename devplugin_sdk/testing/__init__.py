@@ -8,6 +8,16 @@ against it in the background of a test, through the one runner (``devplugin_sdk.
         await kubelet.wait_for_allocatable("acme.com/widget", 4)
         got = await kubelet.allocate("acme.com/widget", 1)
 
+``DraNode`` is the same for a DRA driver: the fake kubelet's DRA side, ``MemoryApi`` and the
+plugins served as the driver, ready when entered (``published()``, ``claim()``, ``prepare()``,
+``spec()``); ``DaemonSetPod`` is one instance of a DaemonSet's pod, for rolling upgrades::
+
+    async with DraNode(MyPlugin(), driver="widget.acme.com") as node:
+        pod = node.pod("gpus")
+        claim = node.claim("gpus", {"widgets": ["w0"]}, pods=[pod])
+        await node.prepare(pod)
+        edits = node.spec(claim).devices[0]["containerEdits"]
+
 ``watching`` runs a plugin's ``watch()`` alone, as the SDK runs it, for tests of pushed health::
 
     async with watching(plugin) as events:
