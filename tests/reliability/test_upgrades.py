@@ -267,7 +267,7 @@ async def test_dra_on_a_1_32_kubelet_forgets_the_driver_when_the_old_socket_goes
         kubelet = node.kubelet
         old = _dra_pod(node)
         await old.start(tg)
-        await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), what="registered")
+        await node.ready()
         new = _dra_pod(node)
         await new.start(tg)
         await kubelet.wait_for(
