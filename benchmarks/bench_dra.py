@@ -42,8 +42,7 @@ import grpc
 from devplugin_sdk import Device, DeviceNode, Health
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim, PreparedDevice
 from devplugin_sdk._wire.dra_service import DraClient, handlers
-from devplugin_sdk.dra import Dra
-from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
+from devplugin_sdk.testing import DraNode, FakeKubelet, MemoryApi, StaticPlugin
 
 DRIVER = "bench.example.com"
 RESOURCE = "bench.example.com/dev"
@@ -61,31 +60,26 @@ async def main(claims: int, flips: int, count: int, profile: bool) -> None:
     plugin = StaticPlugin(RESOURCE, devices)
     work = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
     try:
-        async with FakeKubelet(dra_api=api) as kubelet:
-            # The DRA socket must be inside the kubelet's root directory (newer kubelets check).
-            plugin_dir = kubelet.directory.parent / "plugins" / DRIVER
-            cdi_dir = work / "cdi"
-            dra = Dra(
-                driver=DRIVER, node_name="node-1", api=api, plugin_dir=plugin_dir, cdi_dir=cdi_dir
-            )
-            async with serving(plugin, settings=kubelet.settings(), api="dra", dra=dra):
-                await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), timeout=10)
-                await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), timeout=10)
-                dirs = _Dirs(plugin_dir, cdi_dir, work)
-                await _prepare_beside_baselines(api, dirs, claims, count, profile=profile)
-                await _through_kubelet(kubelet, api, claims, count)
+        cdi_dir = work / "cdi"
+        async with DraNode(plugin, driver=DRIVER, memory=api, cdi_dir=cdi_dir) as node:
+            kubelet = node.kubelet
+            # The DRA socket is inside the kubelet's root directory (newer kubelets check).
+            plugin_dir = node.options.resolved_plugin_dir
+            dirs = _Dirs(plugin_dir, cdi_dir, work)
+            await _prepare_beside_baselines(api, dirs, claims, count, profile=profile)
+            await _through_kubelet(kubelet, api, claims, count)
 
-                await _health(kubelet, api, plugin, flips)
+            await _health(kubelet, api, plugin, flips)
 
-                republish: list[float] = []
-                for _ in range(20):
-                    await anyio.sleep(0.05)  # the driver reads its write back (see the docstring)
-                    started = time.perf_counter()
-                    api.wipe_slices("node-1")
-                    while not api.pool_complete(DRIVER, "node-1"):
-                        await api.wait_changed(api.generation)
-                    republish.append(time.perf_counter() - started)
-                _common.report("kubelet wipe -> pool complete again", republish)
+            republish: list[float] = []
+            for _ in range(20):
+                await anyio.sleep(0.05)  # the driver reads its write back (see the docstring)
+                started = time.perf_counter()
+                api.wipe_slices("node-1")
+                while not api.pool_complete(DRIVER, "node-1"):
+                    await api.wait_changed(api.generation)
+                republish.append(time.perf_counter() - started)
+            _common.report("kubelet wipe -> pool complete again", republish)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -25,58 +25,22 @@ from __future__ import annotations
 
 import itertools
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import _common
 import anyio
 import anyio.abc
 
-from devplugin_sdk import Settings
-from devplugin_sdk.dra import Dra
 from devplugin_sdk.kubelet.fake_dra import PodPreparationError
 from devplugin_sdk.runner import Running
-from devplugin_sdk.testing import AdmissionError, FakeKubelet, MemoryApi, StaticPlugin, serving
+from devplugin_sdk.testing import AdmissionError, DaemonSetPod, DraNode, FakeKubelet, StaticPlugin
 
 RESOURCE = "bench.example.com/dev"
 DRIVER = "dev.bench.example.com"
 DEVICES = 8
 #: The production values of the settings that bound a re-registration (Settings' defaults).
 PRODUCTION = {"stream_lost_grace": 5.0, "reregister_delay": 1.5}
-
-
-class Instance:
-    """One pod of the DaemonSet, served in this event loop until ``stop`` (its SIGTERM)."""
-
-    def __init__(self, settings: Settings, **options: Any) -> None:
-        self.settings = settings
-        self.options = options
-        self.scope = anyio.CancelScope()
-        self.done = anyio.Event()
-
-    async def start(self, tg: anyio.abc.TaskGroup) -> Running:
-        running: Running = await tg.start(self._run)
-        return running
-
-    async def _run(self, *, task_status: anyio.abc.TaskStatus[Running]) -> None:
-        try:
-            with self.scope:
-                plugin = StaticPlugin(RESOURCE, _common.devices("d", DEVICES))
-                async with serving(plugin, settings=self.settings, **self.options) as running:
-                    task_status.started(running)
-                    await anyio.sleep_forever()
-        except anyio.get_cancelled_exc_class():
-            if not self.scope.cancel_called:
-                raise
-            # Our own stop, re-raised by grpc.aio without anyio's mark (see Supervisor._start).
-        finally:
-            self.done.set()
-
-    async def stop(self) -> None:
-        self.scope.cancel()
-        await self.done.wait()
 
 
 @dataclass
@@ -128,18 +92,19 @@ async def device_plugin(
         async def admit(_n: int) -> None:
             kubelet.release(await kubelet.allocate(RESOURCE, 1))
 
-        def settings() -> Settings:
-            return kubelet.settings(pod_uid=str(uuid.uuid4()), **PRODUCTION)
+        def instance() -> DaemonSetPod:
+            plugin = StaticPlugin(RESOURCE, _common.devices("d", DEVICES))
+            return DaemonSetPod(plugin, settings=kubelet.settings(**PRODUCTION))
 
         load = Load(admit, interval)
         async with anyio.create_task_group() as tg:
-            old = Instance(settings())
+            old = instance()
             await old.start(tg)
             await kubelet.wait_for_allocatable(RESOURCE, DEVICES, timeout=30)
             tg.start_soon(load.run)
             for upgrade in range(upgrades):
                 started = time.perf_counter()
-                new = Instance(settings())
+                new = instance()
                 running = await new.start(tg)
 
                 # The DaemonSet stops the old pod once the new one is Ready (/healthz: registered,
@@ -175,37 +140,23 @@ async def device_plugin(
 
 async def dra(upgrades: int, interval: float) -> tuple[Figures, Load]:
     figures = Figures()
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        root = kubelet.directory.parent
-        options = Dra(
-            driver=DRIVER,
-            node_name=kubelet.node_name,
-            api=api,
-            plugin_dir=root / "plugins" / DRIVER,
-            cdi_dir=root / "cdi",
-        )
+    async with DraNode(driver=DRIVER) as node:
+        kubelet, api = node.kubelet, node.api
 
         async def admit(n: int) -> None:
             name = f"claim-{n}"
-            pod = kubelet.dra.pod("default", f"pod-{n}", [name])
-            api.allocate(
-                "default",
-                name,
-                {"dev": [f"d{n % DEVICES}"]},
-                driver=DRIVER,
-                pool="node-1",
-                pods=[pod.uid],
-            )
+            pod = node.pod(name, name=f"pod-{n}")
+            node.claim(name, {"dev": [f"d{n % DEVICES}"]}, pods=[pod])
             try:
-                await kubelet.dra.prepare(pod)
-                await kubelet.dra.unprepare(pod)
+                await node.prepare(pod)
+                await node.unprepare(pod)
             finally:
                 api.delete_claim("default", name)
 
-        def instance() -> Instance:
-            settings = kubelet.settings(pod_uid=str(uuid.uuid4()), **PRODUCTION)
-            return Instance(settings, api="dra", dra=options)
+        def instance() -> DaemonSetPod:
+            plugin = StaticPlugin(RESOURCE, _common.devices("d", DEVICES))
+            settings = kubelet.settings(**PRODUCTION)
+            return DaemonSetPod(plugin, settings=settings, api="dra", dra=node.options)
 
         def registrations() -> int:
             return len(kubelet.dra.successful_registrations(DRIVER))
@@ -214,7 +165,8 @@ async def dra(upgrades: int, interval: float) -> tuple[Figures, Load]:
         async with anyio.create_task_group() as tg:
             old = instance()
             await old.start(tg)
-            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), timeout=30)
+            node.timeout = 30
+            await node.ready()
             await kubelet.wait_for(lambda: registrations() == 1, timeout=30)
             tg.start_soon(load.run)
             for upgrade in range(upgrades):

@@ -364,9 +364,23 @@ class FakeDra:
 
     # ------------------------------------------------------------------ pods
 
-    def pod(self, namespace: str, name: str, claims: Sequence[str]) -> DraPod:
-        """A pod using ``claims`` (names of ResourceClaims in ``namespace``)."""
-        return DraPod(namespace, name, tuple(claims))
+    def pod(
+        self, namespace: str, name: str, claims: Sequence[str], *, uid: str | None = None
+    ) -> DraPod:
+        """A pod using ``claims`` (names of ResourceClaims in ``namespace``).
+
+        Args:
+            namespace: The pod's namespace, and its claims'.
+            name: The pod's name.
+            claims: The names of the ResourceClaims it uses.
+            uid: Its UID (the same pod seen again, or two pods of one UID); None: a new one.
+
+        Returns:
+            The pod, to reserve claims for (``MemoryApi.allocate(pods=[pod.uid])``) and prepare.
+        """
+        if uid is None:
+            return DraPod(namespace, name, tuple(claims))
+        return DraPod(namespace, name, tuple(claims), uid)
 
     async def prepare(self, pod: DraPod) -> PreparedPod:
         """PrepareResources for ``pod``, as the kubelet does before its containers start.

@@ -8,6 +8,16 @@ against it in the background of a test, through the one runner (``devplugin_sdk.
         await kubelet.wait_for_allocatable("acme.com/widget", 4)
         got = await kubelet.allocate("acme.com/widget", 1)
 
+``DraNode`` is the same for a DRA driver: the fake kubelet's DRA side, ``MemoryApi`` and the
+plugins served as the driver, ready when entered (``published()``, ``claim()``, ``prepare()``,
+``spec()``); ``DaemonSetPod`` is one instance of a DaemonSet's pod, for rolling upgrades::
+
+    async with DraNode(MyPlugin(), driver="widget.acme.com") as node:
+        pod = node.pod("gpus")
+        claim = node.claim("gpus", {"widgets": ["w0"]}, pods=[pod])
+        await node.prepare(pod)
+        edits = node.spec(claim).devices[0]["containerEdits"]
+
 ``watching`` runs a plugin's ``watch()`` alone, as the SDK runs it, for tests of pushed health::
 
     async with watching(plugin) as events:
@@ -15,14 +25,6 @@ against it in the background of a test, through the one runner (``devplugin_sdk.
 """
 
 from __future__ import annotations
-
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from functools import partial
-from typing import Any
-
-import anyio
 
 from devplugin_sdk.kubelet.fake import (
     AdmissionError,
@@ -35,18 +37,19 @@ from devplugin_sdk.kubelet.fake import (
 )
 from devplugin_sdk.kubelet.fake_dra import DraPod, PodPreparationError, PreparedPod
 from devplugin_sdk.kubelet.memory_api import MemoryApi
-from devplugin_sdk.plugin import DevicePlugin
-from devplugin_sdk.runner import Running, raise_errors, serve
+from devplugin_sdk.testing._daemonset import DaemonSetPod
+from devplugin_sdk.testing._dra_node import ClaimSpec, DraNode
+from devplugin_sdk.testing._serving import serving
 from devplugin_sdk.testing._static import StaticPlugin
 from devplugin_sdk.testing._watching import WatchedEvents, watching
 
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup  # type: ignore[import-not-found,unused-ignore]
-
 __all__ = [
     "AdmissionError",
+    "ClaimSpec",
     "ContainerAllocation",
     "ContainerStartError",
+    "DaemonSetPod",
+    "DraNode",
     "DraPod",
     "FakeKubelet",
     "FakeKubeletError",
@@ -60,24 +63,3 @@ __all__ = [
     "serving",
     "watching",
 ]
-
-
-@asynccontextmanager
-async def serving(*plugins: DevicePlugin, **options: Any) -> AsyncIterator[Running]:
-    """Run ``devplugin_sdk.serve`` in the background for the body of an ``async with``.
-
-    Takes ``serve``'s arguments (``settings=``, ``observer=``, ``http=``, ``reload=``) and
-    yields its ``runner.Running`` once every plugin has discovered its devices (and the HTTP
-    port, if any, is bound). On exit the plugins shut down as on SIGTERM (streams end, servers
-    stop, sockets removed). An error that stops serving (a rejected registration) is raised from
-    the ``async with``.
-    """
-    try:
-        async with anyio.create_task_group() as tg:
-            running: Running = await tg.start(partial(serve, *plugins, **options))
-            try:
-                yield running
-            finally:
-                tg.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        raise_errors(group)

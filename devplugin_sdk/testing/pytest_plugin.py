@@ -5,7 +5,9 @@ Registered through the ``pytest11`` entry point, so installing the package is en
 
 * ``fake_kubelet``: a running ``FakeKubelet`` on a temporary directory;
 * ``served_plugin``: the plugin of your ``device_plugin`` fixture, served to ``fake_kubelet``
-  (``devplugin_sdk.testing.serving``); it yields ``runner.Running``.
+  (``devplugin_sdk.testing.serving``); it yields ``runner.Running``;
+* ``served_driver``: the same plugin served as the DRA driver of your ``dra_driver`` fixture on a
+  ``devplugin_sdk.testing.DraNode`` of its own (kubelet, in-memory API), which it yields ready.
 
 An ``async def`` test that asks for one of them runs on anyio's asyncio backend (``grpc.aio``
 needs asyncio) without a marker; any other async test needs ``@pytest.mark.anyio`` as usual.
@@ -23,10 +25,11 @@ if TYPE_CHECKING:  # imported by the fixtures: pytest loads this module in every
     from devplugin_sdk.kubelet.fake import FakeKubelet
     from devplugin_sdk.plugin import DevicePlugin
     from devplugin_sdk.runner import Running
+    from devplugin_sdk.testing import DraNode
 
-__all__ = ["device_plugin", "fake_kubelet", "served_plugin"]
+__all__ = ["device_plugin", "dra_driver", "fake_kubelet", "served_driver", "served_plugin"]
 
-_OURS = frozenset({"fake_kubelet", "served_plugin"})
+_OURS = frozenset({"fake_kubelet", "served_driver", "served_plugin"})
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -94,3 +97,36 @@ async def served_plugin(
     plugins = (device_plugin,) if isinstance(device_plugin, DevicePlugin) else device_plugin
     async with serving(*plugins, settings=fake_kubelet.settings()) as running:
         yield running
+
+
+@pytest.fixture
+def dra_driver() -> str:
+    """The DRA driver's name ``served_driver`` serves as: define this fixture in your tests or
+    ``conftest.py``."""
+    pytest.fail(
+        "served_driver serves the `device_plugin` fixture's plugin as a DRA driver: define a "
+        "`dra_driver` fixture that returns the driver's name, e.g. `return 'widget.acme.com'`",
+        pytrace=False,
+    )
+
+
+@pytest.fixture
+async def served_driver(
+    device_plugin: DevicePlugin | Sequence[DevicePlugin],
+    dra_driver: str,
+    anyio_backend: object,
+) -> AsyncIterator[DraNode]:
+    """The ``device_plugin`` fixture's plugin(s) served as the DRA driver ``dra_driver`` on a
+    ``DraNode`` of their own for the test.
+
+    Yields the node once the driver's pool is published and the kubelet has registered it
+    (``node.published()``, ``node.claim(...)``, ``node.prepare(pod)``, ``node.spec(claim)``);
+    stops the driver as SIGTERM does, then the kubelet, after the test.
+    """
+    from devplugin_sdk.plugin import DevicePlugin  # noqa: PLC0415
+    from devplugin_sdk.testing import DraNode  # noqa: PLC0415
+
+    _asyncio_only(anyio_backend)
+    plugins = (device_plugin,) if isinstance(device_plugin, DevicePlugin) else device_plugin
+    async with DraNode(*plugins, driver=dra_driver) as node:
+        yield node

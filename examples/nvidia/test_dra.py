@@ -3,7 +3,6 @@ the example's plugin class serving claims on a fake NVML machine against FakeKub
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from types import ModuleType
@@ -14,7 +13,7 @@ import yaml
 from devplugin_sdk.cli.runfile import parse_run_config
 from devplugin_sdk.config import load_yaml
 from devplugin_sdk.dra import device_name
-from devplugin_sdk.testing import FakeKubelet, MemoryApi, fake_nvml, serving
+from devplugin_sdk.testing import DraNode, fake_nvml
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -58,34 +57,23 @@ async def test_the_example_serves_claims_through_dra(tmp_path: Path, example: Mo
     options: dict[str, Any] = {**config.backend_options, **roots.config()}
     with nvml.installed():
         plugins = example.SiteGpuPlugin.from_config(options)
-    api = MemoryApi(nodes=["gpu-node"])
-    async with FakeKubelet(dra_api=api, node_name="gpu-node") as kubelet:
-        root = kubelet.directory.parent
-        dra = dataclasses.replace(
-            config.dra,
-            api=api,
-            node_name="gpu-node",
-            plugin_dir=root / "plugins" / config.dra.driver,
-            cdi_dir=root / "cdi",
-        )
-        async with serving(*plugins, settings=kubelet.settings(), api=config.api, dra=dra):
-            driver = config.dra.driver
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(driver))
-            await kubelet.wait_for(lambda: api.pool_complete(driver, "gpu-node"))
-            devices = [d for s in api.pool(driver, "gpu-node") for d in s.devices]
-            assert len(devices) == 8
-            assert {d.attributes["architecture"] for d in devices} == {"Ampere"}
-            pod = kubelet.dra.pod("ml", "job", ["gpu"])
-            gpu = device_name(nvml.gpus[3].uuid)
-            api.allocate(
-                "ml", "gpu", {"one": [gpu]}, driver=driver, pool="gpu-node", pods=[pod.uid]
-            )
-            prepared = await kubelet.dra.prepare(pod)
-            claim = api.claims[("ml", "gpu")]
-            assert prepared.cdi_ids("gpu") == [f"k8s.{driver}/claim={claim.uid}-one"]
-            spec = json.loads((dra.cdi_dir / f"k8s.{driver}-claim_{claim.uid}.json").read_text())
-            env = spec["devices"][0]["containerEdits"]["env"]
-            # The example's own allocate() runs: the site variable and the GPU list.
-            assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env
-            assert f"NVIDIA_VISIBLE_DEVICES={nvml.gpus[3].uuid}" in env
-            await kubelet.dra.unprepare(pod)
+    driver = config.dra.driver
+    async with DraNode(
+        *plugins,
+        driver=driver,
+        kubelet_options={"node_name": "gpu-node"},
+        device_plugin_api=config.api == "both",
+    ) as node:
+        devices = list(node.published().values())
+        assert len(devices) == 8
+        assert {d.attributes["architecture"] for d in devices} == {"Ampere"}
+        pod = node.pod("gpu", name="job", namespace="ml")
+        gpu = device_name(nvml.gpus[3].uuid)
+        claim = node.claim("gpu", {"one": [gpu]}, pods=[pod], namespace="ml")
+        prepared = await node.prepare(pod)
+        assert prepared.cdi_ids("gpu") == [f"k8s.{driver}/claim={claim.uid}-one"]
+        env = node.spec(claim).devices[0]["containerEdits"]["env"]
+        # The example's own allocate() runs: the site variable and the GPU list.
+        assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env
+        assert f"NVIDIA_VISIBLE_DEVICES={nvml.gpus[3].uuid}" in env
+        await node.unprepare(pod)

@@ -5,14 +5,12 @@ side over real gRPC, and the claim's ``config`` entries read by the real Kuberne
 
 from __future__ import annotations
 
-import json
 import stat
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_helpers import dra_options
 from kube_apiserver import FakeApiServer
 
 from devplugin_sdk.backends.nvidia import NvidiaConfig, NvmlPlugin
@@ -20,7 +18,7 @@ from devplugin_sdk.config import ConfigReader
 from devplugin_sdk.dra import device_name, kube_api
 from devplugin_sdk.dra.config import ClaimConfigError, ConfigKind, resolve
 from devplugin_sdk.dra.resources import DeviceConfig, ResourceClaim
-from devplugin_sdk.testing import FakeKubelet, MemoryApi, PodPreparationError, fake_nvml, serving
+from devplugin_sdk.testing import ClaimSpec, DraNode, MemoryApi, PodPreparationError, fake_nvml
 
 GPU_DRIVER = "gpu.devplugin.example.com"
 API_VERSION = f"{GPU_DRIVER}/v1alpha1"
@@ -34,12 +32,11 @@ def mps(**limits: Any) -> dict[str, Any]:
     return gpu_config(strategy="MPS", mpsConfig=limits)
 
 
-def env_of(spec_file: Path) -> dict[str, dict[str, str]]:
+def env_of(spec: ClaimSpec) -> dict[str, dict[str, str]]:
     """Each CDI device's (request's) environment in a claim's spec."""
-    spec = json.loads(spec_file.read_text())
     return {
         d["name"].rsplit("-", 1)[1]: dict(e.split("=", 1) for e in d["containerEdits"]["env"])
-        for d in spec["devices"]
+        for d in spec.devices
     }
 
 
@@ -66,71 +63,65 @@ async def test_class_config_and_claim_override_apply_per_request_and_a_bad_one_f
     )
     api = MemoryApi(nodes=["node-1"])
     names = [device_name(g.uuid) for g in nvml.gpus]
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api, driver=GPU_DRIVER)
-        pod = kubelet.dra.pod("ml", "trainer", ["shared", "broken"])
-        async with serving(
-            NvmlPlugin(config, nvml=nvml), settings=kubelet.settings(), api="dra", dra=options
-        ):
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(GPU_DRIVER))
-            await kubelet.wait_for(lambda: len(api.pool(GPU_DRIVER, "node-1")) == 1)
-            # The class gives both requests MPS at 50 % with 10 GiB pinned; the claim overrides
-            # request "b" with 25 % (the claim's entry replaces the class's for that request).
-            api.allocate(
-                "ml",
-                "shared",
-                {"a": [names[0]], "b": [names[1]]},
-                driver=GPU_DRIVER,
-                pool="node-1",
-                pods=[pod.uid],
-                config=[
-                    DeviceConfig(
-                        "FromClaim", ("b",), GPU_DRIVER, mps(defaultActiveThreadPercentage=25)
+    async with DraNode(NvmlPlugin(config, nvml=nvml), driver=GPU_DRIVER, memory=api) as node:
+        pod = node.pod("shared", "broken", name="trainer", namespace="ml")
+        assert len(api.pool(GPU_DRIVER, "node-1")) == 1
+        # The class gives both requests MPS at 50 % with 10 GiB pinned; the claim overrides
+        # request "b" with 25 % (the claim's entry replaces the class's for that request).
+        api.allocate(
+            "ml",
+            "shared",
+            {"a": [names[0]], "b": [names[1]]},
+            driver=GPU_DRIVER,
+            pool="node-1",
+            pods=[pod.uid],
+            config=[
+                DeviceConfig(
+                    "FromClaim", ("b",), GPU_DRIVER, mps(defaultActiveThreadPercentage=25)
+                ),
+                DeviceConfig(
+                    "FromClass",
+                    ("a", "b"),
+                    GPU_DRIVER,
+                    mps(
+                        defaultActiveThreadPercentage=50,
+                        defaultPinnedDeviceMemoryLimit="10Gi",
                     ),
-                    DeviceConfig(
-                        "FromClass",
-                        ("a", "b"),
-                        GPU_DRIVER,
-                        mps(
-                            defaultActiveThreadPercentage=50,
-                            defaultPinnedDeviceMemoryLimit="10Gi",
-                        ),
-                    ),
-                    # Another driver's entry is left to it.
-                    DeviceConfig("FromClaim", (), "nic.example.com", {"anything": True}),
-                ],
-            )
-            api.allocate(
-                "ml",
-                "broken",
-                {"gpus": [names[2]]},
-                driver=GPU_DRIVER,
-                pool="node-1",
-                pods=[pod.uid],
-                config=[
-                    DeviceConfig(
-                        "FromClaim", ("gpus",), GPU_DRIVER, mps(defaultActiveThreadPercentage=150)
-                    )
-                ],
-            )
-            with pytest.raises(PodPreparationError) as failed:
-                await kubelet.dra.prepare(pod)
-            message = str(failed.value)
-            assert "ml/broken" in message
-            assert "request gpus" in message
-            assert "opaque.parameters.sharing.mpsConfig.defaultActiveThreadPercentage" in message
-            assert "must be <= 100, got 150" in message
-            # The other claim of the same call was prepared, each request with its own config.
-            shared = api.claims[("ml", "shared")]
-            spec_file = options.cdi_dir / f"k8s.{GPU_DRIVER}-claim_{shared.uid}.json"
-            env = env_of(spec_file)
-            assert env["a"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-            assert env["a"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
-            assert env["b"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
-            assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env["b"]
-            assert env["a"]["NVIDIA_VISIBLE_DEVICES"] == nvml.gpus[0].uuid
-            broken = api.claims[("ml", "broken")]
-            assert not (options.cdi_dir / f"k8s.{GPU_DRIVER}-claim_{broken.uid}.json").exists()
+                ),
+                # Another driver's entry is left to it.
+                DeviceConfig("FromClaim", (), "nic.example.com", {"anything": True}),
+            ],
+        )
+        api.allocate(
+            "ml",
+            "broken",
+            {"gpus": [names[2]]},
+            driver=GPU_DRIVER,
+            pool="node-1",
+            pods=[pod.uid],
+            config=[
+                DeviceConfig(
+                    "FromClaim", ("gpus",), GPU_DRIVER, mps(defaultActiveThreadPercentage=150)
+                )
+            ],
+        )
+        with pytest.raises(PodPreparationError) as failed:
+            await node.prepare(pod)
+        message = str(failed.value)
+        assert "ml/broken" in message
+        assert "request gpus" in message
+        assert "opaque.parameters.sharing.mpsConfig.defaultActiveThreadPercentage" in message
+        assert "must be <= 100, got 150" in message
+        # The other claim of the same call was prepared, each request with its own config.
+        shared = api.claims[("ml", "shared")]
+        env = env_of(node.spec(shared))
+        assert env["a"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+        assert env["a"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
+        assert env["b"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+        assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env["b"]
+        assert env["a"]["NVIDIA_VISIBLE_DEVICES"] == nvml.gpus[0].uuid
+        broken = api.claims[("ml", "broken")]
+        assert not node.spec_path(broken).exists()
 
 
 async def test_time_slicing_sets_the_gpus_time_slice_at_prepare(tmp_path: Path) -> None:
@@ -144,29 +135,26 @@ async def test_time_slicing_sets_the_gpus_time_slice_at_prepare(tmp_path: Path) 
     plugin.nvidia_smi = command
     api = MemoryApi(nodes=["node-1"])
     names = [device_name(g.uuid) for g in nvml.gpus]
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api, driver=GPU_DRIVER)
-        pod = kubelet.dra.pod("ml", "sliced", ["two"])
-        async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options):
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(GPU_DRIVER))
-            await kubelet.wait_for(lambda: len(api.pool(GPU_DRIVER, "node-1")) == 1)
-            api.allocate(
-                "ml",
-                "two",
-                {"gpus": names[:2]},
-                driver=GPU_DRIVER,
-                pool="node-1",
-                pods=[pod.uid],
-                config=[
-                    DeviceConfig(
-                        "FromClass",
-                        ("gpus",),
-                        GPU_DRIVER,
-                        gpu_config(strategy="TimeSlicing", timeSlicingConfig={"interval": "Long"}),
-                    )
-                ],
-            )
-            await kubelet.dra.prepare(pod)
+    async with DraNode(plugin, driver=GPU_DRIVER, memory=api) as node:
+        pod = node.pod("two", name="sliced", namespace="ml")
+        assert len(api.pool(GPU_DRIVER, "node-1")) == 1
+        api.allocate(
+            "ml",
+            "two",
+            {"gpus": names[:2]},
+            driver=GPU_DRIVER,
+            pool="node-1",
+            pods=[pod.uid],
+            config=[
+                DeviceConfig(
+                    "FromClass",
+                    ("gpus",),
+                    GPU_DRIVER,
+                    gpu_config(strategy="TimeSlicing", timeSlicingConfig={"interval": "Long"}),
+                )
+            ],
+        )
+        await node.prepare(pod)
     uuids = ",".join(g.uuid for g in nvml.gpus[:2])
     assert log.read_text().splitlines() == [f"compute-policy -i {uuids} --set-timeslice=3"]
 

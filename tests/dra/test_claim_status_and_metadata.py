@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from dra_helpers import DRIVER, dra_options
+from dra_helpers import DRIVER
 from kube_apiserver import FakeApiServer
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk.backends import rdma
 from devplugin_sdk.dra._kube import LightkubeApi
-from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
+from devplugin_sdk.testing import ClaimSpec, DraNode, MemoryApi, StaticPlugin
 from devplugin_sdk.testing.rdma_trees import connectx_roce_host
 from devplugin_sdk.types import Device, DeviceCondition, DeviceStatus, NetworkData
 
@@ -27,18 +27,8 @@ NODE = "node-1"
 METADATA_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
 
 
-async def ready(kubelet: FakeKubelet, api: MemoryApi) -> None:
-    """The pool is published and the driver registered (it publishes first)."""
-    await kubelet.wait_for(lambda: api.pool_complete(DRIVER, NODE), what="slices")
-    await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), what="registered")
-
-
-def spec_of(cdi_dir: Path, uid: str) -> dict[str, object]:
-    return json.loads((cdi_dir / f"k8s.{DRIVER}-claim_{uid}.json").read_text())
-
-
-def mounts(spec: dict[str, object]) -> list[dict[str, object]]:
-    return [m for d in spec["devices"] for m in d["containerEdits"].get("mounts", [])]  # type: ignore[attr-defined,index]
+def mounts(spec: ClaimSpec) -> list[dict[str, object]]:
+    return [m for d in spec.devices for m in d["containerEdits"].get("mounts", [])]
 
 
 async def test_rdma_claims_show_network_data_in_the_claim_status_on_the_loopback_api(
@@ -53,18 +43,15 @@ async def test_rdma_claims_show_network_data_in_the_claim_status_on_the_loopback
         }
     )
     api = MemoryApi(nodes=[NODE])
-    async with FakeApiServer(api).serving() as server, FakeKubelet(dra_api=api) as kubelet:
+    async with FakeApiServer(api).serving() as server:
         client = LightkubeApi.connect(server.kubeconfig(tmp_path / "kubeconfig"))
-        options = dra_options(kubelet, api, api=client)
         try:
-            async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options):
-                await ready(kubelet, api)
-                (device,) = [d.name for s in api.pool(DRIVER, NODE) for d in s.devices]
-                pod = kubelet.dra.pod("default", "trainer", ["nic"])
-                api.allocate(
-                    "default", "nic", {"nic": [device]}, driver=DRIVER, pool=NODE, pods=[pod.uid]
-                )
-                await kubelet.dra.prepare(pod)
+            async with DraNode(plugin, driver=DRIVER, memory=api, api=client) as node:
+                kubelet = node.kubelet
+                (device,) = node.published()
+                pod = node.pod("nic", name="trainer")
+                node.claim("nic", {"nic": [device]}, pods=[pod])
+                await node.prepare(pod)
                 await kubelet.wait_for(
                     lambda: bool(api.device_statuses("default", "nic")), what="status"
                 )
@@ -78,7 +65,7 @@ async def test_rdma_claims_show_network_data_in_the_claim_status_on_the_loopback
                 assert ("PATCH", "application/apply-patch+yaml") in server.content_types
                 # The same network data in the request's metadata.json.
                 uid = api.claims[("default", "nic")].uid
-                (mount,) = mounts(spec_of(options.cdi_dir, uid))
+                (mount,) = mounts(node.spec(uid))
                 document = json.loads(Path(str(mount["hostPath"])).read_text())  # noqa: ASYNC240
                 (listed,) = document["requests"][0]["devices"]
                 assert listed["networkData"] == {
@@ -86,7 +73,7 @@ async def test_rdma_claims_show_network_data_in_the_claim_status_on_the_loopback
                     "hardwareAddress": "b8:ce:f6:00:00:00",
                 }
                 assert listed["attributes"]["rdmaDevice"] == {"string": "mlx5_0"}
-                await kubelet.dra.unprepare(pod)
+                await node.unprepare(pod)
                 # The driver's entries leave with the claim's preparation.
                 await kubelet.wait_for(
                     lambda: not api.device_statuses("default", "nic"), what="status cleared"
@@ -117,30 +104,21 @@ async def test_conditions_and_data_are_written_and_out_of_limit_answers_left_out
         ),
         "w2": DeviceStatus(data={"blob": "x" * (10 * 1024)}),
     }
-    api = MemoryApi(nodes=[NODE])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        async with serving(
-            Reporting(RESOURCE, widgets(3)),
-            settings=kubelet.settings(),
-            api="dra",
-            dra=dra_options(kubelet, api),
-        ):
-            await ready(kubelet, api)
-            pod = kubelet.dra.pod("default", "p", ["c"])
-            api.allocate(
-                "default", "c", {"w": ["w0", "w1", "w2"]}, driver=DRIVER, pool=NODE, pods=[pod.uid]
-            )
-            with caplog.at_level(logging.WARNING, logger="devplugin_sdk"):
-                prepared = await kubelet.dra.prepare(pod)
-            assert prepared.cdi_ids("c")  # the claim prepared whatever the status
-            (entry,) = api.device_statuses("default", "c")
-            assert entry.device == "w0"
-            assert entry.status.conditions[0].reason == "Configured"
-            assert entry.status.data == {"firmware": "28.39.1002"}
-            left_out = sorted(r.message for r in caplog.records if "left out" in r.message)
-            assert len(left_out) == 2
-            assert "9 conditions; at most 8" in left_out[0] or "9 conditions" in left_out[1]
-            assert any("at most 10240" in m for m in left_out)
+    async with DraNode(Reporting(RESOURCE, widgets(3)), driver=DRIVER) as node:
+        api = node.api
+        pod = node.pod("c", name="p")
+        node.claim("c", {"w": ["w0", "w1", "w2"]}, pods=[pod])
+        with caplog.at_level(logging.WARNING, logger="devplugin_sdk"):
+            prepared = await node.prepare(pod)
+        assert prepared.cdi_ids("c")  # the claim prepared whatever the status
+        (entry,) = api.device_statuses("default", "c")
+        assert entry.device == "w0"
+        assert entry.status.conditions[0].reason == "Configured"
+        assert entry.status.data == {"firmware": "28.39.1002"}
+        left_out = sorted(r.message for r in caplog.records if "left out" in r.message)
+        assert len(left_out) == 2
+        assert "9 conditions; at most 8" in left_out[0] or "9 conditions" in left_out[1]
+        assert any("at most 10240" in m for m in left_out)
 
 
 async def test_the_memory_api_refuses_what_the_api_server_refuses() -> None:
@@ -164,102 +142,77 @@ async def test_the_memory_api_refuses_what_the_api_server_refuses() -> None:
 async def test_metadata_json_per_request_is_mounted_by_the_claim_spec_and_removed_on_unprepare() -> (
     None
 ):
-    api = MemoryApi(nodes=[NODE])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        plugin = StaticPlugin(
-            RESOURCE,
-            [
-                dataclasses.replace(w, attributes={"index": i, "model": "W9"})
-                for i, w in enumerate(widgets(2))
-            ],
+    plugin = StaticPlugin(
+        RESOURCE,
+        [
+            dataclasses.replace(w, attributes={"index": i, "model": "W9"})
+            for i, w in enumerate(widgets(2))
+        ],
+    )
+    async with DraNode(plugin, driver=DRIVER) as node:
+        api, options = node.api, node.options
+        pod = node.pod("gpus", name="p", namespace="team")
+        node.claim("gpus", {"big/large": ["w0"], "small": ["w1"]}, pods=[pod], namespace="team")
+        await node.prepare(pod)
+        claim = api.claims[("team", "gpus")]
+        found = {
+            str(m["containerPath"]): Path(str(m["hostPath"])) for m in mounts(node.spec(claim))
+        }
+        big = f"{METADATA_ROOT}/resourceclaims/gpus/big/{DRIVER}-metadata.json"
+        small = f"{METADATA_ROOT}/resourceclaims/gpus/small/{DRIVER}-metadata.json"
+        assert sorted(found) == [big, small]
+        host_file = found[big]
+        assert (
+            host_file
+            == options.resolved_plugin_dir
+            / "dra-device-metadata"
+            / "team_gpus"
+            / "big"
+            / "metadata.json"
         )
-        async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options):
-            await ready(kubelet, api)
-            pod = kubelet.dra.pod("team", "p", ["gpus"])
-            api.allocate(
-                "team",
-                "gpus",
-                {"big/large": ["w0"], "small": ["w1"]},
-                driver=DRIVER,
-                pool=NODE,
-                pods=[pod.uid],
-            )
-            await kubelet.dra.prepare(pod)
-            claim = api.claims[("team", "gpus")]
-            found = {
-                str(m["containerPath"]): Path(str(m["hostPath"]))
-                for m in mounts(spec_of(options.cdi_dir, claim.uid))
-            }
-            big = f"{METADATA_ROOT}/resourceclaims/gpus/big/{DRIVER}-metadata.json"
-            small = f"{METADATA_ROOT}/resourceclaims/gpus/small/{DRIVER}-metadata.json"
-            assert sorted(found) == [big, small]
-            host_file = found[big]
-            assert (
-                host_file
-                == options.resolved_plugin_dir
-                / "dra-device-metadata"
-                / "team_gpus"
-                / "big"
-                / "metadata.json"
-            )
-            document = json.loads(host_file.read_text())
-            assert document == {
-                "apiVersion": "metadata.resource.k8s.io/v1alpha1",
-                "kind": "DeviceMetadata",
-                "metadata": {
-                    "name": "gpus",
-                    "namespace": "team",
-                    "uid": claim.uid,
-                    "generation": 1,
-                },
-                "requests": [
-                    {
-                        "name": "big/large",  # the full name inside, the base name in the path
-                        "devices": [
-                            {
-                                "driver": DRIVER,
-                                "pool": NODE,
-                                "name": "w0",
-                                "attributes": {"index": {"int": 0}, "model": {"string": "W9"}},
-                            }
-                        ],
-                    }
-                ],
-            }
-            assert oct(host_file.stat().st_mode & 0o777) == "0o644"
-            (spec_mount,) = [
-                m for m in mounts(spec_of(options.cdi_dir, claim.uid)) if m["containerPath"] == big
-            ]
-            assert "ro" in spec_mount["options"]  # type: ignore[operator]
-            await kubelet.dra.unprepare(pod)
-            assert not host_file.exists()
-            assert not (options.resolved_plugin_dir / "dra-device-metadata" / "team_gpus").exists()
+        document = json.loads(host_file.read_text())
+        assert document == {
+            "apiVersion": "metadata.resource.k8s.io/v1alpha1",
+            "kind": "DeviceMetadata",
+            "metadata": {
+                "name": "gpus",
+                "namespace": "team",
+                "uid": claim.uid,
+                "generation": 1,
+            },
+            "requests": [
+                {
+                    "name": "big/large",  # the full name inside, the base name in the path
+                    "devices": [
+                        {
+                            "driver": DRIVER,
+                            "pool": NODE,
+                            "name": "w0",
+                            "attributes": {"index": {"int": 0}, "model": {"string": "W9"}},
+                        }
+                    ],
+                }
+            ],
+        }
+        assert oct(host_file.stat().st_mode & 0o777) == "0o644"
+        (spec_mount,) = [m for m in mounts(node.spec(claim)) if m["containerPath"] == big]
+        assert "ro" in spec_mount["options"]  # type: ignore[operator]
+        await node.unprepare(pod)
+        assert not host_file.exists()
+        assert not (options.resolved_plugin_dir / "dra-device-metadata" / "team_gpus").exists()
 
 
 async def test_a_claim_from_a_template_is_mounted_under_its_pod_claim_name() -> None:
-    api = MemoryApi(nodes=[NODE])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        async with serving(
-            StaticPlugin(RESOURCE, widgets(1)), settings=kubelet.settings(), api="dra", dra=options
-        ):
-            await ready(kubelet, api)
-            pod = kubelet.dra.pod("default", "trainer", ["trainer-gpus-x7k2p"])
-            api.add_claim("default", "trainer-gpus-x7k2p", pod_claim_name="gpus")
-            api.allocate(
-                "default",
-                "trainer-gpus-x7k2p",
-                {"gpu": ["w0"]},
-                driver=DRIVER,
-                pool=NODE,
-                pods=[pod.uid],
-            )
-            await kubelet.dra.prepare(pod)
-            claim = api.claims[("default", "trainer-gpus-x7k2p")]
-            (mount,) = mounts(spec_of(options.cdi_dir, claim.uid))
-            assert mount["containerPath"] == (
-                f"{METADATA_ROOT}/resourceclaimtemplates/gpus/gpu/{DRIVER}-metadata.json"
-            )
-            document = json.loads(Path(str(mount["hostPath"])).read_text())  # noqa: ASYNC240
-            assert document["podClaimName"] == "gpus"
+    async with DraNode(StaticPlugin(RESOURCE, widgets(1)), driver=DRIVER) as node:
+        api = node.api
+        pod = node.pod("trainer-gpus-x7k2p", name="trainer")
+        api.add_claim("default", "trainer-gpus-x7k2p", pod_claim_name="gpus")
+        node.claim("trainer-gpus-x7k2p", {"gpu": ["w0"]}, pods=[pod])
+        await node.prepare(pod)
+        claim = api.claims[("default", "trainer-gpus-x7k2p")]
+        (mount,) = mounts(node.spec(claim))
+        assert mount["containerPath"] == (
+            f"{METADATA_ROOT}/resourceclaimtemplates/gpus/gpu/{DRIVER}-metadata.json"
+        )
+        document = json.loads(Path(str(mount["hostPath"])).read_text())  # noqa: ASYNC240
+        assert document["podClaimName"] == "gpus"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from dra_helpers import DRIVER, dra_options
+from dra_helpers import DRIVER
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk._wire import server as _server
@@ -16,29 +16,20 @@ from devplugin_sdk._wire import watcher_registration
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim
 from devplugin_sdk._wire.dra_service import handlers
 from devplugin_sdk.kubelet import conformance
-from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
+from devplugin_sdk.testing import DraNode, StaticPlugin
 
 
 async def test_the_sdks_driver_passes(short_dir: Path) -> None:
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        settings = kubelet.settings()
-        async with serving(
-            StaticPlugin(RESOURCE, widgets(2)),
-            settings=settings,
-            api="dra",
-            dra=dra_options(kubelet, api),
-        ):
-            socket = settings.plugins_registry_dir / f"{DRIVER}-reg.sock"
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER))
-            report = await conformance.check_dra_socket(socket)
-            assert [r.status for r in report.results] == ["pass"] * len(conformance.DRA_CHECKS)
-            assert report.succeeded(strict=True)
-            # The CLI, as a user runs it (a process of its own), on the DRA socket itself.
-            dra_socket = dra_options(kubelet, api).resolved_plugin_dir / "dra.sock"
-            command = [sys.executable, "-m", "devplugin_sdk", "conformance", "--dra"]
-            result = await anyio.run_process([*command, "--socket", str(dra_socket)], check=False)
-            assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    async with DraNode(StaticPlugin(RESOURCE, widgets(2)), driver=DRIVER) as node:
+        socket = node.kubelet.registry_directory / f"{DRIVER}-reg.sock"
+        report = await conformance.check_dra_socket(socket)
+        assert [r.status for r in report.results] == ["pass"] * len(conformance.DRA_CHECKS)
+        assert report.succeeded(strict=True)
+        # The CLI, as a user runs it (a process of its own), on the DRA socket itself.
+        dra_socket = node.options.resolved_plugin_dir / "dra.sock"
+        command = [sys.executable, "-m", "devplugin_sdk", "conformance", "--dra"]
+        result = await anyio.run_process([*command, "--socket", str(dra_socket)], check=False)
+        assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
 
 async def _serve_broken(

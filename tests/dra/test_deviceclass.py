@@ -11,10 +11,10 @@ import kubernetes_validate
 import pytest
 import yaml
 from cli_process import ROOT, devplugin, error_line
-from dra_helpers import DRIVER, dra_options
+from dra_helpers import DRIVER
 
 from devplugin_sdk.dra._deviceclass import RESOURCE_ATTRIBUTE, device_classes
-from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
+from devplugin_sdk.testing import DraNode, StaticPlugin
 from devplugin_sdk.types import Device
 
 NVIDIA = ROOT / "examples" / "nvidia"
@@ -71,21 +71,12 @@ async def test_several_resources_get_a_class_each_selecting_their_own_devices() 
     for document in classes:
         kubernetes_validate.validate(document, "1.37.0", strict=True)
     assert [c["metadata"]["name"] for c in classes] == [f"widget.{DRIVER}", f"gizmo.{DRIVER}"]
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        plugins = (
-            StaticPlugin("acme.com/widget", [Device("w0")]),
-            Gizmos("acme.com/gizmo", [Device("g0")]),
-        )
-        async with serving(
-            *plugins, settings=kubelet.settings(), api="dra", dra=dra_options(kubelet, api)
-        ):
-            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
-            published = {
-                d.name: d.attributes[RESOURCE_ATTRIBUTE]
-                for s in api.pool(DRIVER, "node-1")
-                for d in s.devices
-            }
+    plugins = (
+        StaticPlugin("acme.com/widget", [Device("w0")]),
+        Gizmos("acme.com/gizmo", [Device("g0")]),
+    )
+    async with DraNode(*plugins, driver=DRIVER) as node:
+        published = {name: d.attributes[RESOURCE_ATTRIBUTE] for name, d in node.published().items()}
     assert published == {"w0": "acme.com/widget", "g0": "acme.com/gizmo"}
     for document, resource in zip(classes, ["acme.com/widget", "acme.com/gizmo"], strict=True):
         expression = document["spec"]["selectors"][0]["cel"]["expression"]

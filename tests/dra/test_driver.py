@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 
 import pytest
-from dra_helpers import DRIVER, dra_options
+from dra_helpers import DRIVER
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Device, DeviceNode, Health
 from devplugin_sdk.dra.resources import DeviceTaint
-from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
+from devplugin_sdk.testing import DraNode, FakeKubelet, MemoryApi, StaticPlugin
 from devplugin_sdk.types import Effect, Quantity
 
 
@@ -30,119 +28,97 @@ def typed_widgets(count: int = 3) -> list[Device]:
 
 
 async def test_publishes_registers_prepares_and_unprepares() -> None:
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        plugin = StaticPlugin(RESOURCE, typed_widgets(3))
-        options = dra_options(kubelet, api)
-        async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options) as running:
-            await kubelet.wait_for(
-                lambda: kubelet.dra.is_registered(DRIVER), what="DRA registration"
-            )
-            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
-            (pool,) = api.pool(DRIVER, "node-1")
-            assert [d.name for d in pool.devices] == ["w0", "w1", "w2"]
-            assert pool.devices[1].attributes == {"index": 1, "model": "Widget 9000"}
-            assert str(pool.devices[1].capacity["memory"]) == "1Gi"
-            (registration,) = kubelet.dra.successful_registrations(DRIVER)
-            assert registration.service == "v1.DRAPlugin"
-            await kubelet.wait_for(
-                lambda: running.dra is not None and running.dra.registered, what="status"
-            )
+    plugin = StaticPlugin(RESOURCE, typed_widgets(3))
+    async with DraNode(plugin, driver=DRIVER) as node:
+        kubelet, api, running = node.kubelet, node.api, node.running
+        (pool,) = api.pool(DRIVER, "node-1")
+        assert [d.name for d in pool.devices] == ["w0", "w1", "w2"]
+        assert pool.devices[1].attributes == {"index": 1, "model": "Widget 9000"}
+        assert str(pool.devices[1].capacity["memory"]) == "1Gi"
+        (registration,) = kubelet.dra.successful_registrations(DRIVER)
+        assert registration.service == "v1.DRAPlugin"
+        await kubelet.wait_for(
+            lambda: running.dra is not None and running.dra.registered, what="status"
+        )
 
-            pod = kubelet.dra.pod("default", "pod-a", ["gpus"])
-            api.allocate(
-                "default",
-                "gpus",
-                {"widgets": ["w0", "w2"]},
-                driver=DRIVER,
-                pool="node-1",
-                pods=[pod.uid],
-            )
-            prepared = await kubelet.dra.prepare(pod)
-            ids = prepared.cdi_ids("gpus")
-            claim = api.claims[("default", "gpus")]
-            assert ids == [f"k8s.{DRIVER}/claim={claim.uid}-widgets"]
-            spec_path = options.cdi_dir / f"k8s.{DRIVER}-claim_{claim.uid}.json"
-            spec = json.loads(spec_path.read_text())
-            (edits,) = spec["devices"]
-            assert [n["path"] for n in edits["containerEdits"]["deviceNodes"]] == [
-                "/dev/widget0",
-                "/dev/widget2",
-            ]
-            await kubelet.dra.unprepare(pod)
-            assert not spec_path.exists()
-            assert kubelet.dra.prepared_claims() == []
+        pod = node.pod("gpus", name="pod-a")
+        node.claim("gpus", {"widgets": ["w0", "w2"]}, pods=[pod])
+        prepared = await node.prepare(pod)
+        ids = prepared.cdi_ids("gpus")
+        claim = api.claims[("default", "gpus")]
+        assert ids == [f"k8s.{DRIVER}/claim={claim.uid}-widgets"]
+        spec = node.spec(claim)
+        spec_path = spec.path
+        (edits,) = spec.devices
+        assert [n["path"] for n in edits["containerEdits"]["deviceNodes"]] == [
+            "/dev/widget0",
+            "/dev/widget2",
+        ]
+        await node.unprepare(pod)
+        assert not spec_path.exists()
+        assert kubelet.dra.prepared_claims() == []
 
 
 async def test_an_unhealthy_device_stays_in_the_pool_tainted_until_it_recovers() -> None:
     """Taints, not withdrawal: the device stays listed with a NoSchedule taint in the driver's
     domain, the reason's cause as value and a timeAdded that stays while the taint does; an
     escalation the operator did not opt into stays NoSchedule; recovery removes the taint."""
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        plugin = StaticPlugin(RESOURCE, widgets(3))
-        async with serving(
-            plugin, settings=kubelet.settings(), api="dra", dra=dra_options(kubelet, api)
-        ):
-            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
-            plugin.set_health("w1", Health.UNHEALTHY, "ECC error: 3 pages retired")
+    plugin = StaticPlugin(RESOURCE, widgets(3))
+    async with DraNode(plugin, driver=DRIVER) as node:
+        kubelet, api = node.kubelet, node.api
+        plugin.set_health("w1", Health.UNHEALTHY, "ECC error: 3 pages retired")
 
-            def taints() -> dict[str, tuple[DeviceTaint, ...]]:
-                return {d.name: d.taints for s in api.pool(DRIVER, "node-1") for d in s.devices}
+        def taints() -> dict[str, tuple[DeviceTaint, ...]]:
+            return {d.name: d.taints for s in api.pool(DRIVER, "node-1") for d in s.devices}
 
-            await kubelet.wait_for(lambda: bool(taints()["w1"]), what="w1 tainted")
-            assert sorted(taints()) == ["w0", "w1", "w2"]
-            (taint,) = taints()["w1"]
-            assert (taint.key, taint.value, taint.effect) == (
-                f"{DRIVER}/health",
-                "ECC-error",
-                "NoSchedule",
-            )
-            assert taint.time_added is not None
-            assert not taints()["w0"]
-            assert not taints()["w2"]
-            # Another device's change rewrites the pool: w1's taint keeps its time.
-            generation = api.pool(DRIVER, "node-1")[0].generation
-            plugin.set_health("w2", Health.UNHEALTHY, "gone", Effect.NO_EXECUTE)
-            await kubelet.wait_for(lambda: bool(taints()["w2"]), what="w2 tainted")
-            assert api.pool(DRIVER, "node-1")[0].generation > generation
-            assert taints()["w1"] == (taint,)
-            assert taints()["w2"][0].effect == "NoSchedule"  # NoExecute needs the operator
-            plugin.set_health("w1", Health.HEALTHY)
-            await kubelet.wait_for(lambda: not taints()["w1"], what="w1's taint removed")
-            assert sorted(taints()) == ["w0", "w1", "w2"]
+        await kubelet.wait_for(lambda: bool(taints()["w1"]), what="w1 tainted")
+        assert sorted(taints()) == ["w0", "w1", "w2"]
+        (taint,) = taints()["w1"]
+        assert (taint.key, taint.value, taint.effect) == (
+            f"{DRIVER}/health",
+            "ECC-error",
+            "NoSchedule",
+        )
+        assert taint.time_added is not None
+        assert not taints()["w0"]
+        assert not taints()["w2"]
+        # Another device's change rewrites the pool: w1's taint keeps its time.
+        generation = api.pool(DRIVER, "node-1")[0].generation
+        plugin.set_health("w2", Health.UNHEALTHY, "gone", Effect.NO_EXECUTE)
+        await kubelet.wait_for(lambda: bool(taints()["w2"]), what="w2 tainted")
+        assert api.pool(DRIVER, "node-1")[0].generation > generation
+        assert taints()["w1"] == (taint,)
+        assert taints()["w2"][0].effect == "NoSchedule"  # NoExecute needs the operator
+        plugin.set_health("w1", Health.HEALTHY)
+        await kubelet.wait_for(lambda: not taints()["w1"], what="w1's taint removed")
+        assert sorted(taints()) == ["w0", "w1", "w2"]
 
 
 async def test_no_execute_when_the_operator_opts_in_and_advisories_as_none() -> None:
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        plugin = StaticPlugin(RESOURCE, widgets(2))
-        options = dataclasses.replace(dra_options(kubelet, api), no_execute=True)
-        async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options):
-            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
-            plugin.set_health("w0", Health.UNHEALTHY, "fell off the bus", Effect.NO_EXECUTE)
-            plugin.set_health(
-                "w1", Health.HEALTHY, "Xid 43 (GPU stopped processing)", Effect.ADVISORY
-            )
+    plugin = StaticPlugin(RESOURCE, widgets(2))
+    async with DraNode(plugin, driver=DRIVER, no_execute=True) as node:
+        kubelet, api = node.kubelet, node.api
+        plugin.set_health("w0", Health.UNHEALTHY, "fell off the bus", Effect.NO_EXECUTE)
+        plugin.set_health("w1", Health.HEALTHY, "Xid 43 (GPU stopped processing)", Effect.ADVISORY)
 
-            def effects() -> dict[str, list[tuple[str, str]]]:
-                return {
-                    d.name: [(t.value, t.effect) for t in d.taints]
-                    for s in api.pool(DRIVER, "node-1")
-                    for d in s.devices
+        def effects() -> dict[str, list[tuple[str, str]]]:
+            return {
+                d.name: [(t.value, t.effect) for t in d.taints]
+                for s in api.pool(DRIVER, "node-1")
+                for d in s.devices
+            }
+
+        await kubelet.wait_for(
+            lambda: (
+                effects()
+                == {
+                    "w0": [("fell-off-the-bus", "NoExecute")],
+                    "w1": [("Xid-43-GPU-stopped-processing", "None")],
                 }
-
-            await kubelet.wait_for(
-                lambda: (
-                    effects()
-                    == {
-                        "w0": [("fell-off-the-bus", "NoExecute")],
-                        "w1": [("Xid-43-GPU-stopped-processing", "None")],
-                    }
-                ),
-                what="NoExecute on w0, an advisory on w1",
-            )
-            assert kubelet.dra.is_registered(DRIVER)
+            ),
+            what="NoExecute on w0, an advisory on w1",
+        )
+        assert kubelet.dra.is_registered(DRIVER)
 
 
 async def test_an_api_server_that_drops_taints_gets_withdrawal_and_one_warning(
@@ -151,36 +127,35 @@ async def test_an_api_server_that_drops_taints_gets_withdrawal_and_one_warning(
     """DRADeviceTaints off: the server stores the slice without the taints and says nothing;
     the driver notices on that write, withdraws the tainted device instead, warns once."""
     api = MemoryApi(nodes=["node-1"], device_taints=False)
-    async with FakeKubelet(dra_api=api) as kubelet:
-        plugin = StaticPlugin(RESOURCE, widgets(3))
-        async with serving(
-            plugin, settings=kubelet.settings(), api="dra", dra=dra_options(kubelet, api)
-        ) as running:
-            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
+    plugin = StaticPlugin(RESOURCE, widgets(3))
+    async with DraNode(plugin, driver=DRIVER, memory=api) as node:
+        kubelet, running = node.kubelet, node.running
 
-            def names() -> list[str]:
-                return [d.name for s in api.pool(DRIVER, "node-1") for d in s.devices]
+        def names() -> list[str]:
+            return [d.name for s in api.pool(DRIVER, "node-1") for d in s.devices]
 
-            with caplog.at_level(logging.WARNING, logger="devplugin_sdk"):
-                plugin.set_health("w1", Health.UNHEALTHY, "Xid 79")
-                await kubelet.wait_for(lambda: names() == ["w0", "w2"], what="w1 withdrawn")
-                plugin.set_health("w2", Health.UNHEALTHY, "Xid 79")
-                await kubelet.wait_for(lambda: names() == ["w0"], what="w2 withdrawn")
-                plugin.set_health("w1", Health.HEALTHY)
-                plugin.set_health("w2", Health.HEALTHY)
-                await kubelet.wait_for(lambda: names() == ["w0", "w1", "w2"], what="back")
-            dropped = [r for r in caplog.records if "dropped the devices' taints" in r.message]
-            assert len(dropped) == 1
-            assert running.dra is not None
-            assert running.dra.taints_dropped
+        with caplog.at_level(logging.WARNING, logger="devplugin_sdk"):
+            plugin.set_health("w1", Health.UNHEALTHY, "Xid 79")
+            await kubelet.wait_for(lambda: names() == ["w0", "w2"], what="w1 withdrawn")
+            plugin.set_health("w2", Health.UNHEALTHY, "Xid 79")
+            await kubelet.wait_for(lambda: names() == ["w0"], what="w2 withdrawn")
+            plugin.set_health("w1", Health.HEALTHY)
+            plugin.set_health("w2", Health.HEALTHY)
+            await kubelet.wait_for(lambda: names() == ["w0", "w1", "w2"], what="back")
+        dropped = [r for r in caplog.records if "dropped the devices' taints" in r.message]
+        assert len(dropped) == 1
+        assert running.dra is not None
+        assert running.dra.taints_dropped
 
 
-async def _registered(kubelet: FakeKubelet, api: MemoryApi, count: int = 1) -> None:
+async def _registered(node: DraNode, count: int) -> None:
+    """The kubelet has registered the driver ``count`` times, and the pool is complete."""
+    kubelet = node.kubelet
     await kubelet.wait_for(
         lambda: len(kubelet.dra.successful_registrations(DRIVER)) >= count,
         what=f"{count} DRA registrations",
     )
-    await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="a complete pool")
+    await node.ready()
 
 
 class CountingPlugin(StaticPlugin):
@@ -196,56 +171,41 @@ class CountingPlugin(StaticPlugin):
 async def test_a_plugin_restart_keeps_prepared_claims_and_the_pool() -> None:
     """Prepared claims come back from the checkpoint: the same answer, no work repeated; the
     restarted driver takes over its slices without withdrawing a device."""
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        settings = kubelet.settings()
-        CountingPlugin.allocations = 0
-        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
-        async with serving(
-            CountingPlugin(RESOURCE, typed_widgets(3)), settings=settings, api="dra", dra=options
-        ):
-            await _registered(kubelet, api)
-            api.allocate("ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
-            first = await kubelet.dra.prepare(pod)
-        assert CountingPlugin.allocations == 1
-        generation = api.pool(DRIVER, "node-1")[0].generation
-        writes = api.calls.get("update_slice", 0) + api.calls.get("create_slice", 0)
-        async with serving(
-            CountingPlugin(RESOURCE, typed_widgets(3)), settings=settings, api="dra", dra=options
-        ):
-            await _registered(kubelet, api, 2)
-            # The kubelet asks again (say it restarted before recording the answer).
-            kubelet.dra._claims.clear()
-            again = await kubelet.dra.prepare(pod)
-            assert again.claims == first.claims
+    CountingPlugin.allocations = 0
+    async with DraNode(CountingPlugin(RESOURCE, typed_widgets(3)), driver=DRIVER) as node:
+        kubelet, api = node.kubelet, node.api
+        pod = node.pod("c1", name="pod-a", namespace="ns")
+        node.claim("c1", {"r": ["w1"]}, pods=[pod], namespace="ns")
+        first = await node.prepare(pod)
+        async with node.stopped():
             assert CountingPlugin.allocations == 1
-            assert api.pool(DRIVER, "node-1")[0].generation == generation
-            assert api.calls.get("update_slice", 0) + api.calls.get("create_slice", 0) == writes
-            await kubelet.dra.unprepare(pod)
-            claim = api.claims[("ns", "c1")]
-            assert not (options.cdi_dir / f"k8s.{DRIVER}-claim_{claim.uid}.json").exists()
+            generation = api.pool(DRIVER, "node-1")[0].generation
+            writes = api.calls.get("update_slice", 0) + api.calls.get("create_slice", 0)
+        await _registered(node, 2)
+        # The kubelet asks again (say it restarted before recording the answer).
+        kubelet.dra._claims.clear()
+        again = await kubelet.dra.prepare(pod)
+        assert again.claims == first.claims
+        assert CountingPlugin.allocations == 1
+        assert api.pool(DRIVER, "node-1")[0].generation == generation
+        assert api.calls.get("update_slice", 0) + api.calls.get("create_slice", 0) == writes
+        await node.unprepare(pod)
+        claim = api.claims[("ns", "c1")]
+        assert not node.spec_path(claim).exists()
 
 
 async def test_a_kubelet_restart_re_registers_and_republishes_wiped_slices() -> None:
     """The kubelet deletes its node's slices when it starts and finds the registration socket
     again; the driver answers and writes its slices back."""
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        async with serving(
-            StaticPlugin(RESOURCE, widgets(2)),
-            settings=kubelet.settings(),
-            api="dra",
-            dra=dra_options(kubelet, api),
-        ):
-            await _registered(kubelet, api)
-            pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
-            api.allocate("ns", "c1", {"r": ["w0"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
-            await kubelet.dra.prepare(pod)
-            await kubelet.restart()
-            await _registered(kubelet, api, 2)
-            assert [d.name for d in api.pool(DRIVER, "node-1")[0].devices] == ["w0", "w1"]
-            await kubelet.dra.unprepare(pod)  # the claim survived in the kubelet's checkpoint
+    async with DraNode(StaticPlugin(RESOURCE, widgets(2)), driver=DRIVER) as node:
+        kubelet, api = node.kubelet, node.api
+        pod = node.pod("c1", name="pod-a", namespace="ns")
+        node.claim("c1", {"r": ["w0"]}, pods=[pod], namespace="ns")
+        await node.prepare(pod)
+        await kubelet.restart()
+        await _registered(node, 2)
+        assert [d.name for d in api.pool(DRIVER, "node-1")[0].devices] == ["w0", "w1"]
+        await kubelet.dra.unprepare(pod)  # the claim survived in the kubelet's checkpoint
 
 
 async def test_each_claim_fails_alone() -> None:
@@ -255,123 +215,87 @@ async def test_each_claim_fails_alone() -> None:
     from devplugin_sdk._wire.dra_model import ClaimRef
     from devplugin_sdk._wire.dra_service import DraClient
 
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        async with serving(
-            StaticPlugin(RESOURCE, widgets(3)), settings=kubelet.settings(), api="dra", dra=options
-        ):
-            await _registered(kubelet, api)
-            good = api.allocate("ns", "good", {"r": ["w0"]}, driver=DRIVER, pool="node-1")
-            other_pool = api.allocate("ns", "far", {"r": ["w1"]}, driver=DRIVER, pool="node-1")
-            api.claims[("ns", "far")] = type(other_pool)(
-                "ns",
-                "far",
-                other_pool.uid,
-                True,
-                (type(other_pool.results[0])("r", DRIVER, "node-2", "w1"),),
+    async with DraNode(StaticPlugin(RESOURCE, widgets(3)), driver=DRIVER) as node:
+        api, options = node.api, node.options
+        good = api.allocate("ns", "good", {"r": ["w0"]}, driver=DRIVER, pool="node-1")
+        other_pool = api.allocate("ns", "far", {"r": ["w1"]}, driver=DRIVER, pool="node-1")
+        api.claims[("ns", "far")] = type(other_pool)(
+            "ns",
+            "far",
+            other_pool.uid,
+            True,
+            (type(other_pool.results[0])("r", DRIVER, "node-2", "w1"),),
+        )
+        unallocated = api.add_claim("ns", "later")
+        refs = [
+            ClaimRef("ns", good.uid, "good"),
+            ClaimRef("ns", "0000-gone", "gone"),
+            ClaimRef("ns", "not-the-uid", "good"),
+            ClaimRef("ns", other_pool.uid, "far"),
+            ClaimRef("ns", unallocated.uid, "later"),
+        ]
+        async with grpc.aio.insecure_channel(f"unix:{options.plugin_dir}/dra.sock") as ch:
+            for service in ("v1.DRAPlugin", "v1beta1.DRAPlugin"):
+                results = await DraClient(ch, service).prepare(refs, timeout=5)
+                assert set(results) == {r.uid for r in refs}
+                assert not results[good.uid].error
+                assert results[good.uid].devices[0].device == "w0"
+                # Ours and the status; the API server's reason is in its own words.
+                gone = "cannot read ResourceClaim ns/gone: Kubernetes API: 404: "
+                assert results["0000-gone"].error.startswith(gone)
+                assert "was replaced" in results["not-the-uid"].error
+                assert "pool node-2" in results[other_pool.uid].error
+                assert "not allocated" in results[unallocated.uid].error
+            unknown = await DraClient(ch, "v1.DRAPlugin").unprepare(
+                [ClaimRef("ns", "never-prepared", "x")], timeout=5
             )
-            unallocated = api.add_claim("ns", "later")
-            refs = [
-                ClaimRef("ns", good.uid, "good"),
-                ClaimRef("ns", "0000-gone", "gone"),
-                ClaimRef("ns", "not-the-uid", "good"),
-                ClaimRef("ns", other_pool.uid, "far"),
-                ClaimRef("ns", unallocated.uid, "later"),
-            ]
-            async with grpc.aio.insecure_channel(f"unix:{options.plugin_dir}/dra.sock") as ch:
-                for service in ("v1.DRAPlugin", "v1beta1.DRAPlugin"):
-                    results = await DraClient(ch, service).prepare(refs, timeout=5)
-                    assert set(results) == {r.uid for r in refs}
-                    assert not results[good.uid].error
-                    assert results[good.uid].devices[0].device == "w0"
-                    # Ours and the status; the API server's reason is in its own words.
-                    gone = "cannot read ResourceClaim ns/gone: Kubernetes API: 404: "
-                    assert results["0000-gone"].error.startswith(gone)
-                    assert "was replaced" in results["not-the-uid"].error
-                    assert "pool node-2" in results[other_pool.uid].error
-                    assert "not allocated" in results[unallocated.uid].error
-                unknown = await DraClient(ch, "v1.DRAPlugin").unprepare(
-                    [ClaimRef("ns", "never-prepared", "x")], timeout=5
-                )
-                assert unknown == {"never-prepared": ""}
+            assert unknown == {"never-prepared": ""}
 
 
 async def test_a_device_is_never_prepared_for_two_claims() -> None:
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        async with serving(
-            StaticPlugin(RESOURCE, widgets(2)),
-            settings=kubelet.settings(),
-            api="dra",
-            dra=dra_options(kubelet, api),
-        ):
-            await _registered(kubelet, api)
-            a = kubelet.dra.pod("ns", "a", ["ca"])
-            b = kubelet.dra.pod("ns", "b", ["cb"])
-            api.allocate("ns", "ca", {"r": ["w0"]}, driver=DRIVER, pool="node-1", pods=[a.uid])
-            await kubelet.dra.prepare(a)
-            # A broken scheduler hands w0 out again: the driver is the last line of defence.
-            api.deallocate("ns", "ca")
-            api.allocate("ns", "cb", {"r": ["w0"]}, driver=DRIVER, pool="node-1", pods=[b.uid])
-            from devplugin_sdk.testing import PodPreparationError
+    async with DraNode(StaticPlugin(RESOURCE, widgets(2)), driver=DRIVER) as node:
+        a = node.pod("ca", name="a", namespace="ns")
+        b = node.pod("cb", name="b", namespace="ns")
+        node.claim("ca", {"r": ["w0"]}, pods=[a], namespace="ns")
+        await node.prepare(a)
+        # A broken scheduler hands w0 out again: the driver is the last line of defence.
+        node.api.deallocate("ns", "ca")
+        node.claim("cb", {"r": ["w0"]}, pods=[b], namespace="ns")
+        from devplugin_sdk.testing import PodPreparationError
 
-            with pytest.raises(PodPreparationError, match="already prepared for claim ns/ca"):
-                await kubelet.dra.prepare(b)
+        with pytest.raises(PodPreparationError, match="already prepared for claim ns/ca"):
+            await node.prepare(b)
 
 
 async def test_a_kubelet_of_1_32_gets_v1beta1() -> None:
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api, dra_services=("v1beta1.DRAPlugin",)) as kubelet:
-        async with serving(
-            StaticPlugin(RESOURCE, widgets(1)),
-            settings=kubelet.settings(),
-            api="dra",
-            dra=dra_options(kubelet, api),
-        ):
-            await _registered(kubelet, api)
-            (registration,) = kubelet.dra.successful_registrations(DRIVER)
-            assert registration.service == "v1beta1.DRAPlugin"
-            pod = kubelet.dra.pod("ns", "p", ["c"])
-            api.allocate("ns", "c", {"r": ["w0"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
-            prepared = await kubelet.dra.prepare(pod)
-            assert prepared.cdi_ids("c", "r")
+    kubelet_1_32 = {"dra_services": ("v1beta1.DRAPlugin",)}
+    plugin = StaticPlugin(RESOURCE, widgets(1))
+    async with DraNode(plugin, driver=DRIVER, kubelet_options=kubelet_1_32) as node:
+        (registration,) = node.kubelet.dra.successful_registrations(DRIVER)
+        assert registration.service == "v1beta1.DRAPlugin"
+        pod = node.pod("c", name="p", namespace="ns")
+        node.claim("c", {"r": ["w0"]}, pods=[pod], namespace="ns")
+        prepared = await node.prepare(pod)
+        assert prepared.cdi_ids("c", "r")
 
 
 async def test_a_removed_registration_socket_is_served_again() -> None:
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        settings = kubelet.settings()
-        async with serving(
-            StaticPlugin(RESOURCE, widgets(1)),
-            settings=settings,
-            api="dra",
-            dra=dra_options(kubelet, api),
-        ):
-            await _registered(kubelet, api)
-            (settings.plugins_registry_dir / f"{DRIVER}-reg.sock").unlink()
-            await _registered(kubelet, api, 2)
-            assert kubelet.dra.is_registered(DRIVER)
+    async with DraNode(StaticPlugin(RESOURCE, widgets(1)), driver=DRIVER) as node:
+        (node.kubelet.registry_directory / f"{DRIVER}-reg.sock").unlink()
+        await _registered(node, 2)
+        assert node.kubelet.dra.is_registered(DRIVER)
 
 
 async def test_a_removed_dra_socket_is_served_again_and_registered_again() -> None:
     """Losing dra.sock loses the registration too: both sockets are served anew, the kubelet
     registers the driver again and its calls reach the new socket."""
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        async with serving(
-            StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings(), api="dra", dra=options
-        ):
-            await _registered(kubelet, api)
-            (options.resolved_plugin_dir / "dra.sock").unlink()
-            await _registered(kubelet, api, 2)
-            pod = kubelet.dra.pod("default", "pod-a", ["gpus"])
-            api.allocate(
-                "default", "gpus", {"widgets": ["w0"]}, driver=DRIVER, pool="node-1", pods=[pod.uid]
-            )
-            prepared = await kubelet.dra.prepare(pod)
-            assert len(prepared.cdi_ids("gpus")) == 1
+    async with DraNode(StaticPlugin(RESOURCE, widgets(2)), driver=DRIVER) as node:
+        (node.options.resolved_plugin_dir / "dra.sock").unlink()
+        await _registered(node, 2)
+        pod = node.pod("gpus", name="pod-a")
+        node.claim("gpus", {"widgets": ["w0"]}, pods=[pod])
+        prepared = await node.prepare(pod)
+        assert len(prepared.cdi_ids("gpus")) == 1
 
 
 async def test_stale_slices_are_replaced_and_big_pools_take_several_slices() -> None:
@@ -385,13 +309,7 @@ async def test_stale_slices_are_replaced_and_big_pools_take_several_slices() -> 
             await api.create_slice(
                 ResourceSlice("", DRIVER, "node-1", "node-1", 7, 3, (SliceDevice(f"old{i}"),))
             )
-        async with serving(
-            StaticPlugin(RESOURCE, widgets(130)),
-            settings=kubelet.settings(),
-            api="dra",
-            dra=dra_options(kubelet, api),
-        ):
-            await _registered(kubelet, api)
+        async with DraNode(StaticPlugin(RESOURCE, widgets(130)), driver=DRIVER, kubelet=kubelet):
             pool = api.pool(DRIVER, "node-1")
             assert len(api.slices) == 2
             assert [len(s.devices) for s in pool] == [128, 2]
@@ -403,13 +321,9 @@ async def test_the_api_refusing_is_retried_and_reported() -> None:
     api = MemoryApi(nodes=["node-1"])
     async with FakeKubelet(dra_api=api) as kubelet:
         api.fail_next(0, "connection refused", times=2)
-        async with serving(
-            StaticPlugin(RESOURCE, widgets(2)),
-            settings=kubelet.settings(),
-            api="dra",
-            dra=dra_options(kubelet, api),
-        ) as running:
-            await _registered(kubelet, api)
+        plugin = StaticPlugin(RESOURCE, widgets(2))
+        async with DraNode(plugin, driver=DRIVER, kubelet=kubelet) as node:
+            running = node.running
             assert running.dra is not None
             assert running.dra.last_error is None
             assert running.dra.published == 2
@@ -420,32 +334,34 @@ async def test_both_apis_never_hand_out_one_device_twice() -> None:
     allocates a DRA device, and a DRA device's health reaches DRA only."""
     import grpc
 
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        plugin = StaticPlugin(RESOURCE, widgets(4))
-        options = dra_options(kubelet, api, devices=lambda resource, d: d.id in ("w2", "w3"))
-        async with serving(plugin, settings=kubelet.settings(), api="both", dra=options) as running:
-            await _registered(kubelet, api)
-            await kubelet.wait_for_allocatable(RESOURCE, 2)
-            assert sorted(kubelet.devices(RESOURCE)) == ["w0", "w1"]
-            assert [d.name for d in api.pool(DRIVER, "node-1")[0].devices] == ["w2", "w3"]
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await kubelet.call_allocate(RESOURCE, ["w2"])
-            assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-            assert "w2" in (refused.value.details() or "")
-            got = await kubelet.allocate(RESOURCE, 2)
-            assert sorted(got.device_ids) == ["w0", "w1"]
-            plugin.set_health("w3", Health.UNHEALTHY)
-            await kubelet.wait_for(
-                lambda: (
-                    [(d.name, bool(d.taints)) for d in api.pool(DRIVER, "node-1")[0].devices]
-                    == [("w2", False), ("w3", True)]
-                ),
-                what="w3 tainted in DRA",
-            )
-            assert kubelet.allocatable(RESOURCE) == 2
-            (status,) = running.statuses()
-            assert status.registered  # the device-plugin registration, with its stream
+    plugin = StaticPlugin(RESOURCE, widgets(4))
+    async with DraNode(
+        plugin,
+        driver=DRIVER,
+        device_plugin_api=True,
+        devices=lambda resource, d: d.id in ("w2", "w3"),
+    ) as node:
+        kubelet, api, running = node.kubelet, node.api, node.running
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        assert sorted(kubelet.devices(RESOURCE)) == ["w0", "w1"]
+        assert [d.name for d in api.pool(DRIVER, "node-1")[0].devices] == ["w2", "w3"]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await kubelet.call_allocate(RESOURCE, ["w2"])
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "w2" in (refused.value.details() or "")
+        got = await kubelet.allocate(RESOURCE, 2)
+        assert sorted(got.device_ids) == ["w0", "w1"]
+        plugin.set_health("w3", Health.UNHEALTHY)
+        await kubelet.wait_for(
+            lambda: (
+                [(d.name, bool(d.taints)) for d in api.pool(DRIVER, "node-1")[0].devices]
+                == [("w2", False), ("w3", True)]
+            ),
+            what="w3 tainted in DRA",
+        )
+        assert kubelet.allocatable(RESOURCE) == 2
+        (status,) = running.statuses()
+        assert status.registered  # the device-plugin registration, with its stream
 
 
 async def test_healthz_follows_the_dra_registration() -> None:
@@ -465,20 +381,13 @@ async def test_healthz_follows_the_dra_registration() -> None:
         finally:
             conn.close()
 
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        endpoints = Http(port=0, host="127.0.0.1", registry=CollectorRegistry())
-        async with serving(
-            StaticPlugin(RESOURCE, widgets(1)),
-            settings=kubelet.settings(),
-            http=endpoints,
-            api="dra",
-            dra=dra_options(kubelet, api),
-        ) as running:
-            assert running.http_port is not None
-            await _registered(kubelet, api)
-            await kubelet.wait_for(lambda: running.statuses()[0].registered, what="registered")
-            assert await anyio.to_thread.run_sync(get, running.http_port) == 200
+    endpoints = Http(port=0, host="127.0.0.1", registry=CollectorRegistry())
+    plugin = StaticPlugin(RESOURCE, widgets(1))
+    async with DraNode(plugin, driver=DRIVER, http=endpoints) as node:
+        kubelet, running = node.kubelet, node.running
+        assert running.http_port is not None
+        await kubelet.wait_for(lambda: running.statuses()[0].registered, what="registered")
+        assert await anyio.to_thread.run_sync(get, running.http_port) == 200
 
 
 async def test_api_and_dra_must_agree() -> None:
@@ -534,26 +443,20 @@ async def test_a_reload_withdraws_no_device_the_new_plugin_still_has(tmp_path) -
             seen = await api.wait_changed(seen)
             sizes.append(sum(len(s.devices) for s in api.pool(DRIVER, "node-1")))
 
-    async with FakeKubelet(dra_api=api) as kubelet:
-        async with serving(
-            first,
-            settings=kubelet.settings(),
-            api="dra",
-            dra=dra_options(kubelet, api),
-            reload=Reload(lambda: list(current), config, sighup=False),
-        ):
-            await _registered(kubelet, api)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(record)
-                current[0] = second
-                # Write then rename, as a ConfigMap update does (the directory is watched).
-                (tmp_path / "next.yaml").write_text("2")
-                (tmp_path / "next.yaml").replace(config)
-                await kubelet.wait_for(
-                    lambda: sum(len(s.devices) for s in api.pool(DRIVER, "node-1")) == 3,
-                    timeout=10,
-                    what="the new plugin's devices",
-                )
-                tg.cancel_scope.cancel()
+    reload = Reload(lambda: list(current), config, sighup=False)
+    async with DraNode(first, driver=DRIVER, memory=api, reload=reload) as node:
+        kubelet = node.kubelet
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(record)
+            current[0] = second
+            # Write then rename, as a ConfigMap update does (the directory is watched).
+            (tmp_path / "next.yaml").write_text("2")
+            (tmp_path / "next.yaml").replace(config)
+            await kubelet.wait_for(
+                lambda: sum(len(s.devices) for s in api.pool(DRIVER, "node-1")) == 3,
+                timeout=10,
+                what="the new plugin's devices",
+            )
+            tg.cancel_scope.cancel()
     assert sizes
     assert min(sizes) >= 2, sizes

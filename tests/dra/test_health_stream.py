@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import grpc
 import pytest
-from dra_helpers import DRIVER, dra_options
+from dra_helpers import DRIVER
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Device, Health
@@ -20,7 +20,7 @@ from devplugin_sdk._wire.dra_health import DraHealthClient
 from devplugin_sdk._wire.dra_model import DeviceHealthStatus
 from devplugin_sdk.dra.resources import DeviceTaint
 from devplugin_sdk.runner import Reload
-from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
+from devplugin_sdk.testing import DraNode, FakeKubelet, MemoryApi, StaticPlugin
 from devplugin_sdk.types import Effect
 
 ALL_SERVICES = (
@@ -37,54 +37,45 @@ def health_of(kubelet: FakeKubelet, name: str) -> tuple[str, str]:
 
 
 async def test_a_137_kubelet_follows_v1_and_sees_each_change_with_its_reason() -> None:
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        plugin = StaticPlugin(RESOURCE, widgets(3))
-        async with serving(
-            plugin, settings=kubelet.settings(), api="dra", dra=dra_options(kubelet, api)
-        ) as running:
-            await kubelet.wait_for(
-                lambda: kubelet.dra.health.streams.get(DRIVER) == "v1.DRAResourceHealth",
-                what="the v1 health stream",
-            )
-            (registration,) = kubelet.dra.successful_registrations(DRIVER)
-            assert registration.versions == ALL_SERVICES
-            assert registration.service == "v1.DRAPlugin"
-            assert running.dra is not None
-            assert running.dra.health_streams == 1
-            assert [health_of(kubelet, n) for n in ("w0", "w1", "w2")] == [("Healthy", "")] * 3
+    plugin = StaticPlugin(RESOURCE, widgets(3))
+    async with DraNode(plugin, driver=DRIVER) as node:
+        kubelet, api, running = node.kubelet, node.api, node.running
+        await kubelet.wait_for(
+            lambda: kubelet.dra.health.streams.get(DRIVER) == "v1.DRAResourceHealth",
+            what="the v1 health stream",
+        )
+        (registration,) = kubelet.dra.successful_registrations(DRIVER)
+        assert registration.versions == ALL_SERVICES
+        assert registration.service == "v1.DRAPlugin"
+        assert running.dra is not None
+        assert running.dra.health_streams == 1
+        assert [health_of(kubelet, n) for n in ("w0", "w1", "w2")] == [("Healthy", "")] * 3
 
-            plugin.set_health("w1", Health.UNHEALTHY, XID_79)
-            await kubelet.wait_for(
-                lambda: health_of(kubelet, "w1") == ("Unhealthy", XID_79), what="w1 unhealthy"
+        plugin.set_health("w1", Health.UNHEALTHY, XID_79)
+        await kubelet.wait_for(
+            lambda: health_of(kubelet, "w1") == ("Unhealthy", XID_79), what="w1 unhealthy"
+        )
+
+        # The same reason is the taint's cause and the log's (the pool is written within the
+        # publisher's coalescing window, which the stream does not wait for).
+        def taints() -> tuple[DeviceTaint, ...]:
+            return next(
+                d.taints for s in api.pool(DRIVER, "node-1") for d in s.devices if d.name == "w1"
             )
 
-            # The same reason is the taint's cause and the log's (the pool is written within the
-            # publisher's coalescing window, which the stream does not wait for).
-            def taints() -> tuple[DeviceTaint, ...]:
-                return next(
-                    d.taints
-                    for s in api.pool(DRIVER, "node-1")
-                    for d in s.devices
-                    if d.name == "w1"
-                )
+        await kubelet.wait_for(lambda: bool(taints()), what="w1 tainted")
+        (taint,) = taints()
+        assert taint.value == "Xid-79-GPU-has-fallen-off-the-bus"
 
-            await kubelet.wait_for(lambda: bool(taints()), what="w1 tainted")
-            (taint,) = taints()
-            assert taint.value == "Xid-79-GPU-has-fallen-off-the-bus"
-
-            plugin.set_health(
-                "w2", Health.HEALTHY, "Xid 43 (GPU stopped processing)", Effect.ADVISORY
-            )
-            await kubelet.wait_for(
-                lambda: (
-                    health_of(kubelet, "w2")
-                    == ("Healthy", "advisory: Xid 43 (GPU stopped processing)")
-                ),
-                what="an advisory on w2",
-            )
-            plugin.set_health("w1", Health.HEALTHY, "recovered")
-            await kubelet.wait_for(lambda: health_of(kubelet, "w1") == ("Healthy", ""))
+        plugin.set_health("w2", Health.HEALTHY, "Xid 43 (GPU stopped processing)", Effect.ADVISORY)
+        await kubelet.wait_for(
+            lambda: (
+                health_of(kubelet, "w2") == ("Healthy", "advisory: Xid 43 (GPU stopped processing)")
+            ),
+            what="an advisory on w2",
+        )
+        plugin.set_health("w1", Health.HEALTHY, "recovered")
+        await kubelet.wait_for(lambda: health_of(kubelet, "w1") == ("Healthy", ""))
 
 
 @pytest.mark.parametrize(
@@ -98,49 +89,41 @@ async def test_a_137_kubelet_follows_v1_and_sees_each_change_with_its_reason() -
 async def test_older_kubelets_follow_what_they_speak(
     services: tuple[str, ...], followed: str | None
 ) -> None:
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api, dra_services=services) as kubelet:
-        plugin = StaticPlugin(RESOURCE, widgets(2))
-        async with serving(
-            plugin, settings=kubelet.settings(), api="dra", dra=dra_options(kubelet, api)
-        ):
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER))
-            if followed is None:
-                # Registered, prepared through v1beta1; nothing asked for health.
-                await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"))
-                assert kubelet.dra.health.streams == {}
-                assert health_of(kubelet, "w0") == ("Unknown", "")
-                return
-            await kubelet.wait_for(
-                lambda: kubelet.dra.health.streams.get(DRIVER) == f"{followed}.DRAResourceHealth"
-            )
-            plugin.set_health("w0", Health.UNHEALTHY, "gone")
-            await kubelet.wait_for(lambda: health_of(kubelet, "w0") == ("Unhealthy", "gone"))
+    plugin = StaticPlugin(RESOURCE, widgets(2))
+    async with DraNode(plugin, driver=DRIVER, kubelet_options={"dra_services": services}) as node:
+        kubelet = node.kubelet
+        if followed is None:
+            # Registered, prepared through v1beta1; nothing asked for health.
+            assert kubelet.dra.health.streams == {}
+            assert health_of(kubelet, "w0") == ("Unknown", "")
+            return
+        await kubelet.wait_for(
+            lambda: kubelet.dra.health.streams.get(DRIVER) == f"{followed}.DRAResourceHealth"
+        )
+        plugin.set_health("w0", Health.UNHEALTHY, "gone")
+        await kubelet.wait_for(lambda: health_of(kubelet, "w0") == ("Unhealthy", "gone"))
 
 
 @pytest.mark.parametrize("service", ["v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"])
 async def test_a_stream_gets_the_full_state_then_every_change(service: str) -> None:
     """A client of the upstream messages (field numbers checked in tests/api): the first message
     holds every device, the next ones follow each change."""
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        plugin = StaticPlugin(RESOURCE, widgets(3))
-        options = dra_options(kubelet, api)
-        async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options):
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER))
-            async with _stream(options.resolved_plugin_dir / "dra.sock", service) as messages:
-                first = await messages.__anext__()
-                assert [(d.pool, d.device, d.health, d.message) for d in first] == [
-                    ("node-1", f"w{i}", "HEALTHY", "") for i in range(3)
-                ]
-                assert {d.timeout_seconds for d in first} == {30}
-                assert all(abs(d.updated - time.time()) < 60 for d in first)
-                plugin.set_health("w2", Health.UNHEALTHY, "x" * 2000)
-                changed = await messages.__anext__()
-                w2 = next(d for d in changed if d.device == "w2")
-                assert w2.health == "UNHEALTHY"
-                assert w2.message == "x" * 1021 + "..."  # the kubelet's limit, our cut
-                assert len(changed) == 3
+    plugin = StaticPlugin(RESOURCE, widgets(3))
+    async with DraNode(plugin, driver=DRIVER) as node:
+        options = node.options
+        async with _stream(options.resolved_plugin_dir / "dra.sock", service) as messages:
+            first = await messages.__anext__()
+            assert [(d.pool, d.device, d.health, d.message) for d in first] == [
+                ("node-1", f"w{i}", "HEALTHY", "") for i in range(3)
+            ]
+            assert {d.timeout_seconds for d in first} == {30}
+            assert all(abs(d.updated - time.time()) < 60 for d in first)
+            plugin.set_health("w2", Health.UNHEALTHY, "x" * 2000)
+            changed = await messages.__anext__()
+            w2 = next(d for d in changed if d.device == "w2")
+            assert w2.health == "UNHEALTHY"
+            assert w2.message == "x" * 1021 + "..."  # the kubelet's limit, our cut
+            assert len(changed) == 3
 
 
 async def test_the_devices_of_a_stopped_plugin_are_unknown(tmp_path: Path) -> None:
@@ -150,41 +133,32 @@ async def test_the_devices_of_a_stopped_plugin_are_unknown(tmp_path: Path) -> No
     current: list[StaticPlugin] = [widget, gizmo]
     config = tmp_path / "config.yaml"
     config.write_text("1")
-    async with FakeKubelet(dra_api=api) as kubelet:
-        async with serving(
-            *current,
-            settings=kubelet.settings(),
-            api="dra",
-            dra=dra_options(kubelet, api),
-            reload=Reload(lambda: list(current), config, sighup=False),
-        ):
-            await kubelet.wait_for(lambda: health_of(kubelet, "g0") == ("Healthy", ""))
-            del current[1]
-            (tmp_path / "next.yaml").write_text("2")
-            (tmp_path / "next.yaml").replace(config)
-            await kubelet.wait_for(
-                lambda: (
-                    health_of(kubelet, "g0") == ("Unknown", "the plugin of acme.com/gizmo stopped")
-                ),
-                what="g0 unknown",
-            )
-            assert health_of(kubelet, "w0") == ("Healthy", "")
+    reload = Reload(lambda: list(current), config, sighup=False)
+    async with DraNode(*current, driver=DRIVER, memory=api, reload=reload) as node:
+        kubelet = node.kubelet
+        await kubelet.wait_for(lambda: health_of(kubelet, "g0") == ("Healthy", ""))
+        del current[1]
+        (tmp_path / "next.yaml").write_text("2")
+        (tmp_path / "next.yaml").replace(config)
+        await kubelet.wait_for(
+            lambda: health_of(kubelet, "g0") == ("Unknown", "the plugin of acme.com/gizmo stopped"),
+            what="g0 unknown",
+        )
+        assert health_of(kubelet, "w0") == ("Healthy", "")
 
 
 async def test_a_quiet_pool_is_sent_again_inside_the_timeout() -> None:
     """The kubelet reads a device it has not heard about within health_check_timeout_seconds
     as Unknown: with nothing changing, every device is sent again at timeout / 3."""
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        plugin = StaticPlugin(RESOURCE, widgets(1))
-        options = dra_options(kubelet, api, health_timeout=3)
-        async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options):
-            await kubelet.wait_for(lambda: kubelet.dra.health.messages >= 1)
-            seen = kubelet.dra.health.messages
-            await kubelet.wait_for(
-                lambda: kubelet.dra.health.messages >= seen + 2, what="two heartbeats"
-            )
-            assert health_of(kubelet, "w0") == ("Healthy", "")
+    plugin = StaticPlugin(RESOURCE, widgets(1))
+    async with DraNode(plugin, driver=DRIVER, health_timeout=3) as node:
+        kubelet = node.kubelet
+        await kubelet.wait_for(lambda: kubelet.dra.health.messages >= 1)
+        seen = kubelet.dra.health.messages
+        await kubelet.wait_for(
+            lambda: kubelet.dra.health.messages >= seen + 2, what="two heartbeats"
+        )
+        assert health_of(kubelet, "w0") == ("Healthy", "")
 
 
 class _Messages:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import anyio
 import pytest
-from dra_helpers import DRIVER, dra_options
+from dra_helpers import DRIVER
 from kube_apiserver import FakeApiServer
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk.dra import ResourceSlice, SliceDevice, kube_api
 from devplugin_sdk.errors import KubeApiError
-from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
+from devplugin_sdk.testing import DraNode, MemoryApi, StaticPlugin
 from devplugin_sdk.types import Quantity, Version
 
 
@@ -95,22 +95,19 @@ async def test_the_watch_reports_changes(tmp_path: Path) -> None:
 async def test_a_driver_through_the_real_client(tmp_path: Path) -> None:
     """The whole driver over lightkube: publish, survive the kubelet's wipe, prepare."""
     memory = MemoryApi(nodes=["node-1"])
-    async with FakeApiServer(memory).serving() as server, FakeKubelet(dra_api=memory) as kubelet:
-        options = dra_options(
-            kubelet, memory, api=None, kubeconfig=server.kubeconfig(tmp_path / "k")
-        )
-        async with serving(
-            StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings(), api="dra", dra=options
-        ):
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER))
-            await kubelet.wait_for(lambda: memory.pool_complete(DRIVER, "node-1"))
+    async with FakeApiServer(memory).serving() as server:
+        kubeconfig = server.kubeconfig(tmp_path / "k")
+        plugin = StaticPlugin(RESOURCE, widgets(2))
+        async with DraNode(
+            plugin, driver=DRIVER, memory=memory, api=None, kubeconfig=kubeconfig
+        ) as node:
             memory.wipe_slices("node-1")  # as a kubelet start does
-            await kubelet.wait_for(lambda: memory.pool_complete(DRIVER, "node-1"))
-            pod = kubelet.dra.pod("ns", "p", ["c"])
-            memory.allocate("ns", "c", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
-            prepared = await kubelet.dra.prepare(pod)
+            await node.ready()
+            pod = node.pod("c", name="p", namespace="ns")
+            node.claim("c", {"r": ["w1"]}, pods=[pod], namespace="ns")
+            prepared = await node.prepare(pod)
             assert prepared.cdi_ids("c")
-            await kubelet.dra.unprepare(pod)
+            await node.unprepare(pod)
         methods = {m for m, _ in server.requests}
         assert {"GET", "POST"} <= methods
 
@@ -126,8 +123,10 @@ async def test_devplugin_run_with_api_dra(tmp_path: Path) -> None:
     for i in range(2):
         (dev / f"ttyUSB{i}").touch()
     memory = MemoryApi(nodes=["node-1"])
-    async with FakeApiServer(memory).serving() as server, FakeKubelet(dra_api=memory) as kubelet:
-        root = kubelet.directory.parent
+    driver = "serial.example.com"
+    node = DraNode(driver=driver, memory=memory, timeout=20)  # the driver: a process of its own
+    async with FakeApiServer(memory).serving() as server, node:
+        kubelet, options = node.kubelet, node.options
         config = tmp_path / "config.yaml"
         config.write_text(
             json.dumps(
@@ -136,11 +135,11 @@ async def test_devplugin_run_with_api_dra(tmp_path: Path) -> None:
                     "pluginsRegistryDir": str(kubelet.registry_directory),
                     "api": "dra",
                     "dra": {
-                        "driver": "serial.example.com",
+                        "driver": driver,
                         "nodeName": "node-1",
                         "kubeconfig": str(server.kubeconfig(tmp_path / "kubeconfig")),
-                        "pluginDir": str(root / "plugins" / "serial"),
-                        "cdiDir": str(root / "cdi"),
+                        "pluginDir": str(options.plugin_dir),
+                        "cdiDir": str(options.cdi_dir),
                     },
                     "resources": [
                         {"resourceName": "example.com/serial", "paths": [f"{dev}/ttyUSB*"]}
@@ -150,13 +149,11 @@ async def test_devplugin_run_with_api_dra(tmp_path: Path) -> None:
         )
         proc = _spawn("run", "--config", str(config))
         try:
-            driver = "serial.example.com"
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(driver), timeout=20)
-            await kubelet.wait_for(lambda: memory.pool_complete(driver, "node-1"), timeout=10)
-            pod = kubelet.dra.pod("ns", "p", ["c"])
-            [first, _] = sorted(d.name for d in memory.pool(driver, "node-1")[0].devices)
-            memory.allocate("ns", "c", {"r": [first]}, driver=driver, pool="node-1", pods=[pod.uid])
-            assert (await kubelet.dra.prepare(pod)).cdi_ids("c")
+            await node.ready()
+            pod = node.pod("c", name="p", namespace="ns")
+            [first, _] = sorted(node.published())
+            node.claim("c", {"r": [first]}, pods=[pod], namespace="ns")
+            assert (await node.prepare(pod)).cdi_ids("c")
             proc.send_signal(signal.SIGTERM)
             _, stderr = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=15))
         finally:

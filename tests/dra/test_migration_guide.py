@@ -5,11 +5,12 @@ running pods at each step is what the guide says."""
 from __future__ import annotations
 
 import pytest
-from dra_helpers import DRIVER, dra_options
+from dra_helpers import DRIVER
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk.testing import (
     AdmissionError,
+    DraNode,
     FakeKubelet,
     MemoryApi,
     PodPreparationError,
@@ -39,39 +40,39 @@ async def test_one_node_from_device_plugin_to_dra_and_back() -> None:
         # Step 1, api: both, DRA gets the free widgets only: the running pod keeps its widget
         # (the device plugin still lists it, its container restarts), new pods use claims.
         free = sorted({"w0", "w1", "w2"} - {held})
-        options = dra_options(kubelet, api, devices=lambda resource, device: device.id in free)
-        async with serving(plugin, settings=kubelet.settings(), api="both", dra=options):
+        async with DraNode(
+            plugin,
+            driver=DRIVER,
+            kubelet=kubelet,
+            device_plugin_api=True,
+            devices=lambda resource, device: device.id in free,
+        ) as node:
             await kubelet.wait_for(lambda: pool(api) == free, what="DRA gets the free widgets")
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), what="registered")
             await kubelet.wait_for(
                 lambda: set(kubelet.devices(RESOURCE)) == {held}, what="the plugin keeps its one"
             )
             await kubelet.start_container(pod_a)  # a restart of the running pod still works
             with pytest.raises(AdmissionError):
                 await kubelet.allocate(RESOURCE, 1, pod="pod-late")  # nothing twice
-            pod_b = kubelet.dra.pod("default", "pod-b", ["b"])
-            api.allocate(
-                "default", "b", {"w": [free[0]]}, driver=DRIVER, pool=NODE, pods=[pod_b.uid]
-            )
-            await kubelet.dra.prepare(pod_b)
+            pod_b = node.pod("b", name="pod-b")
+            node.claim("b", {"w": [free[0]]}, pods=[pod_b])
+            await node.prepare(pod_b)
 
         # Step 2, the old pod ended: api: dra. The device plugin's resource goes unhealthy (the
         # kubelet keeps its capacity for its grace period, allocatable 0), every widget is in
         # the pool, and the claim prepared in step 1 is still prepared (the checkpoint).
         kubelet.release(pod_a)
-        options = dra_options(kubelet, api)
-        async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options):
+        async with DraNode(plugin, driver=DRIVER, kubelet=kubelet) as node:
             await kubelet.wait_for(lambda: pool(api) == ["w0", "w1", "w2"], what="every widget")
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), what="registered")
             await kubelet.wait_for(lambda: kubelet.allocatable(RESOURCE) == 0, what="DP gone")
             assert not kubelet.is_registered(RESOURCE)
-            again = await kubelet.dra.prepare(pod_b)  # the same answer, no work redone
+            again = await node.prepare(pod_b)  # the same answer, no work redone
             assert again.cdi_ids("b")
-            pod_c = kubelet.dra.pod("default", "pod-c", ["c"])
-            api.allocate("default", "c", {"w": [held]}, driver=DRIVER, pool=NODE, pods=[pod_c.uid])
-            await kubelet.dra.prepare(pod_c)
+            pod_c = node.pod("c", name="pod-c")
+            node.claim("c", {"w": [held]}, pods=[pod_c])
+            await node.prepare(pod_c)
             # Back: first the pods with claims end (their claims are unprepared) ...
-            await kubelet.dra.unprepare(pod_b)
+            await node.unprepare(pod_b)
             api.deallocate("default", "b")
 
         # ... a pod whose claim is still prepared when DRA stops cannot end cleanly: the
@@ -88,7 +89,6 @@ async def test_one_node_from_device_plugin_to_dra_and_back() -> None:
             kubelet.release(pod_d)
 
         # Which is why the guide says: drain the claims first (api: both keeps DRA serving).
-        async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options):
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), what="DRA back")
-            await kubelet.dra.unprepare(pod_c)
+        async with DraNode(plugin, driver=DRIVER, kubelet=kubelet) as node:
+            await node.unprepare(pod_c)
             assert kubelet.dra.prepared_claims() == []

@@ -6,29 +6,26 @@ server does, and the new fields survive the real client on the wire."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_helpers import dra_options
 from kube_apiserver import FakeApiServer
 
 from devplugin_sdk.backends.nvidia import NvidiaConfig, NvmlPlugin
 from devplugin_sdk.dra import ResourceSlice, SliceDevice, device_name, kube_api
 from devplugin_sdk.dra.resources import CounterConsumption, CounterSet, RequestPolicy
 from devplugin_sdk.errors import KubeApiError
-from devplugin_sdk.kubelet.fake_dra import PodPreparationError
-from devplugin_sdk.testing import FakeKubelet, MemoryApi, fake_nvml, serving
+from devplugin_sdk.kubelet.fake_dra import DraPod, PodPreparationError
+from devplugin_sdk.testing import DraNode, FakeKubelet, MemoryApi, fake_nvml, serving
 from devplugin_sdk.types import Quantity
 
 DRIVER = "gpu.nvidia.com"
 MiB = 2**20
 
 
-def _visible(options: Any, uid: str) -> str:
-    spec = json.loads((options.cdi_dir / f"k8s.{DRIVER}-claim_{uid}.json").read_text())
-    (device,) = spec["devices"]
+def _visible(node: DraNode, uid: str) -> str:
+    (device,) = node.spec(uid).devices
     env = dict(e.split("=", 1) for e in device["containerEdits"]["env"])
     return env["NVIDIA_VISIBLE_DEVICES"]
 
@@ -47,85 +44,73 @@ async def test_a_mig_gpu_is_published_with_its_partitions_sharing_counters(tmp_p
     whole = device_name(mig_gpu.uuid)
     migs = {m.uuid: device_name(m.uuid) for m in mig_gpu.migs}
     big = device_name(mig_gpu.migs[0].uuid)  # the 3g.40gb
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api, driver=DRIVER)
+    async with DraNode(*NvmlPlugin.build(config, nvml=nvml), driver=DRIVER, memory=api) as node:
+        kubelet = node.kubelet
 
-        def pod_of(claim: str, uid: str) -> Any:
-            pod = kubelet.dra.pod("ml", claim, [claim])
-            return type(pod)(pod.namespace, pod.name, pod.claims, uid)
+        def pod_of(claim: str, uid: str) -> DraPod:
+            return node.pod(claim, name=claim, namespace="ml", uid=uid)
 
-        async with serving(
-            *NvmlPlugin.build(config, nvml=nvml),
-            settings=kubelet.settings(),
-            api="dra",
-            dra=options,
+        await kubelet.wait_for(
+            lambda: len(node.published()) == 6, what="the GPUs and MIG devices published"
+        )
+        slices = api.pool(DRIVER, "node-1")
+        # 1.35: a slice holds devices or counter sets, never both.
+        assert all(not (s.devices and s.shared_counters) for s in slices)
+        (counters,) = [c for s in slices for c in s.shared_counters]
+        assert counters == CounterSet(whole, {"memory": Quantity(81920 * MiB)})
+        devices = {d.name: d for s in slices for d in s.devices}
+        assert set(devices) == {whole, device_name(plain_gpu.uuid), *migs.values()}
+        assert devices[whole].consumes_counters == (
+            CounterConsumption(whole, {"memory": Quantity(81920 * MiB)}),
+        )
+        for mig in mig_gpu.migs:
+            assert devices[migs[mig.uuid]].consumes_counters == (
+                CounterConsumption(whole, {"memory": Quantity(mig.memory_mib * MiB)}),
+            )
+        assert devices[device_name(plain_gpu.uuid)].consumes_counters == ()
+
+        # The partitions fit together; the GPU does not fit beside one.
+        a = api.allocate("ml", "a", {"mig": [big]}, driver=DRIVER, pool="node-1", pods=["a"])
+        api.allocate(
+            "ml",
+            "b",
+            {"mig": [migs[mig_gpu.migs[2].uuid]]},
+            driver=DRIVER,
+            pool="node-1",
+            pods=["b"],
+        )
+        with pytest.raises(KubeApiError, match=f"counter {whole}/memory has"):
+            api.allocate("ml", "w", {"gpu": [whole]}, driver=DRIVER, pool="node-1")
+        await node.prepare(pod_of("a", "a"))
+        assert _visible(node, a.uid) == mig_gpu.migs[0].uuid
+
+        # A scheduler that allocated the GPU anyway: the driver refuses that claim.
+        api.allocate(
+            "ml",
+            "w",
+            {"gpu": [whole]},
+            driver=DRIVER,
+            pool="node-1",
+            pods=["w"],
+            check=False,
+        )
+        with pytest.raises(
+            PodPreparationError,
+            match=f"device {whole} is already prepared through {big}, which it overlaps, "
+            "for claim ml/a",
         ):
-            await kubelet.wait_for(
-                lambda: (
-                    api.pool_complete(DRIVER, "node-1")
-                    and len([d for s in api.pool(DRIVER, "node-1") for d in s.devices]) == 6
-                ),
-                what="the GPUs and MIG devices published",
-            )
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER))
-            slices = api.pool(DRIVER, "node-1")
-            # 1.35: a slice holds devices or counter sets, never both.
-            assert all(not (s.devices and s.shared_counters) for s in slices)
-            (counters,) = [c for s in slices for c in s.shared_counters]
-            assert counters == CounterSet(whole, {"memory": Quantity(81920 * MiB)})
-            devices = {d.name: d for s in slices for d in s.devices}
-            assert set(devices) == {whole, device_name(plain_gpu.uuid), *migs.values()}
-            assert devices[whole].consumes_counters == (
-                CounterConsumption(whole, {"memory": Quantity(81920 * MiB)}),
-            )
-            for mig in mig_gpu.migs:
-                assert devices[migs[mig.uuid]].consumes_counters == (
-                    CounterConsumption(whole, {"memory": Quantity(mig.memory_mib * MiB)}),
-                )
-            assert devices[device_name(plain_gpu.uuid)].consumes_counters == ()
+            await node.prepare(pod_of("w", "w"))
 
-            # The partitions fit together; the GPU does not fit beside one.
-            a = api.allocate("ml", "a", {"mig": [big]}, driver=DRIVER, pool="node-1", pods=["a"])
-            api.allocate(
-                "ml",
-                "b",
-                {"mig": [migs[mig_gpu.migs[2].uuid]]},
-                driver=DRIVER,
-                pool="node-1",
-                pods=["b"],
-            )
-            with pytest.raises(KubeApiError, match=f"counter {whole}/memory has"):
-                api.allocate("ml", "w", {"gpu": [whole]}, driver=DRIVER, pool="node-1")
-            await kubelet.dra.prepare(pod_of("a", "a"))
-            assert _visible(options, a.uid) == mig_gpu.migs[0].uuid
-
-            # A scheduler that allocated the GPU anyway: the driver refuses that claim.
-            api.allocate(
-                "ml",
-                "w",
-                {"gpu": [whole]},
-                driver=DRIVER,
-                pool="node-1",
-                pods=["w"],
-                check=False,
-            )
-            with pytest.raises(
-                PodPreparationError,
-                match=f"device {whole} is already prepared through {big}, which it overlaps, "
-                "for claim ml/a",
-            ):
-                await kubelet.dra.prepare(pod_of("w", "w"))
-
-            # Once the partitions are free, the whole GPU is allocated and prepared; then no
-            # partition can be.
-            await kubelet.dra.unprepare(pod_of("a", "a"))
-            api.delete_claim("ml", "a")
-            api.delete_claim("ml", "b")
-            w = api.allocate("ml", "w", {"gpu": [whole]}, driver=DRIVER, pool="node-1", pods=["w"])
-            await kubelet.dra.prepare(pod_of("w", "w"))
-            assert _visible(options, w.uid) == mig_gpu.uuid
-            with pytest.raises(KubeApiError, match="counter"):
-                api.allocate("ml", "c", {"mig": [big]}, driver=DRIVER, pool="node-1")
+        # Once the partitions are free, the whole GPU is allocated and prepared; then no
+        # partition can be.
+        await node.unprepare(pod_of("a", "a"))
+        api.delete_claim("ml", "a")
+        api.delete_claim("ml", "b")
+        w = api.allocate("ml", "w", {"gpu": [whole]}, driver=DRIVER, pool="node-1", pods=["w"])
+        await node.prepare(pod_of("w", "w"))
+        assert _visible(node, w.uid) == mig_gpu.uuid
+        with pytest.raises(KubeApiError, match="counter"):
+            api.allocate("ml", "c", {"mig": [big]}, driver=DRIVER, pool="node-1")
 
     # The device plugin's side is as before: the MIG devices by profile, the plain GPU.
     async with FakeKubelet() as kubelet:
@@ -311,20 +296,9 @@ async def test_without_partitionable_devices_the_gpu_beside_its_mig_devices_is_w
     api = MemoryApi(nodes=["node-1"], partitionable_devices=False)
     mig_gpu, plain_gpu = nvml.gpus
     expected = {device_name(plain_gpu.uuid), *(device_name(m.uuid) for m in mig_gpu.migs)}
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api, driver=DRIVER)
-        async with serving(
-            *NvmlPlugin.build(config, nvml=nvml),
-            settings=kubelet.settings(),
-            api="dra",
-            dra=options,
-        ):
-            await kubelet.wait_for(
-                lambda: (
-                    api.pool_complete(DRIVER, "node-1")
-                    and {d.name for s in api.pool(DRIVER, "node-1") for d in s.devices} == expected
-                ),
-                what="the MIG devices without their GPU",
-            )
-            assert not any(s.shared_counters for s in api.pool(DRIVER, "node-1"))
+    async with DraNode(*NvmlPlugin.build(config, nvml=nvml), driver=DRIVER, memory=api) as node:
+        await node.kubelet.wait_for(
+            lambda: set(node.published()) == expected, what="the MIG devices without their GPU"
+        )
+        assert not any(s.shared_counters for s in api.pool(DRIVER, "node-1"))
     assert "dropped the devices' counters" in caplog.text

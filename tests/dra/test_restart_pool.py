@@ -12,13 +12,13 @@ from typing import Any
 
 import anyio
 import pytest
-from dra_helpers import DRIVER, dra_options
+from dra_helpers import DRIVER
 from kube_apiserver import FakeApiServer
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Device
 from devplugin_sdk.dra._pool import plugins as _plugins
-from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
+from devplugin_sdk.testing import DraNode, MemoryApi, StaticPlugin, serving
 
 
 class SlowPlugin(StaticPlugin):
@@ -45,13 +45,13 @@ async def _serve_until(stop: anyio.Event, *plugins: Any, **options: Any) -> None
         await stop.wait()
 
 
-async def _restart_over_pool(
-    kubelet: FakeKubelet, api: MemoryApi, options: Any, watches: Callable[[], int]
-) -> int:
+async def _restart_over_pool(node: DraNode, watches: Callable[[], int]) -> int:
     """Serve 4 devices until published, stop; a restarted driver with a slow discovery runs
     until the pool is published again. The generation of the API before the restart."""
+    kubelet, api = node.kubelet, node.api
+    options = {"api": "dra", "dra": node.options}
     async with serving(StaticPlugin(RESOURCE, widgets(4)), settings=kubelet.settings(), **options):
-        await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="the pool")
+        await node.ready()
     (pool,) = api.pool(DRIVER, "node-1")
     assert len(pool.devices) == 4
     before = api.generation
@@ -63,18 +63,15 @@ async def _restart_over_pool(
         # Whatever the restarted driver does before its plugin has discovered, it has done.
         await anyio.wait_all_tasks_blocked()
         released.set()
-        await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), what="registration")
+        await node.ready()
         stop.set()
     return before
 
 
 async def test_a_restart_over_the_pool_never_writes_it_short() -> None:
     api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = {"api": "dra", "dra": dra_options(kubelet, api)}
-        before = await _restart_over_pool(
-            kubelet, api, options, lambda: api.calls.get("watch_slices", 0)
-        )
+    async with DraNode(driver=DRIVER, memory=api) as node:
+        before = await _restart_over_pool(node, lambda: api.calls.get("watch_slices", 0))
     # The pool was already right: nothing to write at all.
     assert _writes(api, before) == []
 
@@ -83,12 +80,13 @@ async def test_a_restart_through_the_real_client_never_writes_the_pool_short(
     tmp_path: Path,
 ) -> None:
     memory = MemoryApi(nodes=["node-1"])
-    async with FakeApiServer(memory).serving() as server, FakeKubelet(dra_api=memory) as kubelet:
-        dra = dra_options(kubelet, memory, api=None, kubeconfig=server.kubeconfig(tmp_path / "k"))
-        options = {"api": "dra", "dra": dra}
-        before = await _restart_over_pool(
-            kubelet, memory, options, lambda: len(server.watch_queries)
-        )
+    async with (
+        FakeApiServer(memory).serving() as server,
+        DraNode(
+            driver=DRIVER, memory=memory, api=None, kubeconfig=server.kubeconfig(tmp_path / "k")
+        ) as node,
+    ):
+        before = await _restart_over_pool(node, lambda: len(server.watch_queries))
     assert _writes(memory, before) == []
 
 
@@ -101,17 +99,16 @@ async def test_a_plugin_that_never_reports_is_waited_for_a_bounded_time(
     caplog.set_level(logging.WARNING, "devplugin_sdk")
     api = MemoryApi(nodes=["node-1"])
     hung = SlowPlugin("acme.com/gadget", [Device("g0")], anyio.Event())
-    async with FakeKubelet(dra_api=api) as kubelet, anyio.create_task_group() as tg:
+    async with DraNode(driver=DRIVER, memory=api) as node, anyio.create_task_group() as tg:
         plugins = (StaticPlugin(RESOURCE, widgets(2)), hung)
-        options = {"api": "dra", "dra": dra_options(kubelet, api)}
+        options = {"api": "dra", "dra": node.options}
         serve = partial(
-            _serve_until, anyio.Event(), *plugins, settings=kubelet.settings(), **options
+            _serve_until, anyio.Event(), *plugins, settings=node.kubelet.settings(), **options
         )
         tg.start_soon(serve)
-        await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="the pool")
+        await node.ready()
         (pool,) = api.pool(DRIVER, "node-1")
         assert [d.name for d in pool.devices] == ["w0", "w1"]
-        await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), what="registration")
         tg.cancel_scope.cancel()
     waited = [r.getMessage() for r in caplog.records if "acme.com/gadget" in r.getMessage()]
     assert len(waited) == 1, waited

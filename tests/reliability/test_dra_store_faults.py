@@ -18,19 +18,17 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
-from dra_helpers import DRIVER, dra_options
+from dra_helpers import DRIVER
 from sdk_helpers import RESOURCE
 
 from devplugin_sdk import Device, DeviceNode
 from devplugin_sdk.dra import Dra
 from devplugin_sdk.kubelet.fake_dra import PodPreparationError
-from devplugin_sdk.runner import Running
-from devplugin_sdk.testing import FakeKubelet, MemoryApi, StaticPlugin, serving
+from devplugin_sdk.testing import DraNode, StaticPlugin
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,15 +45,14 @@ def widgets(count: int = 4) -> list[Device]:
     ]
 
 
-@asynccontextmanager
-async def driver(kubelet: FakeKubelet, api: MemoryApi, options: Dra) -> AsyncIterator[Running]:
-    plugin = StaticPlugin(RESOURCE, widgets())
-    async with serving(plugin, settings=kubelet.settings(), api="dra", dra=options) as running:
-        await kubelet.wait_for(
-            lambda: running.dra is not None and running.dra.registered, what="DRA registration"
-        )
-        await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
-        yield running
+def node() -> DraNode:
+    """A node whose driver serves four widgets."""
+    return DraNode(StaticPlugin(RESOURCE, widgets()), driver=DRIVER)
+
+
+def restarted(node: DraNode) -> AbstractAsyncContextManager[None]:
+    """The driver stopped for the body, then a new process of it (new plugin objects) ready."""
+    return node.stopped(StaticPlugin(RESOURCE, widgets()))
 
 
 def specs(options: Dra) -> list[str]:
@@ -98,50 +95,50 @@ def _newer(path: Path) -> None:
 async def test_a_damaged_checkpoint_deletes_no_spec_the_kubelet_holds(
     damage: object, caplog: pytest.LogCaptureFixture
 ) -> None:
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
-        async with driver(kubelet, api, options):
-            api.allocate("ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
-            first = await kubelet.dra.prepare(pod)
-        held = specs(options)
-        assert len(held) == 1
-        assert callable(damage)
-        damage(checkpoint(options))
+    async with node() as dra:
+        kubelet, options = dra.kubelet, dra.options
+        pod = dra.pod("c1", name="pod-a", namespace="ns")
+        dra.claim("c1", {"r": ["w1"]}, pods=[pod], namespace="ns")
+        first = await dra.prepare(pod)
+        async with restarted(dra):
+            held = specs(options)
+            assert len(held) == 1
+            assert callable(damage)
+            damage(checkpoint(options))
 
-        caplog.clear()
-        caplog.set_level(logging.INFO, logger="devplugin_sdk")
-        started = time.monotonic()
-        async with driver(kubelet, api, options) as running:
-            start = time.monotonic() - started
-            # The kubelet still holds the claim prepared: its CDI ID must keep resolving.
-            assert specs(options) == held, "a spec the kubelet holds was deleted"
-            assert running.dra is not None
-            assert running.dra.prepared_claims == 1
-            assert running.dra.recovered_claims == 1
-            aside = [p.name for p in checkpoint(options).parent.iterdir() if "corrupt" in p.name]
-            assert aside == ["checkpoint.json.corrupt"]
-            said = [
-                r.getMessage()
-                for r in caplog.records
-                if "checkpoint" in r.getMessage() and r.levelno >= logging.WARNING
-            ]
-            assert len(said) == 1, said
-            assert "\n" not in said[0]
-            assert "kept 1 CDI spec" in said[0], said[0]
+            caplog.clear()
+            caplog.set_level(logging.INFO, logger="devplugin_sdk")
+            started = time.monotonic()
+        running = dra.running
+        start = time.monotonic() - started
+        # The kubelet still holds the claim prepared: its CDI ID must keep resolving.
+        assert specs(options) == held, "a spec the kubelet holds was deleted"
+        assert running.dra is not None
+        assert running.dra.prepared_claims == 1
+        assert running.dra.recovered_claims == 1
+        aside = [p.name for p in checkpoint(options).parent.iterdir() if "corrupt" in p.name]
+        assert aside == ["checkpoint.json.corrupt"]
+        said = [
+            r.getMessage()
+            for r in caplog.records
+            if "checkpoint" in r.getMessage() and r.levelno >= logging.WARNING
+        ]
+        assert len(said) == 1, said
+        assert "\n" not in said[0]
+        assert "kept 1 CDI spec" in said[0], said[0]
 
-            # A restart before the kubelet asks anything still keeps it (the kept spec is
-            # recorded in the new checkpoint).
-        async with driver(kubelet, api, options):
-            assert specs(options) == held
+        # A restart before the kubelet asks anything still keeps it (the kept spec is
+        # recorded in the new checkpoint).
+        async with restarted(dra):
+            pass
+        assert specs(options) == held
 
-            # The kubelet asks again (its own restart): the same CDI IDs, a complete record.
-            kubelet.dra._claims.clear()
-            again = await kubelet.dra.prepare(pod)
-            assert again.claims == first.claims
-            await kubelet.dra.unprepare(pod)
-            assert specs(options) == []
+        # The kubelet asks again (its own restart): the same CDI IDs, a complete record.
+        kubelet.dra._claims.clear()
+        again = await dra.prepare(pod)
+        assert again.claims == first.claims
+        await dra.unprepare(pod)
+        assert specs(options) == []
         print(f"figures row 1 {damage.__name__}: specs kept 1 of 1, start {start * 1000:.0f} ms")
 
 
@@ -222,20 +219,16 @@ def test_a_hostile_checkpoint_is_refused_unread(hostile: object, short_dir: Path
 
 
 async def test_the_plugin_directory_and_checkpoint_are_private_under_umask_000() -> None:
-    api = MemoryApi(nodes=["node-1"])
     old = os.umask(0)
     try:
-        async with FakeKubelet(dra_api=api) as kubelet:
-            options = dra_options(kubelet, api)
-            pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
-            async with driver(kubelet, api, options):
-                api.allocate(
-                    "ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid]
-                )
-                await kubelet.dra.prepare(pod)
-                assert options.plugin_dir is not None
-                directory = stat.S_IMODE(options.plugin_dir.stat().st_mode)
-                record = stat.S_IMODE(checkpoint(options).stat().st_mode)
+        async with node() as dra:
+            options = dra.options
+            pod = dra.pod("c1", name="pod-a", namespace="ns")
+            dra.claim("c1", {"r": ["w1"]}, pods=[pod], namespace="ns")
+            await dra.prepare(pod)
+            assert options.plugin_dir is not None
+            directory = stat.S_IMODE(options.plugin_dir.stat().st_mode)
+            record = stat.S_IMODE(checkpoint(options).stat().st_mode)
     finally:
         os.umask(old)
     assert (oct(directory), oct(record)) == ("0o700", "0o600")
@@ -244,117 +237,106 @@ async def test_the_plugin_directory_and_checkpoint_are_private_under_umask_000()
 
 async def test_a_checkpoint_others_could_write_is_not_trusted() -> None:
     """A checkpoint group or others could have replaced is set aside, as a damaged one is."""
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
-        async with driver(kubelet, api, options):
-            api.allocate("ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
-            await kubelet.dra.prepare(pod)
-        held = specs(options)
-        checkpoint(options).chmod(0o666)
-        async with driver(kubelet, api, options) as running:
-            assert specs(options) == held
-            assert running.dra is not None
-            assert running.dra.recovered_claims == 1
+    async with node() as dra:
+        options = dra.options
+        pod = dra.pod("c1", name="pod-a", namespace="ns")
+        dra.claim("c1", {"r": ["w1"]}, pods=[pod], namespace="ns")
+        await dra.prepare(pod)
+        async with restarted(dra):
+            held = specs(options)
+            checkpoint(options).chmod(0o666)
+        running = dra.running
+        assert specs(options) == held
+        assert running.dra is not None
+        assert running.dra.recovered_claims == 1
 
 
 # ----------------------------------------------------------------------------- row 14
 
 
 async def test_unprepare_with_an_unwritable_checkpoint_keeps_spec_and_record() -> None:
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
-        async with driver(kubelet, api, options) as running:
-            api.allocate("ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
-            first = await kubelet.dra.prepare(pod)
-            held = specs(options)
-            path = checkpoint(options)
-            saved = path.read_bytes()
-            path.unlink()
-            path.mkdir()  # the next write's rename fails, for root too
-            with pytest.raises(PodPreparationError, match="cannot unprepare"):
-                await kubelet.dra.unprepare(pod)
-            assert specs(options) == held, "the spec went while its claim stayed recorded"
-            assert running.dra is not None
-            assert running.dra.prepared_claims == 1
-            # The record and the spec still agree: asking again answers IDs that resolve.
-            kubelet.dra._claims.clear()
-            assert (await kubelet.dra.prepare(pod)).claims == first.claims
-            path.rmdir()
-            path.write_bytes(saved)
-            await kubelet.dra.unprepare(pod)
-            assert specs(options) == []
-            assert running.dra.prepared_claims == 0
+    async with node() as dra:
+        kubelet, options, running = dra.kubelet, dra.options, dra.running
+        pod = dra.pod("c1", name="pod-a", namespace="ns")
+        dra.claim("c1", {"r": ["w1"]}, pods=[pod], namespace="ns")
+        first = await dra.prepare(pod)
+        held = specs(options)
+        path = checkpoint(options)
+        saved = path.read_bytes()
+        path.unlink()
+        path.mkdir()  # the next write's rename fails, for root too
+        with pytest.raises(PodPreparationError, match="cannot unprepare"):
+            await dra.unprepare(pod)
+        assert specs(options) == held, "the spec went while its claim stayed recorded"
+        assert running.dra is not None
+        assert running.dra.prepared_claims == 1
+        # The record and the spec still agree: asking again answers IDs that resolve.
+        kubelet.dra._claims.clear()
+        assert (await dra.prepare(pod)).claims == first.claims
+        path.rmdir()
+        path.write_bytes(saved)
+        await dra.unprepare(pod)
+        assert specs(options) == []
+        assert running.dra.prepared_claims == 0
 
 
 async def test_a_prepare_that_cannot_be_recorded_leaves_no_spec() -> None:
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
-        async with driver(kubelet, api, options) as running:
-            api.allocate("ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
-            path = checkpoint(options)
-            path.unlink(missing_ok=True)
-            path.mkdir()
-            with pytest.raises(PodPreparationError, match="cannot write the checkpoint"):
-                await kubelet.dra.prepare(pod)
-            assert specs(options) == [], "a spec no record names was left behind"
-            assert running.dra is not None
-            assert running.dra.prepared_claims == 0
-            path.rmdir()
-            await kubelet.dra.prepare(pod)
-            assert len(specs(options)) == 1
+    async with node() as dra:
+        options, running = dra.options, dra.running
+        pod = dra.pod("c1", name="pod-a", namespace="ns")
+        dra.claim("c1", {"r": ["w1"]}, pods=[pod], namespace="ns")
+        path = checkpoint(options)
+        path.unlink(missing_ok=True)
+        path.mkdir()
+        with pytest.raises(PodPreparationError, match="cannot write the checkpoint"):
+            await dra.prepare(pod)
+        assert specs(options) == [], "a spec no record names was left behind"
+        assert running.dra is not None
+        assert running.dra.prepared_claims == 0
+        path.rmdir()
+        await dra.prepare(pod)
+        assert len(specs(options)) == 1
 
 
 async def test_a_prepare_whose_metadata_cannot_be_written_leaves_no_spec_and_no_record() -> None:
     # The metadata, the spec and the staged checkpoint are written at once (issue 29): a
     # failure of one takes the others back, and the checkpoint is never renamed into place.
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
-        async with driver(kubelet, api, options) as running:
-            assert options.plugin_dir is not None
-            api.allocate("ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid])
-            blocker = options.plugin_dir / "dra-device-metadata" / "ns_c1"
-            blocker.parent.mkdir(parents=True, exist_ok=True)
-            blocker.write_text("in the way")  # the claim's directory cannot be made
-            with pytest.raises(PodPreparationError, match="cannot write the device metadata"):
-                await kubelet.dra.prepare(pod)
-            assert specs(options) == [], "a spec no record names was left behind"
-            assert recorded(options) == {}
-            assert not list(options.plugin_dir.glob(".checkpoint.json.*.tmp"))
-            assert running.dra is not None
-            assert running.dra.prepared_claims == 0
-            blocker.unlink()
-            await kubelet.dra.prepare(pod)
-            assert len(specs(options)) == 1
-            assert running.dra.prepared_claims == 1
+    async with node() as dra:
+        options, running = dra.options, dra.running
+        pod = dra.pod("c1", name="pod-a", namespace="ns")
+        assert options.plugin_dir is not None
+        dra.claim("c1", {"r": ["w1"]}, pods=[pod], namespace="ns")
+        blocker = options.plugin_dir / "dra-device-metadata" / "ns_c1"
+        blocker.parent.mkdir(parents=True, exist_ok=True)
+        blocker.write_text("in the way")  # the claim's directory cannot be made
+        with pytest.raises(PodPreparationError, match="cannot write the device metadata"):
+            await dra.prepare(pod)
+        assert specs(options) == [], "a spec no record names was left behind"
+        assert recorded(options) == {}
+        assert not list(options.plugin_dir.glob(".checkpoint.json.*.tmp"))
+        assert running.dra is not None
+        assert running.dra.prepared_claims == 0
+        blocker.unlink()
+        await dra.prepare(pod)
+        assert len(specs(options)) == 1
+        assert running.dra.prepared_claims == 1
 
 
 async def test_a_prepare_whose_spec_cannot_be_written_records_nothing() -> None:
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
-        async with driver(kubelet, api, options) as running:
-            assert options.plugin_dir is not None
-            claim = api.allocate(
-                "ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid]
-            )
-            spec = options.cdi_dir / f"k8s.{DRIVER}-claim_{claim.uid}.json"
-            spec.mkdir(parents=True)  # the rename over it fails, for root too
-            (spec / "keep").write_text("")
-            with pytest.raises(PodPreparationError, match="cannot write CDI spec"):
-                await kubelet.dra.prepare(pod)
-            assert recorded(options) == {}, "the record named a missing spec"
-            assert not list(options.plugin_dir.glob(".checkpoint.json.*.tmp"))
-            assert running.dra is not None
-            assert running.dra.prepared_claims == 0
+    async with node() as dra:
+        options, running = dra.options, dra.running
+        pod = dra.pod("c1", name="pod-a", namespace="ns")
+        assert options.plugin_dir is not None
+        claim = dra.claim("c1", {"r": ["w1"]}, pods=[pod], namespace="ns")
+        spec = dra.spec_path(claim)
+        spec.mkdir(parents=True)  # the rename over it fails, for root too
+        (spec / "keep").write_text("")
+        with pytest.raises(PodPreparationError, match="cannot write CDI spec"):
+            await dra.prepare(pod)
+        assert recorded(options) == {}, "the record named a missing spec"
+        assert not list(options.plugin_dir.glob(".checkpoint.json.*.tmp"))
+        assert running.dra is not None
+        assert running.dra.prepared_claims == 0
 
 
 # ----------------------------------------------------------------------------- rows 15, 16
@@ -363,30 +345,28 @@ async def test_a_prepare_whose_spec_cannot_be_written_records_nothing() -> None:
 async def test_claim_names_with_control_characters_are_escaped_in_logs(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    api = MemoryApi(nodes=["node-1"])
     forged = "c1\n2026-01-01 00:00:00 INFO devplugin_sdk: forged \x1b[31mred"
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        caplog.set_level(logging.DEBUG, logger="devplugin_sdk")
-        async with driver(kubelet, api, options):
-            pod = kubelet.dra.pod("ns\x1b[2J", "pod-a", [forged])
-            api.add_claim("ns\x1b[2J", forged, uid="u\n1\x1b")
-            api.allocate(
-                "ns\x1b[2J", forged, {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid]
-            )
-            with pytest.raises(PodPreparationError, match="UID"):
-                await kubelet.dra.prepare(pod)
-            good = kubelet.dra.pod("ns\x1b[2J", "pod-b", ["c2\nforged"])
-            api.allocate(
-                "ns\x1b[2J",
-                "c2\nforged",
-                {"r": ["w2"]},
-                driver=DRIVER,
-                pool="node-1",
-                pods=[good.uid],
-            )
-            await kubelet.dra.prepare(good)
-            await kubelet.dra.unprepare(good)
+    caplog.set_level(logging.DEBUG, logger="devplugin_sdk")
+    async with node() as dra:
+        api = dra.api
+        pod = dra.pod(forged, name="pod-a", namespace="ns\x1b[2J")
+        api.add_claim("ns\x1b[2J", forged, uid="u\n1\x1b")
+        api.allocate(
+            "ns\x1b[2J", forged, {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid]
+        )
+        with pytest.raises(PodPreparationError, match="UID"):
+            await dra.prepare(pod)
+        good = dra.pod("c2\nforged", name="pod-b", namespace="ns\x1b[2J")
+        api.allocate(
+            "ns\x1b[2J",
+            "c2\nforged",
+            {"r": ["w2"]},
+            driver=DRIVER,
+            pool="node-1",
+            pods=[good.uid],
+        )
+        await dra.prepare(good)
+        await dra.unprepare(good)
     ours = [r.getMessage() for r in caplog.records if r.name.startswith("devplugin_sdk")]
     claims = [m for m in ours if "claim" in m and "ns" in m]
     assert len(claims) >= 3, ours
@@ -395,30 +375,28 @@ async def test_claim_names_with_control_characters_are_escaped_in_logs(
 
 
 async def test_a_claim_listing_one_device_twice_fails_alone() -> None:
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        async with driver(kubelet, api, options) as running:
-            twice = kubelet.dra.pod("ns", "pod-a", ["c1"])
-            # No scheduler allocates this (MemoryApi refuses it too): check=False forces it.
-            api.allocate(
-                "ns",
-                "c1",
-                {"r": ["w3", "w3"]},
-                driver=DRIVER,
-                pool="node-1",
-                pods=[twice.uid],
-                check=False,
-            )
-            with pytest.raises(PodPreparationError, match="w3 twice"):
-                await kubelet.dra.prepare(twice)
-            assert specs(options) == []
-            api.deallocate("ns", "c1")
-            fine = kubelet.dra.pod("ns", "pod-b", ["c2"])
-            api.allocate("ns", "c2", {"r": ["w3"]}, driver=DRIVER, pool="node-1", pods=[fine.uid])
-            assert (await kubelet.dra.prepare(fine)).claims
-            assert running.dra is not None
-            assert running.dra.prepared_claims == 1
+    async with node() as dra:
+        api, options, running = dra.api, dra.options, dra.running
+        twice = dra.pod("c1", name="pod-a", namespace="ns")
+        # No scheduler allocates this (MemoryApi refuses it too): check=False forces it.
+        api.allocate(
+            "ns",
+            "c1",
+            {"r": ["w3", "w3"]},
+            driver=DRIVER,
+            pool="node-1",
+            pods=[twice.uid],
+            check=False,
+        )
+        with pytest.raises(PodPreparationError, match="w3 twice"):
+            await dra.prepare(twice)
+        assert specs(options) == []
+        api.deallocate("ns", "c1")
+        fine = dra.pod("c2", name="pod-b", namespace="ns")
+        dra.claim("c2", {"r": ["w3"]}, pods=[fine], namespace="ns")
+        assert (await dra.prepare(fine)).claims
+        assert running.dra is not None
+        assert running.dra.prepared_claims == 1
 
 
 def test_the_checkpoint_reencodes_only_what_changed_and_reads_back_what_it_wrote(

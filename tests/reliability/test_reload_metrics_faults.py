@@ -37,7 +37,7 @@ from devplugin_sdk._engine.held import held_devices
 from devplugin_sdk.config import ConfigReader
 from devplugin_sdk.metrics import MAX_UNHEALTHY_DEVICE_SERIES
 from devplugin_sdk.runner import Http, Reload
-from devplugin_sdk.testing import FakeKubelet, MemoryApi, serving
+from devplugin_sdk.testing import DraNode, FakeKubelet, MemoryApi, serving
 
 ACME = "acme.com/widget"
 
@@ -268,23 +268,20 @@ async def test_metrics_with_many_unhealthy_devices_stay_small_beside_allocate() 
 # ----------------------------------------------------------------------------- row 13
 
 
-def _dra_config(
-    tmp_path: Path, kubelet: FakeKubelet, kubeconfig: Path, dev: Path, api: str
-) -> Path:
-    root = kubelet.directory.parent
+def _dra_config(tmp_path: Path, node: DraNode, kubeconfig: Path, dev: Path, api: str) -> Path:
     config = tmp_path / "config.yaml"
     config.write_text(
         json.dumps(
             {
                 "backend": "generic",
-                "pluginsRegistryDir": str(kubelet.registry_directory),
+                "pluginsRegistryDir": str(node.kubelet.registry_directory),
                 "api": api,
                 "dra": {
-                    "driver": "serial.example.com",
-                    "nodeName": "node-1",
+                    "driver": node.driver,
+                    "nodeName": node.node_name,
                     "kubeconfig": str(kubeconfig),
-                    "pluginDir": str(root / "plugins" / "serial"),
-                    "cdiDir": str(root / "cdi"),
+                    "pluginDir": str(node.options.plugin_dir),
+                    "cdiDir": str(node.options.cdi_dir),
                 },
                 "resources": [{"resourceName": "example.com/serial", "paths": [f"{dev}/ttyUSB*"]}],
             }
@@ -309,14 +306,16 @@ async def test_a_second_dra_instance_exits_2_with_one_line(tmp_path: Path, api: 
     dev.mkdir()
     (dev / "ttyUSB0").touch()
     memory = MemoryApi(nodes=["node-1"])
-    async with FakeApiServer(memory).serving() as server, FakeKubelet(dra_api=memory) as kubelet:
+    # The driver runs as `devplugin run` processes: the node serves none itself.
+    node = DraNode(driver="serial.example.com", memory=memory, timeout=30)
+    async with FakeApiServer(memory).serving() as server, node:
+        kubelet = node.kubelet
         kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
-        config = _dra_config(tmp_path, kubelet, kubeconfig, dev, api)
+        config = _dra_config(tmp_path, node, kubeconfig, dev, api)
         args = ["run", "--config", str(config), "--device-plugin-dir", str(kubelet.directory)]
         first = _devplugin(*args)
         try:
-            driver = "serial.example.com"
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(driver), timeout=30)
+            await node.ready()
             started = time.monotonic()
             # Its start-up lines at info level, then the error (the warning level shows it alone).
             second = _devplugin("--log-level", "warning", *args)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import uuid
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -23,48 +22,22 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
-from dra_helpers import DRIVER, dra_options
+from dra_helpers import DRIVER
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Settings, SocketInUseError
-from devplugin_sdk.dra import Dra
 from devplugin_sdk.kubelet.fake_dra import PodPreparationError
 from devplugin_sdk.runner import Running
-from devplugin_sdk.testing import AdmissionError, FakeKubelet, MemoryApi, StaticPlugin, serving
+from devplugin_sdk.testing import (
+    AdmissionError,
+    DaemonSetPod,
+    DraNode,
+    FakeKubelet,
+    StaticPlugin,
+    serving,
+)
 
 UPGRADES = 5
-
-
-class _Instance:
-    """One pod of the plugin's DaemonSet, served until ``stop`` (its SIGTERM)."""
-
-    def __init__(self, settings: Settings, **options: Any) -> None:
-        self.settings = settings
-        self.options = options
-        self.scope = anyio.CancelScope()
-        self.done = anyio.Event()
-
-    async def start(self, tg: anyio.abc.TaskGroup) -> Running:
-        running: Running = await tg.start(self._run)
-        return running
-
-    async def _run(self, *, task_status: anyio.abc.TaskStatus[Running]) -> None:
-        try:
-            with self.scope:
-                plugin = StaticPlugin(RESOURCE, widgets(4))
-                async with serving(plugin, settings=self.settings, **self.options) as running:
-                    task_status.started(running)
-                    await anyio.sleep_forever()
-        except anyio.get_cancelled_exc_class():
-            if not self.scope.cancel_called:
-                raise
-            # Our own stop, re-raised by grpc.aio without anyio's mark (see Supervisor._start).
-        finally:
-            self.done.set()
-
-    async def stop(self) -> None:
-        self.scope.cancel()
-        await self.done.wait()
 
 
 class _Load:
@@ -96,22 +69,22 @@ def _ready(running: Running) -> bool:
     return all(status.registered for status in running.statuses())
 
 
-def _pod_uid() -> str:
-    return str(uuid.uuid4())
-
-
 async def _upgrade_device_plugin(kubelet: FakeKubelet, **settings: Any) -> _Load:
     async def admit(_n: int) -> None:
         kubelet.release(await kubelet.allocate(RESOURCE, 1))
 
     load = _Load(admit)
     async with anyio.create_task_group() as tg:
-        old = _Instance(kubelet.settings(pod_uid=_pod_uid(), **settings))
+        old = DaemonSetPod(
+            StaticPlugin(RESOURCE, widgets(4)), settings=kubelet.settings(**settings)
+        )
         await old.start(tg)
         await kubelet.wait_for_allocatable(RESOURCE, 4)
         tg.start_soon(load.run)
         for _upgrade in range(UPGRADES):
-            new = _Instance(kubelet.settings(pod_uid=_pod_uid(), **settings))
+            new = DaemonSetPod(
+                StaticPlugin(RESOURCE, widgets(4)), settings=kubelet.settings(**settings)
+            )
             running = await new.start(tg)
             # The DaemonSet stops the old pod once the new one is Ready (/healthz: registered).
             await kubelet.wait_for(partial(_ready, running), what="the new pod Ready")
@@ -167,15 +140,16 @@ async def test_upgrades_through_the_plugin_watcher(per_socket_clients: bool) -> 
 
 async def test_a_second_instance_of_the_same_pod_harms_nothing() -> None:
     """Same pod UID, same socket names: the second one refuses, the first keeps serving."""
-    async with FakeKubelet() as kubelet:
-        settings = kubelet.settings(pod_uid=_pod_uid())
-        async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=settings):
-            await kubelet.wait_for_allocatable(RESOURCE, 2)
-            with pytest.raises(SocketInUseError, match="another live process"):
-                async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=settings):
-                    await anyio.sleep_forever()
-            assert kubelet.is_registered(RESOURCE)
-            await kubelet.allocate(RESOURCE, 1)
+    async with FakeKubelet() as kubelet, anyio.create_task_group() as tg:
+        first = DaemonSetPod(StaticPlugin(RESOURCE, widgets(2)), settings=kubelet.settings())
+        await first.start(tg)
+        await kubelet.wait_for_allocatable(RESOURCE, 2)
+        with pytest.raises(SocketInUseError, match="another live process"):
+            async with serving(StaticPlugin(RESOURCE, widgets(2)), settings=first.settings):
+                await anyio.sleep_forever()
+        assert kubelet.is_registered(RESOURCE)
+        await kubelet.allocate(RESOURCE, 1)
+        await first.stop()
 
 
 def test_a_bad_pod_uid_is_refused_naming_it() -> None:
@@ -186,26 +160,29 @@ def test_a_bad_pod_uid_is_refused_naming_it() -> None:
 # ---------------------------------------------------------------------- DRA
 
 
-async def _upgrade_dra(
-    kubelet: FakeKubelet, api: MemoryApi, options: Dra, upgrades: int = UPGRADES
-) -> _Load:
+def _dra_pod(node: DraNode) -> DaemonSetPod:
+    """The next pod of the driver's DaemonSet (a pod UID of its own)."""
+    return DaemonSetPod(
+        StaticPlugin(RESOURCE, widgets(4)),
+        settings=node.kubelet.settings(),
+        api="dra",
+        dra=node.options,
+    )
+
+
+async def _upgrade_dra(node: DraNode, upgrades: int = UPGRADES) -> _Load:
+    kubelet = node.kubelet
+
     async def prepare(n: int) -> None:
         name = f"claim-{n}"
-        pod = kubelet.dra.pod("default", f"pod-{n}", [name])
-        api.allocate(
-            "default",
-            name,
-            {"widgets": [f"w{n % 4}"]},
-            driver=DRIVER,
-            pool="node-1",
-            pods=[pod.uid],
-        )
+        pod = node.pod(name, name=f"pod-{n}")
+        node.claim(name, {"widgets": [f"w{n % 4}"]}, pods=[pod])
         try:
-            prepared = await kubelet.dra.prepare(pod)
+            prepared = await node.prepare(pod)
             assert prepared.cdi_ids(name)
-            await kubelet.dra.unprepare(pod)
+            await node.unprepare(pod)
         finally:
-            api.delete_claim("default", name)
+            node.api.delete_claim("default", name)
 
     load = _Load(prepare)
 
@@ -213,13 +190,13 @@ async def _upgrade_dra(
         return len(kubelet.dra.successful_registrations(DRIVER)) == count
 
     async with anyio.create_task_group() as tg:
-        old = _Instance(kubelet.settings(pod_uid=_pod_uid()), api="dra", dra=options)
+        old = _dra_pod(node)
         await old.start(tg)
-        await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
+        await node.ready()
         await kubelet.wait_for(partial(registered, 1), what="DRA registration")
         tg.start_soon(load.run)
         for upgrade in range(upgrades):
-            new = _Instance(kubelet.settings(pod_uid=_pod_uid()), api="dra", dra=options)
+            new = _dra_pod(node)
             await new.start(tg)
             await kubelet.wait_for(partial(registered, upgrade + 2), what="new instance")
             await load.more(kubelet)
@@ -227,7 +204,7 @@ async def _upgrade_dra(
             old = new
             await load.more(kubelet)
             assert kubelet.dra.is_registered(DRIVER)
-            assert api.pool_complete(DRIVER, "node-1")
+            assert node.api.pool_complete(DRIVER, "node-1")
         tg.cancel_scope.cancel()
     return load
 
@@ -235,10 +212,9 @@ async def _upgrade_dra(
 async def test_dra_upgrades_lose_no_prepare() -> None:
     """Five upgrades on a 1.33+ kubelet: pod-UID sockets, the file lock, the slices handed over;
     every claim prepared by one instance and unprepared by either is cleaned up."""
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        load = await _upgrade_dra(kubelet, api, options)
+    async with DraNode(driver=DRIVER) as node:
+        kubelet, options = node.kubelet, node.options
+        load = await _upgrade_dra(node)
         assert load.failures == []
         assert load.done > 0
         assert kubelet.dra.prepared_claims() == []
@@ -254,55 +230,52 @@ async def test_dra_upgrades_lose_no_prepare() -> None:
 async def test_dra_claim_prepared_by_one_instance_is_unprepared_by_the_other() -> None:
     """The kubelet may call either instance: the state is the checkpoint on disk, read again
     under the lock when the other instance wrote it."""
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        async with anyio.create_task_group() as tg:
-            old = _Instance(kubelet.settings(pod_uid=_pod_uid()), api="dra", dra=options)
-            await old.start(tg)
-            await kubelet.wait_for(lambda: api.pool_complete(DRIVER, "node-1"), what="slices")
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), what="registered")
-            pod = kubelet.dra.pod("default", "pod-a", ["gpus"])
-            api.allocate(
-                "default", "gpus", {"widgets": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid]
-            )
-            await kubelet.dra.prepare(pod)  # by the old instance
-            checkpoint = options.resolved_plugin_dir / "checkpoint.json"
-            assert list(json.loads(checkpoint.read_text())["claims"]) == [
-                api.claims[("default", "gpus")].uid
-            ]
-            first = kubelet.dra.endpoint(DRIVER)
-            new = _Instance(kubelet.settings(pod_uid=_pod_uid()), api="dra", dra=options)
-            await new.start(tg)
-            await kubelet.wait_for(
-                lambda: kubelet.dra.endpoint(DRIVER) not in (first, None),
-                what="the new instance connected",
-            )
-            await kubelet.dra.unprepare(pod)  # by the new one, the most recent connected
-            assert list(options.cdi_dir.glob("*.json")) == []
-            assert json.loads(checkpoint.read_text())["claims"] == {}
-            await old.stop()
-            await new.stop()
+    async with DraNode(driver=DRIVER) as node, anyio.create_task_group() as tg:
+        kubelet, options, api = node.kubelet, node.options, node.api
+        old = _dra_pod(node)
+        await old.start(tg)
+        await node.ready()
+        pod = node.pod("gpus", name="pod-a")
+        node.claim("gpus", {"widgets": ["w1"]}, pods=[pod])
+        await node.prepare(pod)  # by the old instance
+        checkpoint = options.resolved_plugin_dir / "checkpoint.json"
+        assert list(json.loads(checkpoint.read_text())["claims"]) == [
+            api.claims[("default", "gpus")].uid
+        ]
+        first = kubelet.dra.endpoint(DRIVER)
+        new = _dra_pod(node)
+        await new.start(tg)
+        await kubelet.wait_for(
+            lambda: kubelet.dra.endpoint(DRIVER) not in (first, None),
+            what="the new instance connected",
+        )
+        await node.unprepare(pod)  # by the new one, the most recent connected
+        assert list(options.cdi_dir.glob("*.json")) == []
+        assert json.loads(checkpoint.read_text())["claims"] == {}
+        await old.stop()
+        await new.stop()
 
 
 async def test_dra_on_a_1_32_kubelet_forgets_the_driver_when_the_old_socket_goes() -> None:
     """Why DRA rolling updates need kubelet 1.33+ (as the kubeletplugin helper says): a 1.32
     kubelet forgets the driver by name when the old instance's registration socket goes."""
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api, dra_plugins_per_driver=False) as kubelet:
-        options = dra_options(kubelet, api)
-        async with anyio.create_task_group() as tg:
-            old = _Instance(kubelet.settings(pod_uid=_pod_uid()), api="dra", dra=options)
-            await old.start(tg)
-            await kubelet.wait_for(lambda: kubelet.dra.is_registered(DRIVER), what="registered")
-            new = _Instance(kubelet.settings(pod_uid=_pod_uid()), api="dra", dra=options)
-            await new.start(tg)
-            await kubelet.wait_for(
-                lambda: len(kubelet.dra.successful_registrations(DRIVER)) == 2, what="new one"
-            )
-            await old.stop()
-            await kubelet.wait_for(lambda: not kubelet.dra.is_registered(DRIVER), what="gone")
-            await new.stop()
+    old_kubelet = {"dra_plugins_per_driver": False}
+    async with (
+        DraNode(driver=DRIVER, kubelet_options=old_kubelet) as node,
+        anyio.create_task_group() as tg,
+    ):
+        kubelet = node.kubelet
+        old = _dra_pod(node)
+        await old.start(tg)
+        await node.ready()
+        new = _dra_pod(node)
+        await new.start(tg)
+        await kubelet.wait_for(
+            lambda: len(kubelet.dra.successful_registrations(DRIVER)) == 2, what="new one"
+        )
+        await old.stop()
+        await kubelet.wait_for(lambda: not kubelet.dra.is_registered(DRIVER), what="gone")
+        await new.stop()
 
 
 def test_socket_names_carry_the_pod_uid_hashed_to_fit_a_unix_socket() -> None:
