@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 
 from devplugin_sdk.dra import Dra
-from devplugin_sdk.dra._claims.preparer import spec_file_name
+from devplugin_sdk.dra._claims.files import claim_spec_name
 from devplugin_sdk.dra.resources import DeviceConfig, ResourceClaim, SliceDevice
 from devplugin_sdk.kubelet.fake import FakeKubelet
 from devplugin_sdk.kubelet.fake_dra import DraPod, PreparedPod
@@ -365,7 +365,7 @@ class DraNode:
         """Where the driver writes the CDI spec of ``claim`` (a claim or its UID); the file
         exists while the claim is prepared."""
         uid = claim if isinstance(claim, str) else claim.uid
-        return self.options.cdi_dir / spec_file_name(self.driver, uid)
+        return self.options.cdi_dir / claim_spec_name(self.driver, uid)
 
     def spec(self, claim: ResourceClaim | str) -> ClaimSpec:
         """The CDI spec of a prepared ``claim`` (a claim or its UID): its path and content.

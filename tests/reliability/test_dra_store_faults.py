@@ -523,28 +523,19 @@ def test_a_checkpoint_of_a_newer_format_is_set_aside(tmp_path: Path) -> None:
 
 async def test_a_damaged_checkpoint_deletes_no_spec_in_a_rolling_upgrade_either() -> None:
     # With a pod UID every start reads the checkpoint under serialize.lock: it is read once, so
-    # the damaged file is reported and its specs kept, as without one.
-    api = MemoryApi(nodes=["node-1"])
-    async with FakeKubelet(dra_api=api) as kubelet:
-        options = dra_options(kubelet, api)
-        pod = kubelet.dra.pod("ns", "pod-a", ["c1"])
-        plugin = StaticPlugin(RESOURCE, widgets())
-        for uid in ("5b7e0c1a-1111-4a4a-8b8b-000000000001", "5b7e0c1a-1111-4a4a-8b8b-000000000002"):
-            settings = kubelet.settings(pod_uid=uid)
-            async with serving(plugin, settings=settings, api="dra", dra=options) as running:
-                await kubelet.wait_for(
-                    lambda: running.dra is not None and running.dra.registered, what="registered"
-                )
-                if uid.endswith("1"):
-                    api.allocate(
-                        "ns", "c1", {"r": ["w1"]}, driver=DRIVER, pool="node-1", pods=[pod.uid]
-                    )
-                    await kubelet.dra.prepare(pod)
-                    held = specs(options)
-                else:
-                    assert specs(options) == held, "a spec the kubelet holds was deleted"
-                    assert running.dra is not None
-                    assert running.dra.recovered_claims == 1
-                    assert running.dra.checkpoint_corrupted == 1
-            if uid.endswith("1"):
-                _truncate(checkpoint(options))
+    # the damaged file is reported and its specs kept, as without one. Each start is a new pod
+    # of the DaemonSet, with a UID of its own (pod_uid None).
+    plugin = StaticPlugin(RESOURCE, widgets())
+    async with DraNode(plugin, driver=DRIVER, settings={"pod_uid": None}) as dra:
+        options = dra.options
+        pod = dra.pod("c1", name="pod-a", namespace="ns")
+        dra.claim("c1", {"r": ["w1"]}, pods=[pod], namespace="ns")
+        await dra.prepare(pod)
+        held = specs(options)
+        assert len(held) == 1
+        async with dra.stopped():
+            _truncate(checkpoint(options))
+        assert specs(options) == held, "a spec the kubelet holds was deleted"
+        status = dra.status
+        assert status.recovered_claims == 1
+        assert status.checkpoint_corrupted == 1
