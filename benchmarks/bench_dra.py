@@ -225,7 +225,7 @@ async def _through_kubelet(kubelet: FakeKubelet, api: MemoryApi, claims: int, co
         started = time.perf_counter()
         await kubelet.dra.prepare(pod)
         prepare.append(time.perf_counter() - started)
-        kubelet.dra._claims.clear()  # the kubelet asks again: the checkpoint answers
+        kubelet.dra.forget_prepared()  # the kubelet asks again: the checkpoint answers
         started = time.perf_counter()
         await kubelet.dra.prepare(pod)
         repeat.append(time.perf_counter() - started)

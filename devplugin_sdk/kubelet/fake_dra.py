@@ -480,6 +480,11 @@ class FakeDra:
         """The claims the kubelet holds as prepared."""
         return [info.claim for info in self._claims.values() if info.prepared]
 
+    def forget_prepared(self) -> None:
+        """Forget which claims are prepared, as a kubelet that lost its state before recording
+        the drivers' answers: its next ``prepare`` of a pod asks the drivers again."""
+        self._claims.clear()
+
 
 def _answered(
     method: str,

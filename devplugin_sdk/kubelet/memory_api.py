@@ -247,6 +247,11 @@ class MemoryApi:
             await self._changed.wait()
         return self._generation
 
+    async def wait_pool_complete(self, driver: str, pool: str) -> None:
+        """Wait until ``pool_complete(driver, pool)`` (bound it with ``anyio.fail_after``)."""
+        while not self.pool_complete(driver, pool):
+            await self.wait_changed(self._generation)
+
     # ------------------------------------------------------------------ ResourceApi
 
     async def read_claim(self, namespace: str, name: str) -> ResourceClaim:

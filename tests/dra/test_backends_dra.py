@@ -62,7 +62,7 @@ async def test_an_nvml_driver_end_to_end(tmp_path: Path) -> None:
         async with node.stopped(plugin()):
             pass
         await kubelet.wait_for(lambda: len(kubelet.dra.successful_registrations(GPU_DRIVER)) == 2)
-        kubelet.dra._claims.clear()  # the kubelet asks again
+        kubelet.dra.forget_prepared()  # the kubelet asks again
         again = await node.prepare(pod)
         assert again.claims == prepared.claims
         # The kubelet restarts: slices wiped, the driver registered again and republished.

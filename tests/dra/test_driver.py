@@ -183,7 +183,7 @@ async def test_a_plugin_restart_keeps_prepared_claims_and_the_pool() -> None:
             writes = api.calls.get("update_slice", 0) + api.calls.get("create_slice", 0)
         await _registered(node, 2)
         # The kubelet asks again (say it restarted before recording the answer).
-        kubelet.dra._claims.clear()
+        kubelet.dra.forget_prepared()
         again = await kubelet.dra.prepare(pod)
         assert again.claims == first.claims
         assert CountingPlugin.allocations == 1

@@ -152,8 +152,7 @@ async def test_a_silent_watch_is_noticed_and_the_pool_republished(tmp_path: Path
             memory.wipe_slices(NODE)  # as a starting kubelet does; the watch never says
             started = anyio.current_time()
             with anyio.fail_after(15):
-                while not memory.pool_complete(DRIVER, NODE):
-                    await memory.wait_changed(memory.generation)
+                await memory.wait_pool_complete(DRIVER, NODE)
             took = anyio.current_time() - started
     # The server is asked to end each watch, and the client gives up on a silent one.
     assert server.watch_queries
@@ -176,8 +175,7 @@ async def test_the_periodic_resync_republishes_without_any_watch_event(tmp_path:
         await _published(pub, ("w0",))
         memory.wipe_slices(NODE)
         with anyio.fail_after(10):
-            while not memory.pool_complete(DRIVER, NODE):
-                await memory.wait_changed(memory.generation)
+            await memory.wait_pool_complete(DRIVER, NODE)
         tg.cancel_scope.cancel()
 
 
@@ -265,8 +263,7 @@ async def test_the_kubelets_wipe_right_after_a_write_is_no_fight(tmp_path: Path)
                 await _published(pub, ("w0",))
                 memory.wipe_slices(NODE)  # before the publisher read its write back
                 with anyio.fail_after(5):
-                    while not memory.pool_complete(DRIVER, NODE):
-                        await memory.wait_changed(memory.generation)
+                    await memory.wait_pool_complete(DRIVER, NODE)
                 await anyio.sleep(WINDOW)  # the window in which a warning would come
     assert not log.at_least(logging.WARNING)
     assert server.count("POST") == 2
@@ -284,8 +281,7 @@ async def test_kubelet_restarts_seconds_apart_are_each_republished_at_once(tmp_p
                     await anyio.sleep(0.3)  # the scenario: the write stands, read back
                     memory.wipe_slices(NODE)
                     with anyio.fail_after(5):
-                        while not memory.pool_complete(DRIVER, NODE):
-                            await memory.wait_changed(memory.generation)
+                        await memory.wait_pool_complete(DRIVER, NODE)
                 assert pub.last_error is None
     assert not log.at_least(logging.WARNING)
     assert server.count("POST") == 4
@@ -454,8 +450,7 @@ async def test_a_cut_watch_resumes_from_its_version_and_replays_what_happened_me
         memory.cut_and_wipe()
         memory.fail_next(0, "connection refused")  # the first reopening, too
         with anyio.fail_after(10):
-            while not memory.pool_complete(DRIVER, NODE):
-                await memory.wait_changed(memory.generation)
+            await memory.wait_pool_complete(DRIVER, NODE)
         calls = _delta(_count(memory), before)
         # Replayed from the version, not listed: the wipe's DELETED events came with the watch.
         assert calls == {"watch_slices": 2, "create_slice": 1}, calls
@@ -509,8 +504,7 @@ async def test_a_watch_through_the_real_client_resumes_from_its_version(tmp_path
                 await server.wait_for_watches(len(server.watch_queries) + 3)
             memory.wipe_slices(NODE)
             with anyio.fail_after(10):
-                while not memory.pool_complete(DRIVER, NODE):
-                    await memory.wait_changed(memory.generation)
+                await memory.wait_pool_complete(DRIVER, NODE)
     assert server.watch_queries[0].get("resourceVersion", "") == ""
     assert all(q.get("resourceVersion") for q in server.watch_queries[2:]), server.watch_queries
     assert all(q.get("allowWatchBookmarks") == "true" for q in server.watch_queries)
@@ -530,7 +524,6 @@ async def test_wipes_after_the_write_was_read_back_are_no_fight() -> None:
             await anyio.sleep(0.05)
             memory.wipe_slices(NODE)
             with anyio.fail_after(5):
-                while not memory.pool_complete(DRIVER, NODE):
-                    await memory.wait_changed(memory.generation)
+                await memory.wait_pool_complete(DRIVER, NODE)
         assert pub.last_error is None
         tg.cancel_scope.cancel()

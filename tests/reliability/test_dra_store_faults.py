@@ -134,7 +134,7 @@ async def test_a_damaged_checkpoint_deletes_no_spec_the_kubelet_holds(
         assert specs(options) == held
 
         # The kubelet asks again (its own restart): the same CDI IDs, a complete record.
-        kubelet.dra._claims.clear()
+        kubelet.dra.forget_prepared()
         again = await dra.prepare(pod)
         assert again.claims == first.claims
         await dra.unprepare(pod)
@@ -271,7 +271,7 @@ async def test_unprepare_with_an_unwritable_checkpoint_keeps_spec_and_record() -
         assert running.dra is not None
         assert running.dra.prepared_claims == 1
         # The record and the spec still agree: asking again answers IDs that resolve.
-        kubelet.dra._claims.clear()
+        kubelet.dra.forget_prepared()
         assert (await dra.prepare(pod)).claims == first.claims
         path.rmdir()
         path.write_bytes(saved)
