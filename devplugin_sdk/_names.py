@@ -7,6 +7,7 @@ rules follow from how the kubelet joins the endpoint onto its directory and clea
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import os
 import re
@@ -142,6 +143,7 @@ MAX_DOMAIN = 63
 MAX_DEVICE_NAME = 63
 
 
+@functools.lru_cache(maxsize=4096)  # pure; a slice write asks per device
 def driver_name_problem(name: str) -> str | None:
     """Why the API server would reject ``name`` as a DRA driver name (or domain), or None."""
     if not name:
@@ -153,6 +155,7 @@ def driver_name_problem(name: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)  # pure; a slice write asks per device
 def attribute_name_problem(name: str) -> str | None:
     """Why the API server would reject ``name`` as a device attribute or capacity name, or None.
 
@@ -175,6 +178,7 @@ def attribute_name_problem(name: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)  # pure; a slice write asks per device
 def device_name_problem(name: str) -> str | None:
     """Why the API server would reject ``name`` as a device name in a ResourceSlice, or None."""
     if not name:

@@ -210,6 +210,8 @@ def _attribute_problems(key: str, value: Any) -> Iterator[str]:
 
 
 def _quantity(raw: Any) -> int | None:
+    if isinstance(raw, Quantity):  # a typed slice's own (MemoryApi's writes): already valid
+        return raw.value
     try:
         return Quantity.parse(str(raw)).value
     except ValueError:
@@ -373,7 +375,7 @@ def slice_spec(s: ResourceSlice) -> dict[str, Any]:
 
 
 def _counters_spec(counters: Mapping[str, Quantity]) -> dict[str, Any]:
-    return {key: {"value": str(amount)} for key, amount in counters.items()}
+    return {key: {"value": amount} for key, amount in counters.items()}
 
 
 def _device_spec(d: SliceDevice) -> dict[str, Any]:
@@ -384,7 +386,9 @@ def _device_spec(d: SliceDevice) -> dict[str, Any]:
             k: {kinds.get(type(v), type(v).__name__): str(v) if isinstance(v, Version) else v}
             for k, v in d.attributes.items()
         },
-        "capacity": {k: {"value": str(v)} for k, v in d.capacity.items()},
+        # Quantities stay typed (``_quantity`` takes them as they are): a write of 64 devices
+        # would otherwise print and parse every capacity again.
+        "capacity": {k: {"value": v} for k, v in d.capacity.items()},
     }
     for key, policy in d.request_policies.items():
         # A policy for a capacity the device lacks has no v1 form: it stands without a value
@@ -403,12 +407,12 @@ def _device_spec(d: SliceDevice) -> dict[str, Any]:
 
 
 def _policy_spec(policy: RequestPolicy) -> dict[str, Any]:
-    out: dict[str, Any] = {"default": str(policy.default)}
+    out: dict[str, Any] = {"default": policy.default}
     if policy.valid_values:
-        out["validValues"] = [str(v) for v in policy.valid_values]
+        out["validValues"] = list(policy.valid_values)
     if policy.minimum is not None:
         bounds = (("min", policy.minimum), ("max", policy.maximum), ("step", policy.step))
-        out["validRange"] = {k: str(v) for k, v in bounds if v is not None}
+        out["validRange"] = {k: v for k, v in bounds if v is not None}
     return out
 
 

@@ -413,6 +413,8 @@ class MemoryApi:
         now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
         devices = tuple(
             replace(d, taints=tuple(replace(t, time_added=t.time_added or now) for t in d.taints))
+            if any(t.time_added is None for t in d.taints)
+            else d
             for d in s.devices
         )
         return replace(s, devices=devices)
