@@ -155,6 +155,10 @@ class ClaimService:
             claim = await self.api.read_claim(ref.namespace, ref.name)
         except KubeApiError as exc:
             raise ClaimError(f"cannot read ResourceClaim {where}: {exc}") from exc
+        except Exception as exc:  # another ResourceApi's failure: this claim's, not the call's
+            raise ClaimError(
+                f"cannot read ResourceClaim {where}: {type(exc).__name__}: {printable(str(exc))}"
+            ) from exc
         if claim.uid != ref.uid:
             raise ClaimError(
                 f"ResourceClaim {where} was replaced: its UID is {printable(claim.uid)}, "
