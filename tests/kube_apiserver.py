@@ -8,7 +8,8 @@ field selectors, answering errors as the API server does (a ``Status`` with code
 A watch ends after its ``timeoutSeconds``, as the API server's does. Fault hooks: ``watch_fault``
 ("end": every watch ends at once, as behind a proxy that closes them; "silent": the connection
 stays open and nothing more arrives, as on a dead TCP connection), ``conflicts`` (every PUT is a
-409), ``mutate`` (a mutating admission webhook: applied to every slice written), ``answer_next``
+409), ``mutate`` (a mutating admission webhook: applied to every slice written), ``edit_claims``
+(applied to every claim served, e.g. another valid spelling of a quantity), ``answer_next``
 (the next matching requests get raw bytes: HTML from a proxy, a 503 with an odd body, a list,
 deep JSON, garbage), ``watch_lines`` (raw lines a watch sends before its events).
 """
@@ -94,6 +95,7 @@ class FakeApiServer:
         self.content_types: list[tuple[str, str]] = []
         self.events: list[dict[str, Any]] = []
         self.watch_lines: list[bytes] = []
+        self.edit_claims: Callable[[dict[str, Any]], None] | None = None
         self._odd: list[tuple[str, str, Raw]] = []
         self.odd_answered = 0
         self._watched = anyio.Event()
@@ -243,7 +245,10 @@ class FakeApiServer:
             if method == "GET" and "/resourceclaims/" in path:
                 parts = path.split("/")
                 claim = await api.read_claim(parts[-3], parts[-1])
-                return 200, _claim_json(claim)
+                answer = _claim_json(claim)
+                if self.edit_claims is not None:
+                    self.edit_claims(answer)
+                return 200, answer
             if path == _SLICES and method == "GET":
                 node, driver = _selector(query)
                 items = [_slice_json(s) for s in await api.list_slices(driver, node)]

@@ -518,7 +518,7 @@ def _quantity(text: str) -> Quantity:
     try:
         return Quantity.parse(text)
     except ValueError:
-        return Quantity(0)  # written by someone else in a form we do not publish
+        return Quantity(0)  # not a quantity, or past 2**63-1: no capacity we could offer
 
 
 def claim_from_kube(obj: Any) -> ResourceClaim:
@@ -535,8 +535,10 @@ def claim_from_kube(obj: Any) -> ResourceClaim:
                 r.pool,
                 r.device,
                 share_id=r.shareID or "",
+                # Any valid spelling (12e9, 500m, 1.5Gi); one that is none fails the read.
                 consumed={
-                    key: _quantity(str(value)) for key, value in (r.consumedCapacity or {}).items()
+                    key: Quantity.parse(str(value))
+                    for key, value in (r.consumedCapacity or {}).items()
                 },
                 admin_access=bool(r.adminAccess),
             )
