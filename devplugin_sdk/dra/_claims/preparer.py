@@ -135,8 +135,12 @@ class Preparer:
         given: _Given = {}
         # What other claims hold, worked out once per claim rather than once per device.
         held = _Held(self.store)
-        for result in ours:
-            found = self._check(result, held)
+        checked = [(result, self._check(result, held)) for result in ours]
+        try:
+            _shares.overlap([(r, f) for r, f in checked if not (r.admin_access or f.shares)])
+        except _shares.ShareError as exc:
+            raise ClaimError(str(exc)) from None
+        for result, found in checked:
             given[id(result)] = self._give(result, found, uses, held)
             # kubeletplugin reports the request without its subrequest ("gpus/large" -> gpus).
             by_request.setdefault(result.request.split("/")[0], []).append((result, found))
