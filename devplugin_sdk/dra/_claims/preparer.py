@@ -266,8 +266,8 @@ class Preparer:
                 "DRA %s: claim %s: allocate() returned annotations (%s); DRA has no way to pass "
                 "them to the container, they are dropped",
                 self.driver,
-                ref,
-                ", ".join(sorted(merged.annotations)),
+                shown(ref),
+                printable(", ".join(sorted(merged.annotations))),
             )
         edits = Allocation(device_nodes=merged.device_nodes, mounts=merged.mounts, env=merged.env)
         empty = not (edits.device_nodes or edits.mounts or edits.env)

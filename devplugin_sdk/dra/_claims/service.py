@@ -215,7 +215,10 @@ class ClaimService:
                 except OSError as exc:
                     # A file system refusing (permissions, I/O): the message, not a traceback.
                     log.error(  # noqa: TRY400
-                        "DRA %s: cannot unprepare claim %s: %s", self.driver, shown(ref), exc
+                        "DRA %s: cannot unprepare claim %s: %s",
+                        self.driver,
+                        shown(ref),
+                        printable(str(exc)),
                     )
                     errors[ref.uid] = f"cannot unprepare: {exc}"
                 else:
