@@ -24,9 +24,11 @@ __all__ = ["MAX_ANSWER_BYTES", "decode", "refusal", "watch_event"]
 #: The longest answer read. A node's ResourceSliceList is a few MB at most (128 devices a
 #: slice); anything longer is not an answer to our calls, and would only cost memory.
 MAX_ANSWER_BYTES = 64 << 20
-# How much of an odd answer its error shows, and how long a reason may be.
+# How much of an odd answer its error shows, and how long its reason may be; the API server's
+# own message (a 422 lists every invalid field) may be longer.
 _SHOWN = 60
 _REASON = 300
+_MESSAGE = 1024
 _NO_EVENT = "the watch sent a line that is not an event"
 
 T = TypeVar("T")
@@ -76,7 +78,7 @@ def refusal(status: int, content_type: str, body: bytes) -> KubeApiError:
     if isinstance(raw, dict) and raw.get("kind") == "Status":
         code, message = raw.get("code"), raw.get("message")
         if isinstance(code, int) and not isinstance(code, bool) and isinstance(message, str):
-            return KubeApiError(code or status, _short(message))
+            return KubeApiError(code or status, _short(message, _MESSAGE))
     return _odd(status, f"answered {status} without a Status", content_type, body)
 
 
@@ -113,6 +115,6 @@ def _odd(
     return KubeApiError(status, _short(f"{why}{cause} ({what})"), malformed=True)
 
 
-def _short(text: str) -> str:
+def _short(text: str, most: int = _REASON) -> str:
     shown = printable(text)
-    return shown if len(shown) <= _REASON else shown[: _REASON - 3] + "..."
+    return shown if len(shown) <= most else shown[: most - 3] + "..."

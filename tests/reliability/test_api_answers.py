@@ -230,3 +230,28 @@ async def test_the_driver_process_survives_every_odd_answer(tmp_path: Path) -> N
     ]
     assert len(said) == server.odd_answered == 2 + len(ODD), said
     figures("row 7", rc=proc.returncode, odd_answers=server.odd_answered, ready_s=ready_s)
+
+
+async def test_the_api_servers_own_refusal_keeps_its_code_and_message(tmp_path: Path) -> None:
+    """A ``Status`` is the API server's word: its code, its message (printable), not malformed;
+    a 404 Status proves the claim gone."""
+    memory = MemoryApi(nodes=[NODE])
+    message = "ResourceSlice is invalid:\n" + "; ".join(
+        f"spec.devices[{i}]: bad" for i in range(40)
+    )
+    refused = Raw(422, json.dumps({"kind": "Status", "code": 422, "message": message}).encode())
+    async with FakeApiServer(memory).serving() as server:
+        api = LightkubeApi.connect(server.kubeconfig(tmp_path / "kubeconfig"))
+        try:
+            server.answer_next("POST", "/resourceslices", refused)
+            with pytest.raises(KubeApiError) as invalid:
+                await api.create_slice(ResourceSlice("", DRIVER, NODE, NODE, 1, 1))
+            with pytest.raises(KubeApiError) as gone:
+                await api.read_claim("ns", "nope")
+        finally:
+            await api.aclose()
+    assert (invalid.value.status, invalid.value.malformed) == (422, False)
+    assert invalid.value.reason.startswith("ResourceSlice is invalid:\\nspec.devices[0]: bad")
+    assert len(invalid.value.reason) > 300  # the API server's message is kept (up to 1 KiB)
+    assert gone.value.not_found
+    assert not gone.value.malformed
