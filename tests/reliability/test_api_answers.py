@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -139,6 +140,37 @@ async def test_one_claims_odd_answer_fails_that_claim_alone(tmp_path: Path) -> N
             prepared = await node.prepare(pod)
             assert all(prepared.cdi_ids(name) for name in "abc")
     figures("row 25", claims=3, failed=1, prepared_beside_it=2)
+
+
+class _Raising:
+    """Another ``ResourceApi`` (not the SDK's client) whose read of claim ``b`` raises what it
+    likes; everything else goes to ``memory``."""
+
+    def __init__(self, memory: MemoryApi) -> None:
+        self.memory = memory
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.memory, name)
+
+    async def read_claim(self, namespace: str, name: str) -> Any:
+        if name == "b":
+            raise RuntimeError("a client's own failure\n")
+        return await self.memory.read_claim(namespace, name)
+
+
+async def test_any_failure_of_another_resource_api_fails_that_claim_alone() -> None:
+    memory = MemoryApi(nodes=[NODE])
+    plugin = StaticPlugin(RESOURCE, widgets(2))
+    async with DraNode(plugin, driver=DRIVER, memory=memory, api=_Raising(memory)) as node:
+        pod = node.pod("a", "b")
+        a = node.claim("a", ["w0"], pods=[pod])
+        node.claim("b", ["w1"], pods=[pod])
+        with pytest.raises(PodPreparationError) as failed:
+            await node.prepare(pod)
+        assert "claim default/b: cannot read ResourceClaim default/b: RuntimeError" in str(
+            failed.value
+        )
+        assert node.spec(a).devices
 
 
 def _spawn(*args: str) -> subprocess.Popen[str]:
