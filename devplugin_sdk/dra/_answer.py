@@ -1,12 +1,8 @@
-"""The one decoder of the API server's answers: the object a call expects, or a ``KubeApiError``
-of that call.
+"""The one decoder of the API server's answers: the object a call expects, or a ``KubeApiError``.
 
-An API server, or a proxy in front of it, can answer HTML, a 503 with an odd body, a list where an
-object goes, 100k-deep JSON or garbage; lightkube raised each as another exception (msgspec's
-``DecodeError``, json's ``ValueError``, ``RecursionError``) that escaped the driver's tasks and
-ended its process. Every answer and every watch line is read here once, bounded, and anything
-but the expected object becomes a retryable error with the HTTP status and a short printable
-reason, marked ``malformed`` so that it proves nothing.
+HTML from a proxy, a 503 with an odd body, a list, 100k-deep JSON or garbage each raised another
+exception from lightkube, which ended the driver's process; here every answer and watch line is
+read once, bounded, and anything unexpected is a retryable error of that call, ``malformed``.
 """
 
 from __future__ import annotations
