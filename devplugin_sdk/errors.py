@@ -89,20 +89,24 @@ class KubeApiError(DevicePluginError):
     Attributes:
         status: The HTTP status (404 not found, 409 conflict, 403 forbidden...); 0 when the API
             server could not be reached.
-        reason: The API server's message.
+        reason: The API server's message (printable, at most a few hundred characters).
+        malformed: The answer was not what the API server sends (HTML from a proxy, a 503 with
+            an odd body, a list where an object goes, deep JSON, garbage): retryable, and it
+            proves nothing (a proxy's 404 page says nothing about the object).
     """
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, *, malformed: bool = False) -> None:
         self.status = status
         self.reason = reason
+        self.malformed = malformed
         super().__init__(f"Kubernetes API: {status or 'unreachable'}: {reason}")
 
     @property
     def not_found(self) -> bool:
-        """Whether the object does not exist (404)."""
-        return self.status == 404
+        """Whether the API server said the object does not exist (404, its own ``Status``)."""
+        return self.status == 404 and not self.malformed
 
     @property
     def conflict(self) -> bool:
         """Whether the write lost a race (409: the object changed or already exists)."""
-        return self.status == 409
+        return self.status == 409 and not self.malformed

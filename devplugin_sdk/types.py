@@ -101,7 +101,52 @@ class Version:
 
 _BINARY_SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 _DECIMAL_SUFFIXES = ("k", "M", "G", "T", "P", "E")
-_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+# k8s.io/apimachinery pkg/api/resource (quantity.go, suffix.go): <sign><digits>.<digits><suffix>,
+# the suffix binary (Ki..Ei: powers of 2), decimal (n, u, m, "", k..E: powers of 10) or an
+# exponent ("e" or "E" and a signed integer; "E" alone is exa).
+_QUANTITY = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?([eEinumkKMGTP]*)([+-]?[0-9]*)")
+_POWERS_OF_2 = {s: 10 * (i + 1) for i, s in enumerate(_BINARY_SUFFIXES)}
+_POWERS_OF_10 = {"n": -9, "u": -6, "m": -3, "": 0} | {
+    s: 3 * (i + 1) for i, s in enumerate(_DECIMAL_SUFFIXES)
+}
+# Past 10**40 no mantissa we accept keeps a value under 2**63; Go parses exponents as int32.
+_BIGGEST_EXPONENT = 40
+
+
+def _quantity_value(text: str) -> int:
+    """The whole amount of a Kubernetes quantity: rounded up, as ``Quantity.Value()`` rounds
+    it, and a binary one capped at 2**63-1 as ``ParseQuantity`` caps it.
+
+    Raises:
+        ValueError: not a quantity, negative, or a decimal one past 2**63-1.
+    """
+    match = _QUANTITY.fullmatch(text)
+    if match is None or not (match.group(2) or match.group(3)):
+        raise ValueError(f"{text[:40]!r} is not a quantity such as 80Gi, 1.5Gi, 500m or 12e9")
+    sign, whole, fraction, letters, digits = match.groups()
+    fraction = fraction or ""
+    suffix = letters + digits
+    power2, power10 = 0, -len(fraction)
+    if suffix in _POWERS_OF_2:
+        power2 = _POWERS_OF_2[suffix]
+    elif suffix in _POWERS_OF_10:
+        power10 += _POWERS_OF_10[suffix]
+    elif letters in ("e", "E") and digits.lstrip("+-").isdigit():
+        power10 += max(-2 * _BIGGEST_EXPONENT, min(int(digits), 2 * _BIGGEST_EXPONENT))
+    else:
+        raise ValueError(f"{text[:40]!r} is not a quantity: unknown suffix {suffix[:20]!r}")
+    mantissa = int((whole + fraction).lstrip("0") or "0")
+    if mantissa and sign == "-":
+        raise ValueError(f"Quantity must be between 0 and 2**63-1, got {text[:40]!r}")
+    if power10 > _BIGGEST_EXPONENT and mantissa:
+        value = _INT64[1] + 1
+    elif power10 >= 0:
+        value = mantissa * 10**power10 << power2
+    else:
+        value = -(-(mantissa << power2) // 10**-power10)  # rounded up
+    if power2 and value > _INT64[1]:
+        return _INT64[1]  # "8Ei" parses as 2**63-1
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,20 +174,14 @@ class Quantity:
 
     @classmethod
     def parse(cls, text: str) -> Quantity:
-        """A quantity from its Kubernetes spelling: ``"80Gi"``, ``"16k"``, ``"4"``.
+        """A quantity from its Kubernetes spelling (``"80Gi"``, ``"1.5Gi"``, ``"12e9"``,
+        ``"500m"``, ``"+1Gi"``), parsed as the API server parses it: a fraction of the base
+        unit is rounded up to a whole one (``"500m"`` is 1), as ``Quantity.Value()`` does.
 
         Raises:
-            ValueError: not a whole number with an optional binary or decimal suffix.
+            ValueError: not a Kubernetes quantity, negative, or past 2**63-1.
         """
-        match = _QUANTITY.match(text.strip())
-        if match is None:
-            raise ValueError(f"{text!r} is not a quantity such as 80Gi, 16k or 4")
-        number, suffix = int(match.group(1)), match.group(2)
-        if suffix in _BINARY_SUFFIXES:
-            number *= 1024 ** (_BINARY_SUFFIXES.index(suffix) + 1)
-        elif suffix:
-            number *= 1000 ** (_DECIMAL_SUFFIXES.index(suffix) + 1)
-        return cls(number)
+        return cls(_quantity_value(text))
 
     def __str__(self) -> str:
         """The shortest exact Kubernetes spelling: ``80Gi``, ``16k``, ``7``."""

@@ -8,7 +8,10 @@ field selectors, answering errors as the API server does (a ``Status`` with code
 A watch ends after its ``timeoutSeconds``, as the API server's does. Fault hooks: ``watch_fault``
 ("end": every watch ends at once, as behind a proxy that closes them; "silent": the connection
 stays open and nothing more arrives, as on a dead TCP connection), ``conflicts`` (every PUT is a
-409), ``mutate`` (a mutating admission webhook: applied to every slice written).
+409), ``mutate`` (a mutating admission webhook: applied to every slice written), ``edit_claims``
+(applied to every claim served, e.g. another valid spelling of a quantity), ``answer_next``
+(the next matching requests get raw bytes: HTML from a proxy, a 503 with an odd body, a list,
+deep JSON, garbage), ``watch_lines`` (raw lines a watch sends before its events).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
@@ -39,6 +42,23 @@ def _slice_json(s: ResourceSlice) -> dict[str, Any]:
     data["apiVersion"] = "resource.k8s.io/v1"
     data["kind"] = "ResourceSlice"
     return data
+
+
+@dataclass(frozen=True)
+class Raw:
+    """One answer as bytes on the wire, whatever a proxy or a broken server may send."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+
+#: Odd answers an API server, or a proxy in front of it, has been seen to give.
+HTML = Raw(200, b"<html><body><h1>Welcome to nginx!</h1></body></html>", "text/html")
+ODD_503 = Raw(503, b"upstream connect error or disconnect/reset before headers")
+A_LIST = Raw(200, b'[{"kind": "ResourceClaim"}]')
+DEEP = Raw(200, b'{"a":' * 100_000 + b"1" + b"}" * 100_000)  # 100k-deep JSON
+GARBAGE = Raw(200, b"\x00\xff\x1b[2J not json {")
 
 
 def _status(code: int, message: str) -> dict[str, Any]:
@@ -74,7 +94,40 @@ class FakeApiServer:
         self.node_labels: dict[str, dict[str, str]] = {}
         self.content_types: list[tuple[str, str]] = []
         self.events: list[dict[str, Any]] = []
+        self.watch_lines: list[bytes] = []
+        self.edit_claims: Callable[[dict[str, Any]], None] | None = None
+        self._odd: list[tuple[str, str, Raw]] = []
+        self.odd_answered = 0
         self._watched = anyio.Event()
+        self._answered = anyio.Event()
+        self._requested = anyio.Event()
+
+    def answer_next(self, method: str, path_suffix: str, *answers: Raw) -> None:
+        """The next ``len(answers)`` requests of ``method`` to a path ending with
+        ``path_suffix`` (a watch excepted) get ``answers``, in order, instead of the API's."""
+        self._odd.extend((method, path_suffix, a) for a in answers)
+
+    async def wait_for_count(self, method: str, path_prefix: str, count: int) -> None:
+        """Wait until ``count`` requests of ``method`` went to paths starting with
+        ``path_prefix``."""
+        while self.count(method, path_prefix) < count:
+            await self._requested.wait()
+
+    def odd_pending(self) -> int:
+        """How many answers given to ``answer_next`` are still to be sent."""
+        return len(self._odd)
+
+    async def wait_answered(self, count: int) -> None:
+        """Wait until ``count`` odd answers have been sent in all."""
+        while self.odd_answered < count:
+            await self._answered.wait()
+
+    def _take_odd(self, method: str, path: str) -> Raw | None:
+        for i, (m, suffix, answer) in enumerate(self._odd):
+            if m == method and path.endswith(suffix):
+                del self._odd[i]
+                return answer
+        return None
 
     async def wait_for_watches(self, count: int) -> None:
         """Wait until ``count`` watch requests have arrived."""
@@ -141,18 +194,28 @@ class FakeApiServer:
                 url = urlsplit(target)
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
                 self.requests.append((method, url.path))
+                self._requested.set()
+                self._requested = anyio.Event()
                 if method == "GET" and url.path == _SLICES and query.get("watch") == "true":
                     # The connection stays open for the next request once a watch ends.
                     await self._watch(stream, query)
                     continue
                 self.content_types.append((method, headers.get("content-type", "")))
-                code, payload = await self._handle(method, url.path, query, body)
-                data = json.dumps(payload).encode()
+                odd = self._take_odd(method, url.path)
+                if odd is not None:
+                    code, kind, data = odd.status, odd.content_type, odd.body
+                else:
+                    code, payload = await self._handle(method, url.path, query, body)
+                    kind, data = "application/json", json.dumps(payload).encode()
                 await stream.send(
-                    f"HTTP/1.1 {code} X\r\nContent-Type: application/json\r\n"
+                    f"HTTP/1.1 {code} X\r\nContent-Type: {kind}\r\n"
                     f"Content-Length: {len(data)}\r\n\r\n".encode()
                     + data
                 )
+                if odd is not None:
+                    self.odd_answered += 1
+                    self._answered.set()
+                    self._answered = anyio.Event()
 
     async def _handle(
         self, method: str, path: str, query: dict[str, str], body: bytes
@@ -182,7 +245,10 @@ class FakeApiServer:
             if method == "GET" and "/resourceclaims/" in path:
                 parts = path.split("/")
                 claim = await api.read_claim(parts[-3], parts[-1])
-                return 200, _claim_json(claim)
+                answer = _claim_json(claim)
+                if self.edit_claims is not None:
+                    self.edit_claims(answer)
+                return 200, answer
             if path == _SLICES and method == "GET":
                 node, driver = _selector(query)
                 items = [_slice_json(s) for s in await api.list_slices(driver, node)]
@@ -270,6 +336,9 @@ class FakeApiServer:
         try:
             if self.watch_fault == "silent":
                 await anyio.sleep_forever()
+            while self.watch_lines:
+                line = self.watch_lines.pop(0) + b"\n"
+                await stream.send(f"{len(line):x}\r\n".encode() + line + b"\r\n")
             if self.watch_fault != "end":
                 # The API server ends a watch after its timeoutSeconds (or its own limit).
                 with anyio.move_on_after(float(query.get("timeoutSeconds", "inf"))):

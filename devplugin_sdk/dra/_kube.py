@@ -1,24 +1,24 @@
 """``ResourceApi`` over a real API server, through lightkube (the ``dra`` extra).
 
 lightkube is an async client on httpx, so it runs on the SDK's anyio/asyncio loop without
-threads, and lightkube-models has typed resource.k8s.io/v1 models. This module only converts
-between those models and the SDK's ``dra.resources`` dataclasses, maps errors to
-``KubeApiError``, and bounds the watch (a server-side ``timeoutSeconds`` and a client read
-timeout, so a dead connection is noticed); it is imported only when a DRA driver connects.
+threads, and lightkube-models has typed resource.k8s.io/v1 models. This module converts between
+those models and the SDK's ``dra.resources`` dataclasses, sends each request built by lightkube
+and has ``_answer`` decode what comes back (anything but the expected object is a
+``KubeApiError`` of that call), and bounds the watch (a server-side ``timeoutSeconds`` and a
+client read timeout); it is imported only when a DRA driver connects.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 import httpx2
+import msgspec
 from lightkube import AsyncClient, KubeConfig
-from lightkube.core.exceptions import ApiError
 from lightkube.models import core_v1, meta_v1
 from lightkube.models import resource_v1 as m
 from lightkube.resources.core_v1 import Event as KubeEvent
@@ -27,6 +27,8 @@ from lightkube.resources.resource_v1 import ResourceClaim as KubeClaim
 from lightkube.resources.resource_v1 import ResourceSlice as KubeSlice
 from lightkube.types import PatchType
 
+from devplugin_sdk._logging import printable
+from devplugin_sdk.dra import _answer
 from devplugin_sdk.dra.resources import (
     AllocatedDevice,
     ClaimDeviceStatus,
@@ -72,6 +74,8 @@ WATCH_TIMEOUT = 300.0
 # much more before the connection counts as dead.
 _READ_GRACE = 30.0
 _CONNECT_TIMEOUT = 10.0
+
+T = TypeVar("T")
 
 
 class LightkubeApi:
@@ -125,33 +129,64 @@ class LightkubeApi:
         return cls(client, watch_timeout=watch_timeout, read_timeout=read_timeout)
 
     async def read_claim(self, namespace: str, name: str) -> ResourceClaim:
-        with _errors():
-            claim = await self._client.get(KubeClaim, name, namespace=namespace)
-        return claim_from_kube(claim)
+        return await self._call(
+            "get", KubeClaim, "ResourceClaim", claim_from_kube, name=name, namespace=namespace
+        )
 
     async def list_slices(self, driver: str, node_name: str) -> list[ResourceSlice]:
-        with _errors():
-            found = [
-                slice_from_kube(s)
-                async for s in self._client.list(
-                    KubeSlice, fields={_NODE_FIELD: node_name, _DRIVER_FIELD: driver}
-                )
-            ]
-        return sorted(found, key=lambda s: s.name)
+        def slices(listed: Any) -> list[ResourceSlice]:
+            return sorted((slice_from_kube(s) for s in listed.items), key=lambda s: s.name)
+
+        return await self._call(
+            "list",
+            KubeSlice,
+            "ResourceSliceList",
+            slices,
+            model=_SliceList,
+            params={"fieldSelector": f"{_NODE_FIELD}={node_name},{_DRIVER_FIELD}={driver}"},
+        )
 
     async def create_slice(self, resource_slice: ResourceSlice) -> ResourceSlice:
-        with _errors():
-            created = await self._client.create(slice_to_kube(resource_slice))
-        return slice_from_kube(created)
+        return await self._call(
+            "post", KubeSlice, "ResourceSlice", slice_from_kube, obj=slice_to_kube(resource_slice)
+        )
 
     async def update_slice(self, resource_slice: ResourceSlice) -> ResourceSlice:
-        with _errors():
-            replaced = await self._client.replace(slice_to_kube(resource_slice))
-        return slice_from_kube(replaced)
+        return await self._call(
+            "put", KubeSlice, "ResourceSlice", slice_from_kube, obj=slice_to_kube(resource_slice)
+        )
 
     async def delete_slice(self, name: str) -> None:
+        await self._call("delete", KubeSlice, None, _ignored, name=name)
+
+    async def _call(
+        self,
+        method: str,
+        res: type[Any],
+        kind: str | None,
+        convert: Callable[[Any], T],
+        *,
+        model: type[Any] | None = None,
+        **request: Any,
+    ) -> T:
+        """One request, built by lightkube; its answer decoded as a ``kind`` (None: a write
+        whose answer is not used, any success) and converted, or a ``KubeApiError``."""
+        generic: Any = self._client._client  # lightkube's GenericAsyncClient
+        prepared = generic.prepare_request(method, res=res, **request)
         with _errors():
-            await self._client.delete(KubeSlice, name)
+            response = await generic.send(generic.build_adapter_request(prepared), stream=True)
+            try:
+                body = await _body(response)
+            finally:
+                await response.aclose()
+        status, content_type = response.status_code, response.headers.get("content-type", "")
+        if kind is None:
+            if not 200 <= status < 300:
+                raise _answer.refusal(status, content_type, body)
+            return convert(None)
+        return _answer.decode(
+            status, content_type, body, model=model or res, kind=kind, convert=convert
+        )
 
     async def watch_slices(
         self, driver: str, node_name: str, resource_version: str = ""
@@ -177,9 +212,10 @@ class LightkubeApi:
         with _errors():
             response = await generic.send(generic.build_adapter_request(request), stream=True)
             try:
-                if response.is_error:
-                    await response.aread()
-                    generic.raise_for_status(response)
+                if not 200 <= response.status_code < 300:
+                    body = await _body(response)
+                    content_type = response.headers.get("content-type", "")
+                    raise _answer.refusal(response.status_code, content_type, body)
                 async for line in response.aiter_lines():
                     if line.strip():
                         yield _event(line)
@@ -187,45 +223,64 @@ class LightkubeApi:
                 await response.aclose()
 
     async def node_uid(self, node_name: str) -> str:
-        with _errors():
-            node = await self._client.get(Node, node_name)
-        return str(node.metadata.uid if node.metadata is not None else "")
+        def uid(node: Any) -> str:
+            return str(node.metadata.uid or "")
+
+        return await self._call("get", Node, "Node", uid, name=node_name)
 
     async def apply_claim_status(
         self, claim: ResourceClaim, field_manager: str, devices: Sequence[ClaimDeviceStatus]
     ) -> None:
-        with _errors():
-            await self._client.patch(
-                KubeClaim.Status,
-                claim.name,
-                claim_status_apply(claim, devices),
-                namespace=claim.namespace,
-                patch_type=PatchType.APPLY,
-                field_manager=field_manager,
-                force=True,
-            )
+        await self._call(
+            "patch",
+            KubeClaim.Status,
+            None,
+            _ignored,
+            name=claim.name,
+            namespace=claim.namespace,
+            obj=claim_status_apply(claim, devices),
+            headers={"Content-Type": PatchType.APPLY.value},
+            params={"force": "true", "fieldManager": field_manager},
+        )
 
     async def create_event(self, event: NodeEvent) -> None:
-        with _errors():
-            await self._client.create(event_to_kube(event))
+        await self._call("post", KubeEvent, None, _ignored, obj=event_to_kube(event))
 
     async def aclose(self) -> None:
         await self._client.close()
 
 
+class _SliceList(msgspec.Struct):
+    """A ResourceSliceList answer: its items, decoded as lightkube's models."""
+
+    items: list[KubeSlice]
+    kind: str | None = None
+
+
+def _ignored(_: Any) -> None:
+    return None
+
+
+async def _body(response: httpx2.Response) -> bytes:
+    """The answer's body, at most ``_answer.MAX_ANSWER_BYTES``."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > _answer.MAX_ANSWER_BYTES:
+            raise KubeApiError(
+                response.status_code,
+                f"the answer is longer than {_answer.MAX_ANSWER_BYTES} bytes",
+                malformed=True,
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _event(line: str) -> SliceEvent | None:
     """One line of a watch: its event; the ``Status`` of an ERROR event raised (410 Gone: the
     version is too old); None for an event that cannot be read as a slice (the caller lists)."""
-    try:
-        event = json.loads(line)
-    except ValueError as exc:
-        raise KubeApiError(0, f"the watch sent a line that is not JSON: {line[:80]!r}") from exc
-    if not isinstance(event, dict):
-        return None
-    kind, obj = event.get("type"), event.get("object")
-    obj = obj if isinstance(obj, dict) else {}
-    if kind == "ERROR":
-        raise KubeApiError(int(obj.get("code") or 0), str(obj.get("message") or line[:200]))
+    kind, obj = _answer.watch_event(line)
     meta = obj.get("metadata")
     version = str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
     if kind == "BOOKMARK":
@@ -236,22 +291,21 @@ def _event(line: str) -> SliceEvent | None:
         resource_slice = slice_from_kube(KubeSlice.from_dict(obj))
     except Exception:  # a slice we cannot read is a change we cannot see: the caller lists
         return None
-    return SliceEvent(kind, resource_slice, version)
+    return SliceEvent(
+        cast("Literal['ADDED', 'MODIFIED', 'DELETED']", kind), resource_slice, version
+    )
 
 
 class _errors:
-    """Turns lightkube's and httpx's errors into ``KubeApiError``."""
+    """Turns httpx's errors (the API server not reached, the connection broken) into
+    ``KubeApiError`` 0; what the server answered is ``_answer``'s."""
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
-        if isinstance(exc, ApiError):
-            status = exc.status.code if exc.status is not None else None
-            message = exc.status.message if exc.status is not None else None
-            raise KubeApiError(int(status or 0), str(message or exc)) from exc
         if isinstance(exc, httpx2.HTTPError):
-            raise KubeApiError(0, f"{type(exc).__name__}: {exc}") from exc
+            raise KubeApiError(0, printable(f"{type(exc).__name__}: {exc}")[:300]) from exc
         return False
 
 
@@ -464,7 +518,7 @@ def _quantity(text: str) -> Quantity:
     try:
         return Quantity.parse(text)
     except ValueError:
-        return Quantity(0)  # written by someone else in a form we do not publish
+        return Quantity(0)  # not a quantity, or past 2**63-1: no capacity we could offer
 
 
 def claim_from_kube(obj: Any) -> ResourceClaim:
@@ -481,8 +535,10 @@ def claim_from_kube(obj: Any) -> ResourceClaim:
                 r.pool,
                 r.device,
                 share_id=r.shareID or "",
+                # Any valid spelling (12e9, 500m, 1.5Gi); one that is none fails the read.
                 consumed={
-                    key: _quantity(str(value)) for key, value in (r.consumedCapacity or {}).items()
+                    key: Quantity.parse(str(value))
+                    for key, value in (r.consumedCapacity or {}).items()
                 },
                 admin_access=bool(r.adminAccess),
             )

@@ -355,8 +355,9 @@ class NodeEvent:
 class ResourceApi(Protocol):
     """The Kubernetes operations a DRA kubelet plugin performs.
 
-    Every method raises ``errors.KubeApiError`` when the API server refuses or cannot be reached
-    (``not_found`` and ``conflict`` tell the two cases callers act on).
+    Every method raises ``errors.KubeApiError`` when the API server refuses, cannot be reached,
+    or answers anything but the expected object (``malformed``); ``not_found`` and ``conflict``
+    tell the two cases callers act on.
     """
 
     async def read_claim(self, namespace: str, name: str) -> ResourceClaim:

@@ -148,7 +148,9 @@ def test_quantities_parse_and_print_as_kubernetes_does() -> None:
         "3k",
         "1Ti",
     ]
+    # Any Kubernetes spelling, rounded up to a whole amount (tests/dra/test_quantities.py).
+    assert Quantity.parse("1.5Gi") == Quantity(1536 * 2**20)
     with pytest.raises(ValueError, match="quantity"):
-        Quantity.parse("1.5Gi")
+        Quantity.parse("1.5GB")
     with pytest.raises(ValueError, match="between"):
         Quantity(-1)

@@ -104,7 +104,10 @@ class Cleanup:
                 continue  # logged by the service; the next sweep tries again
             self.unprepared += 1
             log.warning(
-                "DRA %s: unprepared stale claim %s: %s", self.driver, printable(str(ref)), why
+                "DRA %s: unprepared stale claim %s: %s",
+                self.driver,
+                printable(str(ref)),
+                printable(why),
             )
             if self.counted is not None:
                 self.counted(self.driver, reason)
@@ -120,11 +123,16 @@ class Cleanup:
             if exc.not_found:
                 return "gone", "the ResourceClaim no longer exists"
             log.info(
-                "DRA %s: cannot check claim %s (%s); kept", self.driver, printable(str(ref)), exc
+                "DRA %s: cannot check claim %s (%s); kept",
+                self.driver,
+                printable(str(ref)),
+                printable(str(exc)),
             )
             return None
         except TimeoutError:
-            log.info("DRA %s: cannot check claim %s (timed out); kept", self.driver, ref)
+            log.info(
+                "DRA %s: cannot check claim %s (timed out); kept", self.driver, printable(str(ref))
+            )
             return None
         if claim.uid != ref.uid:
             return "replaced", f"the ResourceClaim of that name now has UID {claim.uid}"

@@ -135,8 +135,12 @@ class Preparer:
         given: _Given = {}
         # What other claims hold, worked out once per claim rather than once per device.
         held = _Held(self.store)
-        for result in ours:
-            found = self._check(result, held)
+        checked = [(result, self._check(result, held)) for result in ours]
+        try:
+            _shares.overlap([(r, f) for r, f in checked if not (r.admin_access or f.shares)])
+        except _shares.ShareError as exc:
+            raise ClaimError(str(exc)) from None
+        for result, found in checked:
             given[id(result)] = self._give(result, found, uses, held)
             # kubeletplugin reports the request without its subrequest ("gpus/large" -> gpus).
             by_request.setdefault(result.request.split("/")[0], []).append((result, found))
@@ -262,8 +266,8 @@ class Preparer:
                 "DRA %s: claim %s: allocate() returned annotations (%s); DRA has no way to pass "
                 "them to the container, they are dropped",
                 self.driver,
-                ref,
-                ", ".join(sorted(merged.annotations)),
+                shown(ref),
+                printable(", ".join(sorted(merged.annotations))),
             )
         edits = Allocation(device_nodes=merged.device_nodes, mounts=merged.mounts, env=merged.env)
         empty = not (edits.device_nodes or edits.mounts or edits.env)

@@ -155,6 +155,10 @@ class ClaimService:
             claim = await self.api.read_claim(ref.namespace, ref.name)
         except KubeApiError as exc:
             raise ClaimError(f"cannot read ResourceClaim {where}: {exc}") from exc
+        except Exception as exc:  # another ResourceApi's failure: this claim's, not the call's
+            raise ClaimError(
+                f"cannot read ResourceClaim {where}: {type(exc).__name__}: {printable(str(exc))}"
+            ) from exc
         if claim.uid != ref.uid:
             raise ClaimError(
                 f"ResourceClaim {where} was replaced: its UID is {printable(claim.uid)}, "
@@ -211,7 +215,10 @@ class ClaimService:
                 except OSError as exc:
                     # A file system refusing (permissions, I/O): the message, not a traceback.
                     log.error(  # noqa: TRY400
-                        "DRA %s: cannot unprepare claim %s: %s", self.driver, shown(ref), exc
+                        "DRA %s: cannot unprepare claim %s: %s",
+                        self.driver,
+                        shown(ref),
+                        printable(str(exc)),
                     )
                     errors[ref.uid] = f"cannot unprepare: {exc}"
                 else:

@@ -11,7 +11,8 @@ count keeps the checkpoint small with MiB units).
 A partition (``Device.partition``: a MIG instance) is published with ``consumesCounters`` of a
 counter set of its whole device, which is published too and consumes all of it (KEP-4815).
 An allocation with ``adminAccess`` gets the devices' nodes only: no exclusivity, no limits.
-The preparer refuses, per claim, what the scheduler should never have allocated.
+The preparer refuses, per claim, what the scheduler should never have allocated, within one claim
+too (``overlap``: a whole device beside its own partition, partitions whose counters overlap).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from devplugin_sdk._logging import printable
+from devplugin_sdk.dra._pool.pool import Found
 from devplugin_sdk.dra.resources import AllocatedDevice
 from devplugin_sdk.types import Allocation, Device, Quantity
 
@@ -26,6 +29,7 @@ __all__ = [
     "ShareError",
     "Use",
     "admin_edits",
+    "overlap",
     "take",
 ]
 
@@ -126,6 +130,40 @@ def take(
         )
     # Shares of one device differ only in their IDs: any ``wanted`` of them give the limits.
     return list(shares[:wanted]), Use(result.device, result.share_id, wanted)
+
+
+def overlap(results: Sequence[tuple[AllocatedDevice, Found]]) -> None:
+    """Refuse one claim's devices that overlap each other: the container would get a device
+    twice and its memory be counted twice (the scheduler's counters forbid both, KEP-4815).
+
+    Args:
+        results: The claim's exclusive results (not shares, not admin access), each with its
+            published device.
+
+    Raises:
+        ShareError: naming both devices: a whole device and its own partition, or two
+            partitions of one device whose counters add up to more than it has.
+    """
+    names = {result.device for result, _ in results}
+    used: dict[tuple[str, str], tuple[int, str]] = {}  # (whole, counter) -> (taken, by whom)
+    for result, found in results:
+        if found.whole is None:
+            continue
+        name, whole = printable(result.device), printable(found.whole)
+        if found.whole in names:
+            raise ShareError(f"the claim holds device {whole} and its own partition {name}")
+        partition = found.device.partition
+        if partition is None:
+            continue
+        for counter, amount in partition.consumes.items():
+            taken, by = used.get((found.whole, counter), (0, ""))
+            if by and taken + amount.value > partition.counters[counter].value:
+                raise ShareError(
+                    f"the claim holds partitions {by} and {name} of device {whole}, which "
+                    f"overlap: together they take {_amount(taken + amount.value)} of its "
+                    f"{counter}, which has {partition.counters[counter]}"
+                )
+            used[(found.whole, counter)] = (taken + amount.value, by or name)
 
 
 def admin_edits(devices: Collection[Device]) -> Allocation:

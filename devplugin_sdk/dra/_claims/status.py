@@ -129,4 +129,9 @@ class StatusWriter:
             with anyio.fail_after(10):
                 await self.api.apply_claim_status(claim, self.driver, [])
         except (KubeApiError, TimeoutError) as exc:
-            log.debug("DRA %s: device status of %s left: %s", self.driver, claim.uid, exc)
+            log.debug(
+                "DRA %s: device status of %s left: %s",
+                self.driver,
+                printable(claim.uid),
+                printable(str(exc) or "timed out"),
+            )
