@@ -228,9 +228,10 @@ async def test_after_a_reboot_every_repeated_prepare_answers_ids_that_resolve() 
         ids = [i for r in results.values() for d in r.devices for i in d.cdi_ids]
         assert not [r.error for r in results.values() if r.error]
         resolving = sum(resolves(cdi_dir, i) for i in ids)
+        size = (node.options.resolved_plugin_dir / "checkpoint.json").stat().st_size
         print(
             f"figures: row 3: specs before 4, after the start {after_start}; "
-            f"IDs that resolve: {resolving} of {len(ids)}"
+            f"IDs that resolve: {resolving} of {len(ids)}; checkpoint {size} B for 4 claims"
         )
         assert len(ids) == 4
         assert resolving == 4
@@ -266,3 +267,49 @@ async def test_after_a_damaged_checkpoint_a_recovered_claims_device_is_not_given
             await node.prepare(pod)
         # The device the recovered claim does not hold is given.
         await prepare_one(node, "third", "w1")
+
+
+async def test_the_former_metadata_layout_goes_with_its_claim() -> None:
+    """Directories of the former layout (``<namespace>_<claim>``, of earlier versions): one whose files
+    name no prepared claim is removed at start; one whose claim is prepared stays (its spec
+    mounts it) until that claim is unprepared."""
+    async with DraNode(StaticPlugin(RESOURCE, widgets(2)), driver=DRIVER) as node:
+        pod = await prepare_one(node, "old", "w0")
+        uid = node.api.claims[("default", "old")].uid
+        root = node.options.resolved_plugin_dir / "dra-device-metadata"
+        async with node.stopped(StaticPlugin(RESOURCE, widgets(2))):
+            (root / uid).rename(root / "default_old")  # as the former version wrote it
+            orphan = root / "default_gone" / "devices"
+            orphan.mkdir(parents=True)
+            (orphan / "metadata.json").write_text(json.dumps({"metadata": {"uid": "0000-gone"}}))
+        assert not (root / "default_gone").exists()
+        assert (root / "default_old" / "widgets" / "metadata.json").exists()
+        await node.unprepare(pod)
+        assert not (root / "default_old").exists()
+        assert not (root / uid).exists()
+
+
+@pytest.mark.parametrize(
+    ("names", "ok"),
+    [
+        (("a", "b"), True),
+        (("0000-uid", "gpus", "metadata.json"), True),
+        (("..",), False),
+        (("a", ".."), False),
+        (("a/../..",), False),
+        (("",), False),
+        ((".",), False),
+        (("a\0b",), False),
+        (("/etc",), False),
+    ],
+)
+def test_a_name_from_outside_becomes_a_path_only_inside_its_directory(
+    tmp_path: Path, names: tuple[str, ...], ok: bool
+) -> None:
+    from devplugin_sdk._files import inside
+
+    if ok:
+        assert inside(tmp_path, *names).is_relative_to(tmp_path)
+    else:
+        with pytest.raises(ValueError, match="inside"):
+            inside(tmp_path, *names)

@@ -45,10 +45,10 @@ log = logging.getLogger("devplugin_sdk")
 #: The format this version writes: 1 held the claims; 2 adds ``generation``, one more on every
 #: save (another instance's writes show in it).
 FORMAT = 2
-#: The largest checkpoint read: a prepared claim takes about 300 bytes, and 1 to 4 KiB with the
-#: content of its files (its CDI spec and metadata, kept to write them again), and a node has a
-#: few hundred pods at most; a bigger file is not ours.
-MAX_CHECKPOINT_BYTES = 16 << 20
+#: The largest checkpoint read: a prepared claim takes 1 to 4 KiB with the content of its files
+#: (its CDI spec and metadata, kept to write them again), and a node has a few hundred pods at
+#: most (110 by default); a bigger file is not ours.
+MAX_CHECKPOINT_BYTES = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +84,7 @@ class Entry:
     recovered: bool = False
     #: What its devices hold beyond themselves: shares taken, admin access (``_shares``).
     uses: tuple[Use, ...] = ()
-    #: What its files hold, to write them again (None: recorded by a version before 0.14).
+    #: What its files hold, to write them again (None: recorded by an earlier version).
     content: Content | None = None
 
 

@@ -10,7 +10,7 @@ network data); bind-mounted read-only by the claim's CDI spec at
 (``resourceclaimtemplates/<pod claim name>/...`` for a claim made from a template). Written
 before the spec that mounts it, removed with the claim. The host side is keyed by the claim's UID,
 not its name: a claim deleted and re-created under its name is another claim, with files of its
-own (versions before 0.14 used ``<namespace>_<claim>``; such directories go with their claim).
+own (earlier versions used ``<namespace>_<claim>``; such directories go with their claim).
 """
 
 from __future__ import annotations
