@@ -81,8 +81,9 @@ class Cleanup:
         self.counted = counted
         self.unprepared = 0
         self.sweeps = 0
-        # The claims the last sweeps found stale, by UID: the entry then, and the sweep's number.
-        self._suspects: dict[str, tuple[Entry, int]] = {}
+        # The claims the last sweeps found stale, by UID, with their entry then (a claim prepared
+        # again since is another suspect).
+        self._suspects: dict[str, Entry] = {}
 
     async def run(self) -> None:
         """Sweep at start, then every ``interval``, until cancelled."""
@@ -101,7 +102,7 @@ class Cleanup:
     async def sweep(self) -> int:
         """Check every prepared claim once; how many were unprepared."""
         stale: list[tuple[ClaimRef, str, str]] = []
-        suspects: dict[str, tuple[Entry, int]] = {}
+        suspects: dict[str, Entry] = {}
         for uid, entry in list(self.store.entries().items()):
             ref = entry.claim
             if not (ref.namespace and ref.name):
@@ -113,10 +114,10 @@ class Cleanup:
             if verdict is _UNKNOWN:
                 if before is not None:
                     suspects[uid] = before  # no answer is no verdict: the suspicion stands
-            elif verdict is not None and before is not None and before[0] is entry:
+            elif verdict is not None and before is entry:
                 stale.append((ref, *verdict))
             elif verdict is not None:
-                suspects[uid] = (entry, self.sweeps)
+                suspects[uid] = entry
                 log.info(
                     "DRA %s: claim %s looks stale (%s); unprepared if the next check agrees",
                     self.driver,
