@@ -54,6 +54,16 @@ def unreserved(claim: ResourceClaim) -> ResourceClaim:
     return replace(claim, reserved_for=())
 
 
+def without_uid(claim: ResourceClaim) -> ResourceClaim:
+    """An answer that could not be read as the claim (its UID missing)."""
+    return replace(claim, uid="")
+
+
+def another_object(claim: ResourceClaim) -> ResourceClaim:
+    """An answer for another object than the one asked for (a misrouting proxy)."""
+    return replace(claim, name="other", uid="0000-other")
+
+
 async def prepare_one(node: DraNode, claim: str, device: str) -> DraPod:
     pod = node.pod(claim)
     node.claim(claim, {"widgets": [device]}, pods=[pod])
@@ -87,8 +97,9 @@ def files_under(root: Path) -> set[Path]:
 
 
 async def test_one_odd_sweep_read_never_unprepares_a_running_pods_claim(tmp_path: Path) -> None:
-    """A single 404 between normal answers, and one read whose ``reservedFor`` is briefly empty:
-    the claim keeps its CDI spec (today: unprepared at the first odd read)."""
+    """A single 404 between normal answers, one read whose ``reservedFor`` is briefly empty, one
+    answer that is not the claim asked for: the claim keeps its CDI spec (today: unprepared at
+    the first odd read)."""
     api = OddAnswers(["node-1"])
     async with FakeApiServer(api).serving() as server:
         kube = LightkubeApi.connect(server.kubeconfig(tmp_path / "kubeconfig"))
@@ -102,7 +113,7 @@ async def test_one_odd_sweep_read_never_unprepares_a_running_pods_claim(tmp_path
             ) as node:
                 await prepare_one(node, "running", "w0")
                 uid = api.claims[("default", "running")].uid
-                for odd in (not_found, unreserved):
+                for odd in (not_found, unreserved, without_uid, another_object):
                     reads = api.calls.get("read_claim", 0)
                     api.odd.append(odd)
                     # The odd read, then three sweeps that read the claim as it is.

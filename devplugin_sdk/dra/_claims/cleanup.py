@@ -29,6 +29,7 @@ import anyio
 from devplugin_sdk._logging import printable
 from devplugin_sdk._wire.dra_model import ClaimRef
 from devplugin_sdk.dra._claims.checkpoint import Entry
+from devplugin_sdk.dra._claims.names import ref_problem
 from devplugin_sdk.dra._claims.store import Store
 from devplugin_sdk.dra.resources import NodeEvent, ResourceApi
 from devplugin_sdk.errors import KubeApiError
@@ -105,8 +106,8 @@ class Cleanup:
         suspects: dict[str, Entry] = {}
         for uid, entry in list(self.store.entries().items()):
             ref = entry.claim
-            if not (ref.namespace and ref.name):
-                continue
+            if ref_problem(ref) is not None:
+                continue  # no name to read (recovered), or one that must not become a URL path
             verdict = await self._verdict(ref)
             if self.store.get(uid) is not entry:
                 continue  # unprepared or prepared again meanwhile

@@ -175,6 +175,8 @@ class Metadata:
                 if not UID.fullmatch(uid) or (UID.fullmatch(name) and name != uid):
                     continue
                 ref = ClaimRef(str(meta.get("namespace") or ""), uid, str(meta.get("name") or ""))
+                if ref_problem(ref) is not None:
+                    ref = ClaimRef("", uid, "")  # its devices count; its names are not used
                 devices = found.setdefault(uid, (ref, []))[1]
                 requests = document.get("requests")
                 for request in map(_mapping, requests if isinstance(requests, list) else []):
