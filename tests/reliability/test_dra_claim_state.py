@@ -278,6 +278,13 @@ async def test_after_a_damaged_checkpoint_a_recovered_claims_device_is_not_given
             await node.prepare(pod)
         # The device the recovered claim does not hold is given.
         await prepare_one(node, "third", "w1")
+        # The recovered claim itself is prepared again (the kubelet's repeated prepare).
+        held = node.api.claims[("default", "held")]
+        async with client(node.options) as dra:
+            again = await dra.prepare([ClaimRef("default", held.uid, "held")], timeout=5)
+        assert not again[held.uid].error
+        assert [d.device for d in again[held.uid].devices] == ["w0"]
+        assert node.status.recovered_claims == 0
 
 
 async def test_the_former_metadata_layout_goes_with_its_claim() -> None:
