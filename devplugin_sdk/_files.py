@@ -24,6 +24,7 @@ __all__ = [
     "discard",
     "file_kind",
     "fsync_directory",
+    "inside",
     "read_file",
     "remove_temporaries",
     "stage",
@@ -213,3 +214,25 @@ def remove_temporaries(path: Path, *, former: Iterable[str] = ()) -> int:
                     os.unlink(entry.path)
                     removed += 1
     return removed
+
+
+def inside(directory: Path, *names: str) -> Path:
+    """``directory`` joined with ``names``, each one path component that came from outside (a
+    claim's UID, a request name): the one way such a name becomes a path.
+
+    A name that is empty, ``.`` or ``..``, or holds a ``/`` or a NUL is refused, and so is a
+    result that would not lie inside ``directory`` (compared without resolving symlinks: the
+    directories this joins into are the process's own, which no one else can write).
+
+    Raises:
+        ValueError: a name that would not stay inside ``directory``.
+    """
+    path = directory
+    for name in names:
+        if name in ("", ".", "..") or "/" in name or "\0" in name:
+            raise ValueError(f"{name!r} cannot name a file inside {directory}")
+        path = path / name
+    base = os.path.normpath(directory)
+    if not os.path.normpath(path).startswith(base.rstrip(os.sep) + os.sep):
+        raise ValueError(f"{os.fspath(path)!r} is not inside {directory}")
+    return path

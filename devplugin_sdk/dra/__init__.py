@@ -87,8 +87,8 @@ class Dra:
             must be inside it. None derives it from the plugin-watcher directory's parent.
         cleanup_interval: How often prepared claims are checked against the API, seconds:
             a claim the API no longer has, whose UID changed or that is reserved for no pod
-            is unprepared (at start, then every interval; NVIDIA's driver checks every 10
-            minutes). 0 turns the check off.
+            on two consecutive checks is unprepared (at start, then every interval; NVIDIA's
+            driver checks every 10 minutes). 0 turns the check off.
 
     Raises:
         ValueError: an invalid driver or node name.

@@ -162,11 +162,13 @@ async def test_metadata_json_per_request_is_mounted_by_the_claim_spec_and_remove
         small = f"{METADATA_ROOT}/resourceclaims/gpus/small/{DRIVER}-metadata.json"
         assert sorted(found) == [big, small]
         host_file = found[big]
+        # Keyed by the claim's UID on the host (issue 36: a claim re-created under its name is
+        # another claim); by its name in the container.
         assert (
             host_file
             == options.resolved_plugin_dir
             / "dra-device-metadata"
-            / "team_gpus"
+            / claim.uid
             / "big"
             / "metadata.json"
         )
@@ -199,7 +201,7 @@ async def test_metadata_json_per_request_is_mounted_by_the_claim_spec_and_remove
         assert "ro" in spec_mount["options"]  # type: ignore[operator]
         await node.unprepare(pod)
         assert not host_file.exists()
-        assert not (options.resolved_plugin_dir / "dra-device-metadata" / "team_gpus").exists()
+        assert not (options.resolved_plugin_dir / "dra-device-metadata" / claim.uid).exists()
 
 
 async def test_a_claim_from_a_template_is_mounted_under_its_pod_claim_name() -> None:

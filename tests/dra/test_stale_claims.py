@@ -90,9 +90,12 @@ async def test_replaced_and_unreserved_claims_are_unprepared_with_their_reason()
         api.add_claim("default", "replaced")  # a new object under the old name
         api.deallocate("default", "finished")  # its pod is gone: reserved for no pod
         await kubelet.wait_for(
-            lambda: running.dra is not None and running.dra.prepared_claims == 0,
+            # Counted once each unprepare has answered (its status cleared): wait for both.
+            lambda: running.dra is not None and running.dra.stale_claims_unprepared == 2,
             what="both unprepared",
         )
+        assert running.dra is not None
+        assert running.dra.prepared_claims == 0
         assert not node.spec_path(old).exists()
         for reason in ("replaced", "unreserved"):
             assert (
@@ -106,9 +109,13 @@ async def test_replaced_and_unreserved_claims_are_unprepared_with_their_reason()
             )
 
 
-async def test_claims_deleted_while_the_driver_was_down_are_unprepared_at_start() -> None:
+async def test_claims_deleted_while_the_driver_was_down_are_unprepared_by_the_first_sweeps() -> (
+    None
+):
+    # Issue 36 row 1: the sweep at start and the next one, a period later, must both find it
+    # gone (it was unprepared by the start's sweep alone).
     plugin = StaticPlugin(RESOURCE, widgets(2))
-    async with DraNode(plugin, driver=DRIVER, cleanup_interval=3600, ready=False) as node:
+    async with DraNode(plugin, driver=DRIVER, cleanup_interval=0.2, ready=False) as node:
         kubelet, api = node.kubelet, node.api
         await node.ready()
         await prepare_one(node, "gone", "w0")
@@ -117,7 +124,9 @@ async def test_claims_deleted_while_the_driver_was_down_are_unprepared_at_start(
             api.delete_claim("default", "gone")
             assert node.spec_path(uid).exists()
         running = node.running
-        await kubelet.wait_for(lambda: not node.spec_path(uid).exists(), what="unprepared at start")
+        await kubelet.wait_for(
+            lambda: not node.spec_path(uid).exists(), what="unprepared by the first two sweeps"
+        )
         assert running.dra is not None
         assert running.dra.prepared_claims == 0
 

@@ -305,8 +305,8 @@ async def test_a_prepare_whose_metadata_cannot_be_written_leaves_no_spec_and_no_
         options, running = dra.options, dra.running
         pod = dra.pod("c1", name="pod-a", namespace="ns")
         assert options.plugin_dir is not None
-        dra.claim("c1", {"r": ["w1"]}, pods=[pod], namespace="ns")
-        blocker = options.plugin_dir / "dra-device-metadata" / "ns_c1"
+        claim = dra.claim("c1", {"r": ["w1"]}, pods=[pod], namespace="ns")
+        blocker = options.plugin_dir / "dra-device-metadata" / claim.uid
         blocker.parent.mkdir(parents=True, exist_ok=True)
         blocker.write_text("in the way")  # the claim's directory cannot be made
         with pytest.raises(PodPreparationError, match="cannot write the device metadata"):
@@ -365,7 +365,9 @@ async def test_claim_names_with_control_characters_are_escaped_in_logs(
             pool="node-1",
             pods=[good.uid],
         )
-        await dra.prepare(good)
+        # Issue 36: a namespace that is no DNS label is refused before any file is named.
+        with pytest.raises(PodPreparationError, match="not a valid namespace"):
+            await dra.prepare(good)
         await dra.unprepare(good)
     ours = [r.getMessage() for r in caplog.records if r.name.startswith("devplugin_sdk")]
     claims = [m for m in ours if "claim" in m and "ns" in m]

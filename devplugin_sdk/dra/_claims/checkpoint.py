@@ -33,6 +33,7 @@ __all__ = [
     "FORMAT",
     "MAX_CHECKPOINT_BYTES",
     "Checkpoint",
+    "Content",
     "Entry",
     "Loaded",
     "Staged",
@@ -44,9 +45,27 @@ log = logging.getLogger("devplugin_sdk")
 #: The format this version writes: 1 held the claims; 2 adds ``generation``, one more on every
 #: save (another instance's writes show in it).
 FORMAT = 2
-#: The largest checkpoint read: a prepared claim takes about 300 bytes, and a node has a few
-#: hundred pods at most; a bigger file is not ours.
+#: The largest checkpoint read: a prepared claim takes 1 to 4 KiB with the content of its files
+#: (its CDI spec and metadata, kept to write them again), and a node has a few hundred pods at
+#: most (110 by default); a bigger file is not ours.
 MAX_CHECKPOINT_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """What a prepare wrote for a claim, recorded with it so that its files are written again when
+    they are gone: ``/var/run/cdi`` is a tmpfs that a reboot empties while the checkpoint
+    survives, and the kubelet's repeated prepare must get CDI IDs that resolve. Recorded rather
+    than made again with ``allocate()``: the same bytes the containers got, without the API, the
+    plugin or the device's health at that moment, and no side effect run twice.
+
+    Attributes:
+        spec: The claim's CDI spec as runtimes read it (``CdiSpec.to_dict``); None: none.
+        metadata: Each request's ``DeviceMetadata`` document, by request name.
+    """
+
+    spec: Mapping[str, Any] | None = None
+    metadata: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +73,9 @@ class Entry:
     """One prepared claim: who it is, what the kubelet got for it, and its CDI spec file.
 
     ``recovered`` entries were rebuilt from a CDI spec file when the checkpoint could not be
-    read: the claim's UID and spec are known, its devices are not. The spec is kept until the
-    kubelet unprepares the claim, or prepares it again (which records it in full).
+    read: the claim's UID and spec are known, and what its metadata files say (its namespace,
+    name and devices, which other claims are then refused). The spec is kept until the kubelet
+    unprepares the claim, or prepares it again (which records it in full).
     """
 
     claim: ClaimRef
@@ -64,6 +84,8 @@ class Entry:
     recovered: bool = False
     #: What its devices hold beyond themselves: shares taken, admin access (``_shares``).
     uses: tuple[Use, ...] = ()
+    #: What its files hold, to write them again (None: recorded by an earlier version).
+    content: Content | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +311,26 @@ def _raw(entry: Entry) -> dict[str, Any]:
             for d in entry.devices
         ],
         **({"uses": [u.to_raw() for u in entry.uses]} if entry.uses else {}),
+        **({"content": _content_raw(entry.content)} if entry.content is not None else {}),
     }
+
+
+def _content_raw(content: Content) -> dict[str, Any]:
+    return {
+        **({"spec": content.spec} if content.spec is not None else {}),
+        "metadata": content.metadata,
+    }
+
+
+def _content(raw: object) -> Content | None:
+    # A field older versions ignore (the format stays 2: instances of both versions share the
+    # file during a rolling upgrade); one that is not what this version writes is dropped.
+    if not isinstance(raw, dict):
+        return None
+    spec, metadata = raw.get("spec"), raw.get("metadata", {})
+    if not (spec is None or isinstance(spec, dict)) or not isinstance(metadata, dict):
+        return None
+    return Content(spec, {str(k): v for k, v in metadata.items() if isinstance(v, dict)})
 
 
 def _entry(uid: str, raw: Mapping[str, Any]) -> Entry:
@@ -310,4 +351,5 @@ def _entry(uid: str, raw: Mapping[str, Any]) -> Entry:
         str(spec) if spec else None,
         recovered=raw.get("recovered") is True,
         uses=tuple(Use.from_raw(u) for u in raw.get("uses", [])),
+        content=_content(raw.get("content")),
     )

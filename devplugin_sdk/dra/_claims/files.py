@@ -7,22 +7,27 @@ one per directory, and the answer waits for about two of them rather than five i
 record never names a spec that a crash could lose, and no spec stays that no record names: a
 prepare whose record cannot be written removes the spec it wrote, an unprepare removes the
 record before the spec, and a checkpoint that cannot be read deletes no spec (the kubelet may
-still hold its CDI IDs): each becomes a recovered entry.
+still hold its CDI IDs): each becomes a recovered entry, which knows its devices from the claim's
+metadata files. What the files held is recorded too, and a recorded claim whose files are gone
+(a reboot empties ``/var/run/cdi``) gets them written again, at start and on a repeated prepare.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import re
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 import anyio.to_thread
 
-from devplugin_sdk import cdi
+from devplugin_sdk import _files, cdi
+from devplugin_sdk._logging import printable
 from devplugin_sdk._wire.dra_model import ClaimRef
 from devplugin_sdk.dra._claims.checkpoint import Entry, Staged
 from devplugin_sdk.dra._claims.metadata import Metadata
@@ -90,12 +95,17 @@ class ClaimFiles:
         """A ``recovered`` entry for each claim spec of ours in the CDI directory whose UID is
         not ``known``: the checkpoint was unreadable, and the kubelet may hold its CDI IDs."""
         out: dict[str, Entry] = {}
+        # The metadata files (on the plugin's disk, written before the spec that mounts them)
+        # say whose claim it is and which devices it holds; the spec names only requests, and
+        # the API may not answer at start.
+        recorded = self.metadata.recorded() if self.metadata is not None else {}
         for name in self._names():
             match = self._spec_name.fullmatch(name)
             if match is None or match["uid"] in known:
                 continue
             uid = match["uid"]
-            out[uid] = Entry(ClaimRef("", uid, ""), (), name, recovered=True)
+            ref, devices = recorded.get(uid, (ClaimRef("", uid, ""), ()))
+            out[uid] = Entry(ref, devices, name, recovered=True)
         return out
 
     def clean(self, known: Container[str], *, specs: bool = True) -> int:
@@ -111,6 +121,62 @@ class ClaimFiles:
                     (self.cdi_dir / name).unlink()
                     removed += 1
         return removed
+
+    def settle(self, entries: Mapping[str, Entry]) -> tuple[int, list[str]]:
+        """Bring the files in line with a checkpoint read at start: remove temporary files and
+        the specs and metadata of claims it does not record (prepares that never answered), and
+        write again the recorded claims' files that are gone; how many were removed, and the
+        files written (one that cannot be written is logged: the repeated prepare tries again).
+        """
+        removed = self.clean({e.spec_file for e in entries.values() if e.spec_file})
+        if self.metadata is not None:
+            removed += self.metadata.clean(entries.keys())
+        written: list[str] = []
+        for entry in entries.values():
+            try:
+                written += self.restore(entry)
+            except OSError as exc:
+                # The file system's refusal, not a traceback.
+                log.error(  # noqa: TRY400
+                    "DRA %s: cannot write the files of claim %s again: %s",
+                    self.driver,
+                    printable(str(entry.claim)),
+                    exc,
+                )
+        return removed, written
+
+    def restore(self, entry: Entry) -> list[str]:
+        """Write the claim's spec and metadata files again where they are gone, from what its
+        entry recorded; the files written (blocking).
+
+        Raises:
+            OSError: a file could not be written.
+        """
+        content = entry.content
+        if content is None or entry.recovered:
+            return []
+        written: list[str] = []
+        if (
+            content.spec is not None
+            and entry.spec_file
+            and self._spec_name.fullmatch(entry.spec_file)
+        ):
+            path = self.cdi_dir / entry.spec_file
+            if not os.path.lexists(path):
+                self.cdi_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+                data = (json.dumps(content.spec, indent=2) + "\n").encode()
+                _files.write_atomically(path, data, mode=0o644)
+                written.append(str(path))
+        if self.metadata is not None:
+            for request, document in content.metadata.items():
+                try:
+                    path = self.metadata.path(entry.claim.uid, request)
+                except ValueError:
+                    continue  # not a name this version records
+                if not os.path.lexists(path):
+                    self.metadata.write(entry.claim.uid, request, document)
+                    written.append(str(path))
+        return written
 
     def _names(self) -> list[str]:
         try:
@@ -185,7 +251,7 @@ class ClaimFiles:
         if spec_file is not None and self._spec_name.fullmatch(spec_file):
             cdi.remove_spec(self.cdi_dir / spec_file)
         if self.metadata is not None:
-            self.metadata.remove(ref.namespace, ref.name)
+            self.metadata.remove(ref)
 
 
 class _Written:

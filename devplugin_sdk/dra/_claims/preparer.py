@@ -12,10 +12,10 @@ calls for many claims (reads, the lock, answers, statuses) are the service's (``
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -24,9 +24,10 @@ from devplugin_sdk._logging import printable
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedDevice
 from devplugin_sdk.dra import config as claim_config
 from devplugin_sdk.dra._claims import shares as _shares
-from devplugin_sdk.dra._claims.checkpoint import Entry
+from devplugin_sdk.dra._claims.checkpoint import Content, Entry
 from devplugin_sdk.dra._claims.files import ClaimFiles, MetadataWrite, PersistError
 from devplugin_sdk.dra._claims.metadata import MetadataDevice
+from devplugin_sdk.dra._claims.names import request_problem
 from devplugin_sdk.dra._claims.status import device_statuses
 from devplugin_sdk.dra._claims.store import Store
 from devplugin_sdk.dra._pool.pool import Found
@@ -106,7 +107,8 @@ class Preparer:
             )
         spec_file = self.files.spec_name(ref.uid) if built.spec_devices else None
         spec = cdi.CdiSpec(self.files.kind, built.spec_devices) if spec_file is not None else None
-        entry = Entry(ref, tuple(built.prepared), spec_file, uses=tuple(uses))
+        content = Content(spec.to_dict() if spec is not None else None, built.documents)
+        entry = Entry(ref, tuple(built.prepared), spec_file, uses=tuple(uses), content=content)
         try:
             await self.files.persist(self.store, entry, spec, built.metadata)
         except PersistError as exc:
@@ -133,8 +135,9 @@ class Preparer:
         by_request: _ByRequest = {}
         uses: list[_shares.Use] = []
         given: _Given = {}
-        # What other claims hold, worked out once per claim rather than once per device.
-        held = _Held(self.store)
+        # What other claims hold, worked out once per claim rather than once per device (this
+        # claim's own entry is not another claim: a recovered one is prepared again).
+        held = _Held(self.store, claim.uid)
         checked = [(result, self._check(result, held)) for result in ours]
         try:
             _shares.overlap([(r, f) for r, f in checked if not (r.admin_access or f.shares)])
@@ -169,7 +172,13 @@ class Preparer:
         found_status = await device_statuses(self.driver, members, shown(ref), self.hook_timeout)
         built.statuses += found_status.values()
         edits = self._with_metadata(
-            claim, request, members, found_status, edits, writes=built.metadata
+            claim,
+            request,
+            members,
+            found_status,
+            edits,
+            writes=built.metadata,
+            documents=built.documents,
         )
         ids = list(extra_ids)
         if edits is not None:
@@ -282,6 +291,7 @@ class Preparer:
         edits: Allocation | None,
         *,
         writes: list[MetadataWrite],
+        documents: dict[str, Mapping[str, Any]],
     ) -> Allocation | None:
         """``edits`` plus the bind mount of the request's ``metadata.json``, whose write is
         added to ``writes`` (the files transaction does it, before the spec is recorded)."""
@@ -298,9 +308,9 @@ class Preparer:
             for result, found in members
         ]
         mount = metadata.mount(claim, request)
-        full_name = members[0][0].request
-        write = partial(metadata.write, claim, request, full_name, devices)
-        writes.append(MetadataWrite(request, write))
+        document = metadata.document(claim, members[0][0].request, devices)
+        documents[request] = document
+        writes.append(MetadataWrite(request, partial(metadata.write, claim.uid, request, document)))
         if edits is None:
             return Allocation(mounts=(mount,))
         return Allocation(edits.device_nodes, (*edits.mounts, mount), edits.env)
@@ -315,6 +325,7 @@ class _Built:
     prepared: list[PreparedDevice] = field(default_factory=list)
     statuses: list[ClaimDeviceStatus] = field(default_factory=list)
     metadata: list[MetadataWrite] = field(default_factory=list)
+    documents: dict[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 _Given = dict[int, Sequence[Device]]
@@ -324,14 +335,15 @@ class _Held:
     """What the claims prepared so far hold, worked out once for a claim being prepared (not
     once for each of its devices)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, claim: str) -> None:
         self._store = store
+        self._claim = claim
         self._exclusive: dict[str, ClaimRef] | None = None
         self._uses: list[tuple[_shares.Use, str]] | None = None
 
     def exclusive(self) -> dict[str, ClaimRef]:
         if self._exclusive is None:
-            self._exclusive = self._store.held_exclusively()
+            self._exclusive = self._store.held_exclusively(but=self._claim)
         return self._exclusive
 
     def uses(self) -> list[tuple[_shares.Use, str]]:
@@ -343,6 +355,11 @@ class _Held:
 def _ours(claim: ResourceClaim, driver: str) -> list[AllocatedDevice]:
     """The claim's results for ``driver``; a device listed twice is refused."""
     ours = [r for r in claim.results if r.driver == driver]
+    for result in ours:
+        # The request names a CDI device and a metadata directory: checked before either.
+        problem = request_problem(result.request)
+        if problem is not None:
+            raise ClaimError(problem)
     seen: dict[tuple[str, str, str], str] = {}
     for result in ours:
         # Shares of one device are distinct allocations (their shareIDs differ).

@@ -13,7 +13,6 @@ read and the CDI directory brought in line with it (``start``).
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 
 import anyio
@@ -23,6 +22,7 @@ from devplugin_sdk._logging import printable
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim
 from devplugin_sdk.dra._claims.checkpoint import Loaded
 from devplugin_sdk.dra._claims.files import ClaimFiles
+from devplugin_sdk.dra._claims.names import ref_problem
 from devplugin_sdk.dra._claims.preparer import ClaimError, Preparer, shown
 from devplugin_sdk.dra._claims.status import StatusWriter
 from devplugin_sdk.dra._claims.store import Store
@@ -32,9 +32,6 @@ from devplugin_sdk.errors import KubeApiError
 __all__ = ["ClaimService"]
 
 log = logging.getLogger("devplugin_sdk")
-
-# Kubernetes object UIDs are UUIDs; the UID names the claim's CDI spec file and CDI devices.
-_UID = re.compile(r"[0-9A-Za-z-]{1,64}")
 
 _Statuses = list[tuple[ResourceClaim, list[ClaimDeviceStatus]]]
 
@@ -86,14 +83,17 @@ class ClaimService:
             if loaded.problem is not None:
                 await self._recover(loaded)
                 return loaded
-            known = {e.spec_file for e in self.store.entries().values() if e.spec_file}
-            removed = await anyio.to_thread.run_sync(self.files.clean, known)
+            entries = dict(self.store.entries())
+            removed, written = await anyio.to_thread.run_sync(self.files.settle, entries)
         log.info(
-            "DRA %s: %d prepared claims in %s%s",
+            "DRA %s: %d prepared claims in %s%s%s",
             self.driver,
-            len(self.store.entries()),
+            len(entries),
             self.store.checkpoint.path,
-            f"; removed {removed} CDI files of unfinished prepares" if removed else "",
+            f"; removed {removed} files of unfinished prepares" if removed else "",
+            f"; wrote {len(written)} files of prepared claims again (they were gone)"
+            if written
+            else "",
         )
         return loaded
 
@@ -146,10 +146,10 @@ class ClaimService:
         return entry is not None and not entry.recovered
 
     async def _read(self, ref: ClaimRef) -> ResourceClaim:
-        if not (ref.uid and ref.namespace and ref.name):
-            raise ClaimError(f"the request names claim {shown(ref)} without namespace, name or UID")
-        if not _UID.fullmatch(ref.uid):
-            raise ClaimError(f"claim {shown(ref)}: the UID is not a Kubernetes UID")
+        # Checked before any file, path or API call is named after them.
+        problem = ref_problem(ref)
+        if problem is not None:
+            raise ClaimError(f"claim {shown(ref)}: {problem}")
         where = printable(f"{ref.namespace}/{ref.name}")
         try:
             claim = await self.api.read_claim(ref.namespace, ref.name)
@@ -173,7 +173,13 @@ class ClaimService:
     ) -> PreparedClaim:
         entry = self.store.get(ref.uid)
         if entry is not None and not entry.recovered:
-            return PreparedClaim(entry.devices)  # prepared before: the same answer, no work
+            # Prepared before: the same answer, no work; its files written again if they are
+            # gone (a reboot empties /var/run/cdi, and the kubelet asks again).
+            try:
+                await anyio.to_thread.run_sync(self.files.restore, entry)
+            except OSError as exc:
+                return self._refused(ref, ClaimError(f"cannot write its files again: {exc}"))
+            return PreparedClaim(entry.devices)
         if claim is None:  # it was prepared when looked at, then another instance undid it
             try:
                 claim = await self._read(ref)
@@ -225,6 +231,7 @@ class ClaimService:
                     errors[ref.uid] = ""
         if self.status is not None:
             for ref in refs:
-                if not errors.get(ref.uid):
+                # A name the API server would not take never reaches it in a path.
+                if not errors.get(ref.uid) and ref_problem(ref) is None:
                     await self.status.clear(ResourceClaim(ref.namespace, ref.name, ref.uid))
         return errors

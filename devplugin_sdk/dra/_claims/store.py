@@ -74,10 +74,13 @@ class Store:
         """Claims known only by the CDI spec kept for them (the checkpoint was unreadable)."""
         return sum(entry.recovered for entry in self._entries.values())
 
-    def held_exclusively(self) -> dict[str, ClaimRef]:
-        """The devices prepared for a claim that holds them alone (not shares, not admin)."""
+    def held_exclusively(self, *, but: str = "") -> dict[str, ClaimRef]:
+        """The devices prepared for a claim that holds them alone (not shares, not admin), but
+        the claim of UID ``but``. A recovered claim's devices are what its metadata files say."""
         held: dict[str, ClaimRef] = {}
-        for entry in self._entries.values():
+        for uid, entry in self._entries.items():
+            if uid == but:
+                continue
             admin = {u.device for u in entry.uses if u.admin}
             for d in entry.devices:
                 if not d.share_id and d.device not in admin:
