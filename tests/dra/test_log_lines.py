@@ -4,7 +4,8 @@ A claim's namespace and name come from the API server and the kubelet; an API se
 not validate them (or one of its errors) can carry a newline or a terminal escape. Every outside
 string in the DRA driver's log lines goes through ``printable``: before, the sweep's ``cannot
 check claim`` line and the preparer's ``claim ...: allocate() returned annotations`` line wrote
-them raw (2 forged lines, a raw ESC).
+them raw (2 forged lines, a raw ESC). Since row 4 such a name is refused before it is prepared,
+and the refusal's line escapes it too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from devplugin_sdk import Allocation, Device
 from devplugin_sdk.dra._claims import cleanup
 from devplugin_sdk.dra.resources import ResourceClaim
 from devplugin_sdk.errors import KubeApiError
+from devplugin_sdk.kubelet.fake_dra import PodPreparationError
 from devplugin_sdk.testing import DraNode, MemoryApi, StaticPlugin
 
 EVIL = "evil\x1b[2J\nDRA acme.com: FORGED"
@@ -84,8 +86,13 @@ async def test_claim_names_with_escapes_never_forge_a_log_line(
         async with DraNode(
             plugin, driver=DRIVER, memory=memory, api=reads, cleanup_interval=0.2
         ) as node:
-            pod = node.pod(EVIL, namespace=EVIL)
-            node.claim(EVIL, ["w0"], pods=[pod], namespace=EVIL)
+            # A claim so named is refused before any file or log line takes its name raw.
+            bad = node.pod(EVIL, namespace=EVIL)
+            node.claim(EVIL, ["w1"], pods=[bad], namespace=EVIL)
+            with pytest.raises(PodPreparationError):
+                await node.prepare(bad)
+            pod = node.pod("c1")
+            node.claim("c1", ["w0"], pods=[pod])
             await node.prepare(pod)
             reads.refuse = "the server\nDRA acme.com: FORGED too\x1b[31m"
             await node.kubelet.wait_for(
@@ -99,8 +106,9 @@ async def test_claim_names_with_escapes_never_forge_a_log_line(
             )
     lines = [r.getMessage() for r in records]
     said = [m for m in lines if "evil" in m]
-    assert any("allocate() returned annotations" in m for m in said), said
-    assert sum("cannot check claim" in m for m in said) >= 2, said
+    assert any("not a valid namespace" in m for m in said), said
+    assert any("allocate() returned annotations" in m for m in lines), lines
+    assert sum("cannot check claim" in m for m in lines) >= 2, lines
     forged = [m for m in lines if "\n" in m or "\x1b" in m]
     assert not forged, forged
     figures("row 23", lines_naming_the_claim=len(said), forged=len(forged))
