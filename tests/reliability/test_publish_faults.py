@@ -23,8 +23,9 @@ import pytest
 from kube_apiserver import FakeApiServer
 
 from devplugin_sdk import Device
-from devplugin_sdk.dra import ResourceSlice, device_name
+from devplugin_sdk.dra import ResourceSlice, SliceDevice, device_name
 from devplugin_sdk.dra._kube import LightkubeApi
+from devplugin_sdk.dra._pool.publisher import Publisher
 from devplugin_sdk.testing import DraNode, MemoryApi, StaticPlugin
 from devplugin_sdk.types import Shareable
 
@@ -191,3 +192,55 @@ async def test_every_device_unhealthy_at_once_is_one_batch() -> None:
     print(f"\nrow 14: {count} taints published {took:.2f}s after the events")
     # Before: 30 s (quadratic). The benchmark's figure is well under a second; a generous bound.
     assert took < 10, f"{took:.1f}s"
+
+
+# ---------------------------------------------------------------- row 17: a silent watch
+
+# The bookmark period, scaled down from the API server's minute (its cacher's
+# defaultBookmarkFrequency); the loopback server sends one every quarter of it.
+PERIOD = 0.5
+
+
+async def test_a_watch_silent_for_two_bookmark_periods_is_reopened_and_the_pool_republished(
+    tmp_path: Path,
+) -> None:
+    memory = MemoryApi(nodes=["node-1"])
+    async with FakeApiServer(memory).serving() as server:
+        server.bookmark_period = PERIOD / 4
+        api = LightkubeApi.connect(
+            server.kubeconfig(tmp_path / "kubeconfig"), bookmark_period=PERIOD
+        )
+        # The periodic resync is out of reach: only the watch's own bound can notice.
+        pub = Publisher(api, DRIVER, "node-1", resync_seconds=3600)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(pub.run)
+                pub.want([SliceDevice("w0"), SliceDevice("w1")])
+                with anyio.fail_after(10):
+                    await pub.wait_published()
+                    # A live watch, bookmarked, for a period and a half: it is kept.
+                    await server.wait_for_bookmarks(6)
+                assert len(server.watch_queries) == 1, server.watch_queries
+                server.silence()  # the connection stays up; nothing more arrives on it
+                memory.wipe_slices("node-1")  # as a starting kubelet does; the watch never says
+                started = anyio.current_time()
+                with anyio.fail_after(20 * PERIOD):
+                    while not memory.pool_complete(DRIVER, "node-1"):
+                        await memory.wait_changed(memory.generation)
+                took = anyio.current_time() - started
+                tg.cancel_scope.cancel()
+        finally:
+            await api.aclose()
+    # Abandoned two periods after the last byte (a bookmark up to a quarter period before the
+    # silence), then reopened after the first backoff step and the wipe replayed: with the
+    # defaults, at most 120 s plus that.
+    print(
+        f"\nrow 17: a silent watch noticed and the pool republished {took:.2f}s after the "
+        f"silence ({2 * PERIOD:g}s of it the bound); with the defaults at most "
+        f"{120 + max(0.0, took - 2 * PERIOD) + PERIOD / 4:.0f}s"
+    )
+    # Two periods of silence, then a reopening from the watch's version (which replays the
+    # wipe): well under three periods, 150 s with the defaults.
+    assert took < 2.5 * PERIOD + 1.0, f"{took:.2f}s"
+    # Reopened from its version: no list was needed.
+    assert server.watch_queries[-1].get("resourceVersion")
