@@ -27,6 +27,7 @@ FULL: dict[str, list[str]] = {
     "footprint": ["bench_footprint.py", "--seconds", "60"],
     "sharing": ["bench_sharing.py", "--calls", "200", "--mib-calls", "50"],
     "dra": ["bench_dra.py", "--claims", "500", "--flips", "500"],
+    "publish": ["bench_publish.py"],
     "upgrade": ["bench_upgrade.py", "--upgrades", "100"],
     "fleet": ["bench_fleet.py", "--nodes", "1000"],
 }
@@ -41,6 +42,7 @@ QUICK: dict[str, list[str]] = {
     "footprint": ["bench_footprint.py", "--seconds", "10"],
     "sharing": ["bench_sharing.py", "--calls", "20", "--mib-calls", "5"],
     "dra": ["bench_dra.py", "--claims", "50", "--flips", "50"],
+    "publish": ["bench_publish.py", "--storm", "500", "--flips", "560", "--window", "2"],
     "upgrade": ["bench_upgrade.py", "--upgrades", "10"],
     "fleet": ["bench_fleet.py", "--nodes", "100", "--steady-minutes", "10", "--changes", "20"],
 }

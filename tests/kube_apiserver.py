@@ -5,13 +5,16 @@ It speaks HTTP/1.1 on 127.0.0.1 (keep-alive, chunked watch streams) and serves G
 ResourceClaim and a Node, server-side apply of a claim's status (its ``status.devices[]``), POST
 of a Node Event, and list, watch, create, replace and delete of ResourceSlices with
 field selectors, answering errors as the API server does (a ``Status`` with code and message).
-A watch ends after its ``timeoutSeconds``, as the API server's does. Fault hooks: ``watch_fault``
-("end": every watch ends at once, as behind a proxy that closes them; "silent": the connection
-stays open and nothing more arrives, as on a dead TCP connection), ``conflicts`` (every PUT is a
-409), ``mutate`` (a mutating admission webhook: applied to every slice written), ``edit_claims``
-(applied to every claim served, e.g. another valid spelling of a quantity), ``answer_next``
-(the next matching requests get raw bytes: HTML from a proxy, a 503 with an odd body, a list,
-deep JSON, garbage), ``watch_lines`` (raw lines a watch sends before its events).
+A watch ends after its ``timeoutSeconds``, as the API server's does, and one that asked for
+bookmarks gets one every ``bookmark_period`` seconds when that is set (the API server's cacher
+sends one a minute, ``defaultBookmarkFrequency``). Fault hooks: ``watch_fault`` ("end": every
+watch ends at once, as behind a proxy that closes them; "silent": the connection stays open and
+nothing more arrives, as on a dead TCP connection), ``silence()`` (the watches open now go
+silent so, the later ones work), ``conflicts`` (every PUT is a 409), ``mutate`` (a mutating
+admission webhook: applied to every slice written), ``edit_claims`` (applied to every claim
+served, e.g. another valid spelling of a quantity), ``answer_next`` (the next matching requests
+get raw bytes: HTML from a proxy, a 503 with an odd body, a list, deep JSON, garbage),
+``watch_lines`` (raw lines a watch sends before its events).
 """
 
 from __future__ import annotations
@@ -80,6 +83,9 @@ class FakeApiServer:
         watch_fault: None, "end" or "silent" (see the module's docstring).
         conflicts: Answer every PUT with 409 Conflict.
         mutate: Applied to every slice a POST or PUT writes, before it is stored.
+        bookmark_period: Seconds between the bookmarks of a watch that asked for them (None:
+            none are sent).
+        bookmarks: How many bookmarks were sent.
         node_labels: The labels each Node is served with, by node name.
     """
 
@@ -92,6 +98,9 @@ class FakeApiServer:
         self.conflicts = False
         self.mutate: Callable[[ResourceSlice], ResourceSlice] | None = None
         self.node_labels: dict[str, dict[str, str]] = {}
+        self.bookmark_period: float | None = None
+        self.bookmarks = 0  # bookmarks sent
+        self._silenced = 0  # watches with a lower number than this send nothing more
         self.content_types: list[tuple[str, str]] = []
         self.events: list[dict[str, Any]] = []
         self.watch_lines: list[bytes] = []
@@ -101,6 +110,7 @@ class FakeApiServer:
         self._watched = anyio.Event()
         self._answered = anyio.Event()
         self._requested = anyio.Event()
+        self._bookmarked = anyio.Event()
 
     def answer_next(self, method: str, path_suffix: str, *answers: Raw) -> None:
         """The next ``len(answers)`` requests of ``method`` to a path ending with
@@ -128,6 +138,16 @@ class FakeApiServer:
                 del self._odd[i]
                 return answer
         return None
+
+    async def wait_for_bookmarks(self, count: int) -> None:
+        """Wait until ``count`` bookmarks have been sent."""
+        while self.bookmarks < count:
+            await self._bookmarked.wait()
+
+    def silence(self) -> None:
+        """The watches open now send nothing more, their connections kept open (a dead TCP
+        connection); watches opened later work."""
+        self._silenced = len(self.watch_queries)
 
     async def wait_for_watches(self, count: int) -> None:
         """Wait until ``count`` watch requests have arrived."""
@@ -325,6 +345,7 @@ class FakeApiServer:
         return self.mutate(s) if self.mutate is not None else s
 
     async def _watch(self, stream: anyio.abc.ByteStream, query: dict[str, str]) -> None:
+        number = len(self.watch_queries)
         self.watch_queries.append(query)
         self._watched.set()
         self._watched = anyio.Event()
@@ -342,29 +363,66 @@ class FakeApiServer:
             if self.watch_fault != "end":
                 # The API server ends a watch after its timeoutSeconds (or its own limit).
                 with anyio.move_on_after(float(query.get("timeoutSeconds", "inf"))):
-                    await self._events(stream, node, driver, query.get("resourceVersion", ""))
+                    await _Watch(self, stream, number, query).run(node, driver)
             await stream.send(b"0\r\n\r\n")
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             return
 
-    async def _events(
-        self, stream: anyio.abc.ByteStream, node: str, driver: str, version: str
+
+class _Watch:
+    """One watch of the loopback server: events as the API server sends them, bookmarks when
+    asked for and ``bookmark_period`` is set, nothing once ``silence()`` caught it open."""
+
+    def __init__(
+        self,
+        server: FakeApiServer,
+        stream: anyio.abc.ByteStream,
+        number: int,
+        query: dict[str, str],
     ) -> None:
+        self.server = server
+        self.stream = stream
+        self.number = number
+        self.version = query.get("resourceVersion", "")
+        self.bookmarks = query.get("allowWatchBookmarks") == "true"
+        self.lock = anyio.Lock()
+
+    async def run(self, node: str, driver: str) -> None:
+        async with anyio.create_task_group() as tg:
+            if self.bookmarks and self.server.bookmark_period is not None:
+                tg.start_soon(self._bookmarks, self.server.bookmark_period)
+            await self._events(node, driver)
+            tg.cancel_scope.cancel()
+
+    async def _events(self, node: str, driver: str) -> None:
         # As the API server: without a resourceVersion the current slices as ADDED, then every
         # change in order (a slice created and deleted between two reads is two events); from a
         # version, every change after it; an ERROR 410 when those are no longer remembered.
         try:
-            async for event in self.api.watch_slices(driver, node, version):
+            async for event in self.server.api.watch_slices(driver, node, self.version):
                 if event is not None and event.slice is not None:
                     stored = replace(event.slice, resource_version=event.resource_version)
-                    await self._event(stream, event.kind, _slice_json(stored))
+                    await self._send(event.kind, _slice_json(stored))
+                    self.version = event.resource_version
         except KubeApiError as exc:
-            await self._event(stream, "ERROR", _status(exc.status or 500, exc.reason))
+            await self._send("ERROR", _status(exc.status or 500, exc.reason))
 
-    @staticmethod
-    async def _event(stream: anyio.abc.ByteStream, kind: str, obj: dict[str, Any]) -> None:
+    async def _bookmarks(self, period: float) -> None:
+        while True:
+            await anyio.sleep(period)
+            if self.version:
+                meta = {"resourceVersion": self.version}
+                await self._send("BOOKMARK", {"kind": "ResourceSlice", "metadata": meta})
+                self.server.bookmarks += 1
+                self.server._bookmarked.set()
+                self.server._bookmarked = anyio.Event()
+
+    async def _send(self, kind: str, obj: dict[str, Any]) -> None:
+        if self.number < self.server._silenced:
+            await anyio.sleep_forever()  # the connection stays up; nothing more arrives
         line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
-        await stream.send(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+        async with self.lock:
+            await self.stream.send(f"{len(line):x}\r\n".encode() + line + b"\r\n")
 
 
 def _selector(query: dict[str, str]) -> tuple[str, str]:

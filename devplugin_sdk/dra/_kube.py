@@ -73,6 +73,11 @@ WATCH_TIMEOUT = 300.0
 # A watch reads nothing while nothing changes: give the server its timeoutSeconds and this
 # much more before the connection counts as dead.
 _READ_GRACE = 30.0
+#: How often the API server sends a bookmark on a quiet watch that asked for them (its cacher's
+#: defaultBookmarkFrequency, one minute, k8s.io/apiserver pkg/storage/cacher/cacher.go, and one
+#: 2 s before the watch's deadline): a watch that has read neither an event nor a bookmark for
+#: two periods is on a dead connection, and is abandoned (the caller reopens it from its version).
+BOOKMARK_PERIOD = 60.0
 _CONNECT_TIMEOUT = 10.0
 
 T = TypeVar("T")
@@ -86,7 +91,8 @@ class LightkubeApi:
         watch_timeout: Each watch asks the server to end it after this many seconds, times a
             random factor in [1, 2).
         read_timeout: Seconds a watch may read nothing before its connection counts as dead
-            (default: its timeoutSeconds plus 30 s).
+            (default: two bookmark periods, or its timeoutSeconds plus 30 s if that is less).
+        bookmark_period: How often the server sends a bookmark on a quiet watch.
     """
 
     def __init__(
@@ -95,10 +101,12 @@ class LightkubeApi:
         *,
         watch_timeout: float = WATCH_TIMEOUT,
         read_timeout: float | None = None,
+        bookmark_period: float = BOOKMARK_PERIOD,
     ) -> None:
         self._client = client
         self._watch_timeout = watch_timeout
         self._read_timeout = read_timeout
+        self._bookmark_period = bookmark_period
 
     @classmethod
     def connect(
@@ -107,6 +115,7 @@ class LightkubeApi:
         *,
         watch_timeout: float = WATCH_TIMEOUT,
         read_timeout: float | None = None,
+        bookmark_period: float = BOOKMARK_PERIOD,
     ) -> LightkubeApi:
         """A client from ``kubeconfig``, or from the pod's service account (the watch's
         bounds as in the class).
@@ -126,7 +135,12 @@ class LightkubeApi:
                 f"cannot load the Kubernetes configuration from {where}: {exc}"
             ) from exc
         client = AsyncClient(config=config, field_manager=_FIELD_MANAGER)
-        return cls(client, watch_timeout=watch_timeout, read_timeout=read_timeout)
+        return cls(
+            client,
+            watch_timeout=watch_timeout,
+            read_timeout=read_timeout,
+            bookmark_period=bookmark_period,
+        )
 
     async def read_claim(self, namespace: str, name: str) -> ResourceClaim:
         return await self._call(
@@ -196,7 +210,9 @@ class LightkubeApi:
         # once): the caller backs off and watches again, from the last version it saw. Its
         # pieces are lightkube's.
         seconds = max(1, round(self._watch_timeout * (1 + random.random())))
-        read = self._read_timeout if self._read_timeout is not None else seconds + _READ_GRACE
+        read = self._read_timeout
+        if read is None:
+            read = min(seconds + _READ_GRACE, 2 * self._bookmark_period)
         generic: Any = self._client._client  # lightkube's GenericAsyncClient
         params: dict[str, Any] = {
             "timeoutSeconds": seconds,
@@ -219,6 +235,12 @@ class LightkubeApi:
                 async for line in response.aiter_lines():
                     if line.strip():
                         yield _event(line)
+            except httpx2.ReadTimeout as exc:
+                raise KubeApiError(
+                    0,
+                    f"the watch sent neither an event nor a bookmark for {read:g}s: abandoned "
+                    "as a dead connection",
+                ) from exc
             finally:
                 await response.aclose()
 

@@ -68,8 +68,9 @@ def build(options: Dra, members: Iterable[Member], *, several: bool, said: set[s
     The shares of one physical device (``Device.shareable``) become that one device; a
     partition (``Device.partition``) is published with its whole device and their counter set
     (``dra/_claims/shares.py`` says what a claim holding one gets). ``several``: the pool holds
-    the devices of several resources; ``said``: the duplicate names already logged, kept by the
-    caller across builds so that each is said once.
+    the devices of several resources; ``said``: the duplicate names and refused devices already
+    logged, kept by the caller across builds so that each is said once. A device whose
+    description cannot be published (a share unit past a Kubernetes quantity) is left out alone.
     """
     pool = Pool(options, several=several, said=said)
     shared: dict[str, list[Member]] = {}
@@ -91,7 +92,12 @@ def build(options: Dra, members: Iterable[Member], *, several: bool, said: set[s
         name = device_name(parent)
         devices = tuple(m.device for m in sharing)
         shown = replace(devices[0], id=parent, shareable=None, parent=None)
-        pool.offer(name, sharing, _shares.shared_device(name, devices), shown, shares=devices)
+        try:
+            published = _shares.shared_device(name, devices)
+        except ValueError as exc:
+            pool.refuse(sharing[0].resource, parent, exc)
+            continue
+        pool.offer(name, sharing, published, shown, shares=devices)
     for parts in wholes.values():
         partition = parts[0].device.partition
         assert partition is not None
@@ -155,6 +161,21 @@ class Pool:
             else status_of(condition)
         )
         return True
+
+    def refuse(self, resource: str, device_id: str, exc: ValueError) -> None:
+        """Leave device ``device_id`` of ``resource`` out: its description cannot be published
+        (``exc`` names the field); said once, the other devices published as usual."""
+        key = f"{resource}\0{device_id}"
+        if key in self._said:
+            return
+        self._said.add(key)
+        log.error(
+            "DRA %s: device %s of %s is left out of the pool: %s",
+            self.options.driver,
+            device_id,
+            resource,
+            exc,
+        )
 
     def _duplicate(self, name: str, resource: str, device_id: str, first: Found) -> None:
         if name in self._said:

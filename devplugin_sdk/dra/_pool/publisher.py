@@ -1,13 +1,17 @@
 """Keeps a driver's ResourceSlices on one node equal to the devices it offers: the sync loop.
 
 One pool per node, named after the node, as Kubernetes' resourceslice controller does: every
-slice of the pool at the same generation, the generation bumped on every change (consumers only
-trust the slices of the highest generation, and a pool whose slice count is not complete). The
+slice of the pool at the same generation, the generation bumped when devices come, go or move
+between slices (consumers only trust the slices of the highest generation, and a pool whose
+slice count is not complete). The
 pool is cut into slices by ``slices.py``; what the server holds is ``view.py``'s watch-fed view,
 and a sync writes what differs from it: stale slices (more than needed, or from a previous run)
 are updated in place or deleted, and slices someone else changes or deletes (the kubelet deletes
 every slice of its node when it starts) are written again, on the watch's word or the periodic
-resync. Changes of the devices within ``coalesce`` seconds (a flapping device) make one write.
+resync. Changes of the devices within ``coalesce`` seconds (a flapping device) make one write,
+and new content is written at most every ``min_interval`` seconds (a storm of changes is one new
+state a write, at a bounded rate); a write that keeps every device in its slice keeps the
+generation, so that a reader between two writes never finds the pool short.
 Every retry (a refused write, a conflict, a second writer undoing ours) waits a jittered
 backoff, and a write that never sticks is given up, loudly, until the devices change or the next
 resync. A field the server drops from a write is reported to ``dropped.py``'s policy, which
@@ -46,6 +50,12 @@ _RESYNC = 300.0
 # Device changes this close together are published as one write (a flapping device's health):
 # a single change waits this long more before it is written.
 _COALESCE = 0.01
+# New content is written at most this often (each write of a pool of N slices is N writes that
+# every consumer's watch receives: the scheduler's, an autoscaler's). 200 devices flapping made
+# 100 slice writes a second, and nothing acts on a device's health faster than a scheduling
+# cycle: a storm is written twice a second, its newest state each time, while a change after a
+# quiet half second still goes out ``coalesce`` after it.
+_MIN_INTERVAL = 0.5
 _LOG_AGAIN_AFTER = 60.0
 _FOUGHT = (
     "someone else keeps changing them back (another writer, or an admission webhook that "
@@ -74,6 +84,7 @@ class Publisher:
         give_up_after: int = _GIVE_UP_AFTER,
         resync_seconds: float = _RESYNC,
         coalesce: float = _COALESCE,
+        min_interval: float = _MIN_INTERVAL,
         dropped: Dropped | None = None,
     ) -> None:
         self.api = api
@@ -82,6 +93,7 @@ class Publisher:
         self.give_up_after = give_up_after
         self.resync_seconds = resync_seconds
         self.coalesce = coalesce
+        self.min_interval = min_interval
         self.dropped = dropped if dropped is not None else Dropped(driver)
         self.view = View(
             api, driver, node_name, changed=self._wake, backoff=Backoff(retry_first, retry_max)
@@ -108,6 +120,7 @@ class Publisher:
         # content sees whether it stuck.
         self._wrote: tuple[SliceDevice, ...] | None = None
         self._undone = 0  # syncs in a row that found our last write undone
+        self._wrote_at: float | None = None  # when the last sync that wrote began
 
     @property
     def taints_dropped(self) -> bool:
@@ -154,10 +167,11 @@ class Publisher:
             await self._given.wait()
             while True:
                 await self._wait_for_work()
-                if self.coalesce and self.published is not None and self._wanted != self.published:
-                    await anyio.sleep(self.coalesce)  # a flap's next change joins this write
+                if self.published is not None and self._wanted != self.published:
+                    await self._pace()
                 content = self._wanted
                 stood = self.view.stood()  # before this sync writes (and reads back anew)
+                started = time.monotonic()
                 try:
                     wrote = await self._sync()
                 except KubeApiError as exc:
@@ -166,6 +180,8 @@ class Publisher:
                     self._wrote, self._undone = None, 0
                     await self._retry_after(str(exc), conflict=exc.conflict)
                     continue
+                if wrote:
+                    self._wrote_at = started
                 # Undone: written again though the devices did not change, and the last write
                 # was not read back (its echo) well before someone changed it.
                 undone = wrote and self._wrote == content and not stood
@@ -181,6 +197,16 @@ class Publisher:
                 if self.last_error is not None:
                     log.info("DRA %s: publishing ResourceSlices works again", self.driver)
                     self.last_error = None
+
+    async def _pace(self) -> None:
+        """New content: wait ``coalesce`` (a flap's next change joins this write) and until
+        ``min_interval`` has passed since the last write began (a storm is written at a bounded
+        rate, the newest content each time)."""
+        due = self.coalesce
+        if self._wrote_at is not None:
+            due = max(due, self._wrote_at + self.min_interval - time.monotonic())
+        if due > 0:
+            await anyio.sleep(due)
 
     def _wake(self) -> None:
         """The pool may need a sync (the view saw a change, or must be listed)."""
@@ -242,7 +268,7 @@ class Publisher:
         written."""
         asked = self._wanted
         asked_counters = self._wanted_counters
-        current = await self.view.current()
+        current = _slices.in_order(await self.view.current())
         self.syncs += 1
         devices, counters = self.dropped.shape(asked, asked_counters)
         devices = _slices.keep_time_added(devices, current)
@@ -251,8 +277,17 @@ class Publisher:
             self.generation = current[0].generation
             self._published(asked, asked_counters)
             return False
-        generation = max([s.generation for s in current] + [self.generation]) + 1
-        if not await self._write(current, chunks, generation):
+        # Upstream's resourceslice controller (syncPool) keeps the generation when at most one
+        # slice is updated and none created (one write: no reader sees the pool half written),
+        # else bumps it and writes in this order: obsolete slices deleted, the others updated,
+        # new ones created; between those writes the newest generation is short. Ours keeps it
+        # whenever the devices stay in their slices (a flap, a storm of taints: only their
+        # descriptions change, so each write leaves a complete pool) and bumps it, in upstream's
+        # order, only when devices come, go or move (``slices.same_layout``).
+        in_place = _slices.same_layout(current, chunks)
+        top = max([s.generation for s in current] + [self.generation])
+        generation = current[0].generation if in_place else top + 1
+        if not await self._write(current, chunks, generation, in_place=in_place):
             return True  # a field was dropped: the next sync writes the content reshaped
         self.generation = generation
         log.log(
@@ -270,16 +305,33 @@ class Publisher:
         return True
 
     async def _write(
-        self, current: Sequence[ResourceSlice], chunks: Sequence[_slices.Chunk], generation: int
+        self,
+        current: Sequence[ResourceSlice],
+        chunks: Sequence[_slices.Chunk],
+        generation: int,
+        *,
+        in_place: bool,
     ) -> bool:
-        """Write ``chunks`` at ``generation`` over the ``current`` slices (in order; a slice
-        more is created, a slice fewer deleted); False when the server dropped a field the
-        policy reshapes the pool for (the rest of the write is moot)."""
+        """Write ``chunks`` at ``generation`` over the ``current`` slices: the stale ones (a
+        slice fewer) deleted first, then each slice updated in order, a slice more created;
+        ``in_place`` (the generation kept), only the slices whose content changed. False when
+        the server dropped a field the policy reshapes the pool for (the rest of the write is
+        moot)."""
         owner = await self._owner()
         self.view.writing()
         count = len(chunks)
+        for stale in current[count:]:
+            self.view.deleting(stale.name)
+            try:
+                await self.api.delete_slice(stale.name)
+            except KubeApiError as exc:
+                if not exc.not_found:
+                    raise
+            self.view.deleted(stale.name)
         for i, chunk in enumerate(chunks):
             old = current[i] if i < len(current) else None
+            if in_place and old is not None and self.view.holds([old], [chunk], count=count):
+                continue
             new = _slices.slice_for(
                 old,
                 chunk,
@@ -299,14 +351,6 @@ class Publisher:
                 self._dirty.set()
                 return False
             self.view.wrote(stored, chunk.devices)
-        for stale in current[count:]:
-            self.view.deleting(stale.name)
-            try:
-                await self.api.delete_slice(stale.name)
-            except KubeApiError as exc:
-                if not exc.not_found:
-                    raise
-            self.view.deleted(stale.name)
         return True
 
     async def _owner(self) -> str:

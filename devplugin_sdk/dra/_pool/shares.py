@@ -15,6 +15,9 @@ from devplugin_sdk.types import Device, Partition, Quantity
 
 __all__ = ["counter_set", "partition_device", "shared_device", "whole_device"]
 
+# A Kubernetes quantity is a signed 64-bit integer (resource.Quantity's int64 fast path).
+MAX_QUANTITY = 2**63 - 1
+
 
 def shared_device(name: str, shares: Sequence[Device]) -> SliceDevice:
     """The one device published for the ``shares`` of a physical device.
@@ -30,6 +33,11 @@ def shared_device(name: str, shares: Sequence[Device]) -> SliceDevice:
     assert described is not None
     unit = described.unit
     count = len(shares)
+    if unit * count > MAX_QUANTITY:
+        raise ValueError(
+            f"shareable.unit {unit} times {count} shares is past the largest Kubernetes "
+            f"quantity (2**63-1)"
+        )
     most = count if described.most is None else min(described.most, count)
     one = Quantity(unit)
     if most == 1:

@@ -87,15 +87,18 @@ class View:
             self._known = {s.name: s for s in current}
         return current
 
-    def holds(self, current: Sequence[ResourceSlice], chunks: Sequence[Chunk]) -> bool:
+    def holds(
+        self, current: Sequence[ResourceSlice], chunks: Sequence[Chunk], *, count: int = 0
+    ) -> bool:
         """Whether ``current`` is the pool of ``chunks``: one complete generation, each slice
-        holding its chunk (as sent, or as the server stored our write of it)."""
+        holding its chunk (as sent, or as the server stored our write of it); ``count``: the
+        pool's slice count when ``current`` and ``chunks`` are a part of it."""
         if len(current) != len(chunks):
             return False
         generation = current[0].generation
         return all(
             s.generation == generation
-            and s.slice_count == len(chunks)
+            and s.slice_count == (count or len(chunks))
             and s.pool == self.node_name
             and self._same_devices(s, chunk.devices)
             and tuple(s.shared_counters) == chunk.counters
