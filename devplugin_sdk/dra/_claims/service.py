@@ -23,7 +23,8 @@ from devplugin_sdk._logging import printable
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim
 from devplugin_sdk.dra._claims.checkpoint import Loaded
 from devplugin_sdk.dra._claims.files import ClaimFiles
-from devplugin_sdk.dra._claims.preparer import ClaimError, Preparer, shown
+from devplugin_sdk.dra._claims.lock import LockError
+from devplugin_sdk.dra._claims.preparer import Built, ClaimError, Preparer, Reservation, shown
 from devplugin_sdk.dra._claims.status import StatusWriter
 from devplugin_sdk.dra._claims.store import Store
 from devplugin_sdk.dra.resources import ClaimDeviceStatus, ResourceApi, ResourceClaim
@@ -133,13 +134,53 @@ class ClaimService:
                 claims[ref.uid] = exc
         results: dict[str, PreparedClaim] = {}
         statuses: _Statuses = []
-        async with self._lock, self.store.held():  # other instances too
+        try:
+            async with self.store.held():  # other instances: the whole call
+                await self._prepare_all(refs, claims, results, statuses)
+        except LockError as exc:
+            # Every claim not answered yet gets the lock's error; the kubelet retries.
+            log.error("DRA %s: cannot prepare: %s", self.driver, exc)  # noqa: TRY400
             for ref in refs:
-                results[ref.uid] = await self._prepare_one(ref, claims.get(ref.uid), statuses)
+                results.setdefault(ref.uid, PreparedClaim(error=str(exc)))
         if self.status is not None:  # outside the lock
             for claim, entries in statuses:
                 await self.status.write(claim, entries)
         return results
+
+    async def _prepare_all(
+        self,
+        refs: Sequence[ClaimRef],
+        claims: dict[str, ResourceClaim | ClaimError],
+        results: dict[str, PreparedClaim],
+        statuses: _Statuses,
+    ) -> None:
+        """Reserve each claim under the in-process lock, build them all at once outside it (the
+        plugins' hooks), record them under it again; reservations end either way."""
+        reserved: dict[str, Reservation] = {}
+        try:
+            async with self._lock:
+                for ref in refs:
+                    if ref.uid in results or ref.uid in reserved:
+                        continue
+                    outcome = await self._reserve(ref, claims.get(ref.uid))
+                    if isinstance(outcome, Reservation):
+                        reserved[ref.uid] = outcome
+                    else:
+                        results[ref.uid] = outcome
+            built: dict[str, Built | PreparedClaim] = {}
+            async with anyio.create_task_group() as tg:
+                for uid, reservation in reserved.items():
+                    tg.start_soon(self._build, reservation, built, uid)
+            async with self._lock:
+                for uid, reservation in reserved.items():
+                    made = built[uid]
+                    if isinstance(made, PreparedClaim):
+                        results[uid] = made
+                    else:
+                        results[uid] = await self._record(reservation, made, statuses)
+        finally:
+            for uid in reserved:
+                self.store.release(uid)
 
     def _done(self, uid: str) -> bool:
         entry = self.store.get(uid)
@@ -164,12 +205,16 @@ class ClaimService:
             raise ClaimError(f"ResourceClaim {where} is not allocated")
         return claim
 
-    async def _prepare_one(
-        self, ref: ClaimRef, claim: ResourceClaim | ClaimError | None, statuses: _Statuses
-    ) -> PreparedClaim:
+    async def _reserve(
+        self, ref: ClaimRef, claim: ResourceClaim | ClaimError | None
+    ) -> Reservation | PreparedClaim:
         entry = self.store.get(ref.uid)
         if entry is not None and not entry.recovered:
             return PreparedClaim(entry.devices)  # prepared before: the same answer, no work
+        if self.store.reserving(ref.uid):
+            return self._refused(
+                ref, ClaimError(f"claim {shown(ref)} is being prepared by another call")
+            )
         if claim is None:  # it was prepared when looked at, then another instance undid it
             try:
                 claim = await self._read(ref)
@@ -178,13 +223,34 @@ class ClaimService:
         if isinstance(claim, ClaimError):
             return self._refused(ref, claim)
         try:
-            entry, found = await self.preparer.prepare(ref, claim)
+            return self.preparer.reserve(ref, claim)
+        except ClaimError as exc:
+            return self._refused(ref, exc)
+
+    async def _build(
+        self, reservation: Reservation, built: dict[str, Built | PreparedClaim], uid: str
+    ) -> None:
+        ref = reservation.ref
+        try:
+            built[uid] = await self.preparer.build(reservation)
+        except ClaimError as exc:
+            built[uid] = self._refused(ref, exc)
+        except Exception as exc:
+            log.exception("DRA %s: preparing claim %s failed", self.driver, shown(ref))
+            built[uid] = PreparedClaim(error=f"preparing failed: {type(exc).__name__}: {exc}")
+
+    async def _record(
+        self, reservation: Reservation, built: Built, statuses: _Statuses
+    ) -> PreparedClaim:
+        ref = reservation.ref
+        try:
+            entry, found = await self.preparer.record(reservation, built)
         except ClaimError as exc:
             return self._refused(ref, exc)
         except Exception as exc:
             log.exception("DRA %s: preparing claim %s failed", self.driver, shown(ref))
             return PreparedClaim(error=f"preparing failed: {type(exc).__name__}: {exc}")
-        statuses.append((claim, found))  # written after the lock (none: nothing)
+        statuses.append((reservation.claim, found))  # written after the lock (none: nothing)
         log.info(
             "DRA %s: prepared claim %s: %s",
             self.driver,
@@ -204,7 +270,20 @@ class ClaimService:
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Undo each claim's preparation; an unknown claim is already undone (no error)."""
         errors: dict[str, str] = {}
-        async with self._lock, self.store.held():  # other instances too
+        try:
+            await self._unprepare_all(refs, errors)
+        except LockError as exc:
+            log.error("DRA %s: cannot unprepare: %s", self.driver, exc)  # noqa: TRY400
+            for ref in refs:
+                errors.setdefault(ref.uid, str(exc))
+        if self.status is not None:
+            for ref in refs:
+                if not errors.get(ref.uid):
+                    await self.status.clear(ResourceClaim(ref.namespace, ref.name, ref.uid))
+        return errors
+
+    async def _unprepare_all(self, refs: Sequence[ClaimRef], errors: dict[str, str]) -> None:
+        async with self.store.held(), self._lock:  # other instances too
             for ref in refs:
                 try:
                     await self.preparer.unprepare(ref)
@@ -216,8 +295,3 @@ class ClaimService:
                     errors[ref.uid] = f"cannot unprepare: {exc}"
                 else:
                     errors[ref.uid] = ""
-        if self.status is not None:
-            for ref in refs:
-                if not errors.get(ref.uid):
-                    await self.status.clear(ResourceClaim(ref.namespace, ref.name, ref.uid))
-        return errors
