@@ -15,21 +15,23 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import anyio
 import pytest
 from dra_helpers import DRIVER
+from kube_apiserver import FakeApiServer
 from sdk_helpers import RESOURCE
 
 from devplugin_sdk import Allocation, Device, DeviceNode
 from devplugin_sdk.kubelet.fake_dra import PodPreparationError
-from devplugin_sdk.testing import DaemonSetPod, DraNode, StaticPlugin, serving
+from devplugin_sdk.testing import DaemonSetPod, DraNode, MemoryApi, StaticPlugin, serving
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -266,7 +268,9 @@ async def test_a_bad_lock_path_fails_each_claim_with_one_clear_line(
 
 
 @pytest.mark.parametrize("bad", [_directory, _symlink_loop], ids=lambda f: f.__name__)
-async def test_a_bad_lock_path_at_start_is_a_clean_refusal(bad: object) -> None:
+async def test_a_bad_lock_path_at_start_is_a_clean_refusal(
+    bad: object, caplog: pytest.LogCaptureFixture
+) -> None:
     async with DraNode(driver=DRIVER) as node:
         lock = node.options.resolved_plugin_dir / "serialize.lock"
         lock.parent.mkdir(parents=True, exist_ok=True)
@@ -286,6 +290,7 @@ async def test_a_bad_lock_path_at_start_is_a_clean_refusal(bad: object) -> None:
         assert str(lock) in message
         assert "\n" not in message
         assert type(leaf).__name__ == "LockError", repr(leaf)
+        assert not [r.getMessage() for r in caplog.records if r.exc_info], "a traceback logged"
         print(f"figures row 24 {bad.__name__} start: {message}")
 
 
@@ -338,3 +343,110 @@ async def test_a_hanging_hook_delays_no_claim_on_another_device() -> None:
             plugin.release.set()
         assert node.spec(node.api.claims[("default", "c0")]).devices
         print(f"figures row 10: the other claim's prepare {latency * 1000:.0f} ms (was 6 s)")
+
+
+# ----------------------------------------------------------------------------- rows 9, 24: `devplugin run`
+
+
+def _run_config(tmp_path: Path, node: DraNode, kubeconfig: Path) -> Path:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "ttyUSB0").touch()
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "backend": "generic",
+                "pluginsRegistryDir": str(node.kubelet.registry_directory),
+                "api": "dra",
+                "dra": {
+                    "driver": node.driver,
+                    "nodeName": node.node_name,
+                    "kubeconfig": str(kubeconfig),
+                    "pluginDir": str(node.options.plugin_dir),
+                    "cdiDir": str(node.options.cdi_dir),
+                },
+                "resources": [{"resourceName": "example.com/serial", "paths": [f"{dev}/ttyUSB*"]}],
+            }
+        )
+    )
+    return config
+
+
+@contextlib.asynccontextmanager
+async def _devplugin_run(tmp_path: Path) -> AsyncIterator[tuple[DraNode, list[str]]]:
+    """The node (no driver of its own) and the arguments of a `devplugin run` of its driver as
+    one pod of a rolling upgrade (``POD_UID`` set)."""
+    memory = MemoryApi(nodes=["node-1"])
+    node = DraNode(driver="serial.example.com", memory=memory, timeout=30)
+    async with FakeApiServer(memory).serving() as server, node:
+        kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
+        config = _run_config(tmp_path, node, kubeconfig)
+        lock = node.options.resolved_plugin_dir / "serialize.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        yield (
+            node,
+            ["run", "--config", str(config), "--device-plugin-dir", str(node.kubelet.directory)],
+        )
+
+
+def _devplugin(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "devplugin_sdk", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "POD_UID": str(uuid.uuid4())},
+    )
+
+
+async def _ended(process: subprocess.Popen[str], timeout: float) -> str:
+    try:
+        _, stderr = await anyio.to_thread.run_sync(lambda: process.communicate(timeout=timeout))
+    finally:
+        process.kill()
+        process.communicate()
+    return stderr
+
+
+@pytest.mark.parametrize("bad", [_directory, _symlink_loop], ids=lambda f: f.__name__)
+async def test_devplugin_run_refuses_a_bad_lock_path_with_one_line(
+    tmp_path: Path, bad: object
+) -> None:
+    async with _devplugin_run(tmp_path) as (node, args):
+        assert callable(bad)
+        bad(node.options.resolved_plugin_dir / "serialize.lock")
+        process = _devplugin("--log-level", "warning", *args)
+        stderr = await _ended(process, 30)
+    lines = stderr.splitlines()
+    assert process.returncode == 1, stderr
+    assert "Traceback" not in stderr, stderr
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("devplugin: error: cannot use the instances' lock "), stderr
+    print(f"figures row 24 {bad.__name__} devplugin run: rc {process.returncode}, {lines[0]}")
+
+
+async def test_devplugin_run_waiting_for_the_lock_says_so_and_honours_sigterm(
+    tmp_path: Path,
+) -> None:
+    async with _devplugin_run(tmp_path) as (node, args):
+        lock = node.options.resolved_plugin_dir / "serialize.lock"
+        with held_by_another_process(lock) as holder:
+            process = _devplugin("--log-level", "warning", *args)
+            try:
+                assert process.stderr is not None
+                line = await anyio.to_thread.run_sync(process.stderr.readline)
+                assert "waiting for the instances' lock" in line, line
+                assert str(lock) in line
+                assert f"pid {holder.pid}" in line
+                started = time.monotonic()
+                process.send_signal(signal.SIGTERM)
+                rest = await _ended(process, 15)
+                stopped = time.monotonic() - started
+            finally:
+                process.kill()
+    assert "Traceback" not in rest, rest
+    assert stopped < 10.0  # Settings.stop_timeout's default
+    print(
+        f"figures row 9 devplugin run: SIGTERM while waiting for the lock, exit in {stopped:.2f} s"
+    )
