@@ -2,12 +2,13 @@
 claims, and the claims side's start.
 
 For each claim the kubelet names, the service reads the ResourceClaim (before the lock, as
-Kubernetes' kubeletplugin helper does), then, under the lock, has the preparer prepare each
-claim not prepared yet and answers per claim: every claim succeeds or fails on its own. What a
-claim got is recorded before the answer, so a repeated call (after a kubelet or plugin restart)
-returns it again without redoing the work. Calls are serialised, as the kubeletplugin helper does
-by default; the claims' device status is written after the lock. At start, the checkpoint is
-read and the CDI directory brought in line with it (``start``).
+Kubernetes' kubeletplugin helper does), then has the preparer reserve each claim not prepared
+yet (under the lock), run its plugins' hooks (outside it: a hanging one delays no other claim)
+and record it (under the lock again), and answers per claim: every claim succeeds or fails on
+its own, a lock that cannot be taken included. What a claim got is recorded before the answer,
+so a repeated call (after a kubelet or plugin restart) returns it again without redoing the
+work. The claims' device status is written after the lock. At start, the checkpoint is read and
+the CDI directory brought in line with it (``start``).
 """
 
 from __future__ import annotations
@@ -226,6 +227,9 @@ class ClaimService:
             return self.preparer.reserve(ref, claim)
         except ClaimError as exc:
             return self._refused(ref, exc)
+        except Exception as exc:
+            log.exception("DRA %s: preparing claim %s failed", self.driver, shown(ref))
+            return PreparedClaim(error=f"preparing failed: {type(exc).__name__}: {exc}")
 
     async def _build(
         self, reservation: Reservation, built: dict[str, Built | PreparedClaim], uid: str
