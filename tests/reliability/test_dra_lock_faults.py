@@ -450,3 +450,24 @@ async def test_devplugin_run_waiting_for_the_lock_says_so_and_honours_sigterm(
     print(
         f"figures row 9 devplugin run: SIGTERM while waiting for the lock, exit in {stopped:.2f} s"
     )
+
+
+def test_after_setting_another_instances_file_aside_the_next_save_is_news_to_it(
+    tmp_path: Path,
+) -> None:
+    """Row 5's other half: a file set aside (here: a newer format, after a rollback) must not
+    make this instance write a generation the other instance already knows as its own."""
+    from devplugin_sdk.dra._claims.checkpoint import Checkpoint
+
+    path = tmp_path / "checkpoint.json"
+    ours, theirs = Checkpoint(path), Checkpoint(path)
+    ours.save({})
+    theirs.load()
+    theirs.save({})
+    assert theirs.written_generation() == 2  # ours would write 2 next
+    path.write_text(path.read_text().replace('"format": 2', '"format": 99'))  # same generation
+    assert ours.changed()
+    assert ours.load().problem is not None  # set aside
+    ours.save({})
+    assert theirs.changed(), "the other instance would take our file for its own"
+    assert theirs.load().problem is None

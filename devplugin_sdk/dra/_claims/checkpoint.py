@@ -179,6 +179,11 @@ class Checkpoint:
         return loaded
 
     def _aside(self, problem: str) -> Loaded:
+        # The next save must not repeat the generation another instance wrote here: it would
+        # take our file for the one it knows.
+        written = self.written_generation()
+        if written is not None and written > self.generation:
+            self.generation = written
         aside = self.path.with_name(self.path.name + ".corrupt")
         try:
             os.replace(self.path, aside)  # an older quarantined file is replaced
