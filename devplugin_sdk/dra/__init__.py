@@ -89,6 +89,11 @@ class Dra:
             a claim the API no longer has, whose UID changed or that is reserved for no pod
             on two consecutive checks is unprepared (at start, then every interval; NVIDIA's
             driver checks every 10 minutes). 0 turns the check off.
+        lock_timeout: The longest wait for the lock the driver's instances share during a
+            rolling upgrade (``Settings.pod_uid``), seconds: a prepare or unprepare that waits
+            longer fails for each of its claims (the kubelet retries; its own deadline is 45 s),
+            a start that waits longer refuses to serve. A wait past two seconds is logged,
+            naming the lock file and, where it can be seen, the process holding it.
 
     Raises:
         ValueError: an invalid driver or node name.
@@ -105,6 +110,7 @@ class Dra:
     health_timeout: int = constants.DRA_HEALTH_TIMEOUT_S
     kubelet_root_dir: Path | None = None
     cleanup_interval: float = 600.0
+    lock_timeout: float = 20.0
 
     def __post_init__(self) -> None:
         problem = _names.driver_name_problem(self.driver)
@@ -121,6 +127,14 @@ class Dra:
             raise ValueError(
                 f"Dra.cleanup_interval must be a number of seconds >= 0, got "
                 f"{self.cleanup_interval!r}"
+            )
+        if not (
+            isinstance(self.lock_timeout, (int, float))
+            and 0 < self.lock_timeout < constants.DRA_CALL_TIMEOUT_S
+        ):
+            raise ValueError(
+                f"Dra.lock_timeout must be a number of seconds > 0 and under the kubelet's "
+                f"{constants.DRA_CALL_TIMEOUT_S:g} s deadline, got {self.lock_timeout!r}"
             )
         for name in ("kubeconfig", "plugin_dir", "cdi_dir", "kubelet_root_dir"):
             value = getattr(self, name)

@@ -106,7 +106,11 @@ class DraDriver:
         self.api: ResourceApi = options.api or _KubeApi(options.kubeconfig)
         self.publisher = Publisher(self.api, driver, node_name)
         self.status_writer = StatusWriter(driver, self.api)
-        self.store = Store(Checkpoint(self.plugin_dir / "checkpoint.json"), self._lock_path())
+        self.store = Store(
+            Checkpoint(self.plugin_dir / "checkpoint.json"),
+            self._lock_path(),
+            lock_timeout=options.lock_timeout,
+        )
         self.claims = self._claims_side(node_name)
         self.cleanup = Cleanup(
             driver,

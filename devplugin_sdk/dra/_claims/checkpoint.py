@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,6 +50,10 @@ FORMAT = 2
 #: (its CDI spec and metadata, kept to write them again), and a node has a few hundred pods at
 #: most (110 by default); a bigger file is not ours.
 MAX_CHECKPOINT_BYTES = 4 << 20
+# The end of every file this version writes (``_payload``): the generation is the last key.
+_TAIL = re.compile(rb'"generation": (\d{1,19})\}\s*\Z')
+# ``written_generation`` of a missing file.
+_MISSING = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +156,9 @@ class Checkpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.generation = 0
+        # The generation of the file as this object last left it (``_MISSING``: no file); None
+        # before it looked.
+        self._known: int | None = None
         # Each claim's line in the file, with the entry it encodes (``_payload``).
         self._lines: dict[str, tuple[Entry, str]] = {}
 
@@ -167,6 +175,7 @@ class Checkpoint:
         try:
             os.lstat(name)
         except FileNotFoundError:
+            self._known = _MISSING
             return Loaded()
         except OSError as exc:
             return self._aside(f"cannot read it: {exc.strerror or exc}")
@@ -188,16 +197,56 @@ class Checkpoint:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             return self._aside(str(exc))
         self.generation = loaded.generation
+        self._known = loaded.generation if loaded.converted_from is None else None
         return loaded
 
     def _aside(self, problem: str) -> Loaded:
+        # The next save must not repeat the generation another instance wrote here: it would
+        # take our file for the one it knows.
+        written = self.written_generation()
+        if written is not None and written > self.generation:
+            self.generation = written
         aside = self.path.with_name(self.path.name + ".corrupt")
         try:
             os.replace(self.path, aside)  # an older quarantined file is replaced
         except OSError as exc:
             problem += f" (and it could not be moved aside: {exc.strerror or exc})"
+            self._known = None
             return Loaded(problem=problem)
+        self._known = _MISSING
         return Loaded(problem=problem, aside=aside)
+
+    def changed(self) -> bool:
+        """Whether the file is other than this object last read or wrote it: another process
+        (a second instance of the driver) wrote it since.
+
+        The generation written in the file tells, not its inode, size and modification time:
+        a file replaced in place, or an inode reused, with the same size within one tick of
+        the file system's clock, would look unchanged. A file whose generation cannot be read
+        (an older format, a damaged one) counts as changed (``load`` then judges it).
+        """
+        return self._known is None or self.written_generation() != self._known
+
+    def written_generation(self) -> int | None:
+        """The generation at the end of the file (``_MISSING`` without one); None when it
+        cannot be read from the last bytes (not a file this version wrote)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return _MISSING
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            tail = os.pread(fd, 64, max(0, st.st_size - 64))
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        match = _TAIL.search(tail)
+        return int(match[1]) if match else None
 
     def save(self, entries: Mapping[str, Entry]) -> None:
         """Replace the file with ``entries`` atomically (a reader sees the old or the new one).
@@ -231,7 +280,7 @@ class Checkpoint:
                 checkpoint is unchanged) or the directory not fsynced.
         """
         _files.commit(staged.path, self.path)
-        self.generation = staged.generation
+        self.generation = self._known = staged.generation
 
     @staticmethod
     def discard(staged: Staged) -> None:

@@ -37,7 +37,7 @@ from devplugin_sdk.types import Allocation, Device, Health
 if TYPE_CHECKING:
     from devplugin_sdk.plugin import DevicePlugin
 
-__all__ = ["ClaimError", "Lookup", "Preparer", "shown"]
+__all__ = ["Built", "ClaimError", "Lookup", "Preparer", "Reservation", "shown"]
 
 log = logging.getLogger("devplugin_sdk")
 
@@ -45,6 +45,7 @@ log = logging.getLogger("devplugin_sdk")
 Lookup = Callable[[str], Found | None]
 
 _ByRequest = dict[str, list[tuple[AllocatedDevice, Found]]]
+_Given = dict[int, Sequence[Device]]
 
 
 def shown(ref: ClaimRef) -> str:
@@ -57,8 +58,11 @@ class ClaimError(Exception):
 
 
 class Preparer:
-    """Prepares and unprepares one claim at a time for one DRA driver on one node (the caller
-    holds the lock).
+    """Prepares and unprepares the claims of one DRA driver on one node.
+
+    A prepare has three steps: ``reserve`` (checks, shares, configuration) and ``record``
+    (files, checkpoint) run under the lock, ``build`` (the plugins' hooks, which may hang on
+    the hardware) outside it, so that a claim on another device never waits behind a slow one.
 
     Args:
         driver: The driver name.
@@ -90,25 +94,60 @@ class Preparer:
         self.hook_timeout = hook_timeout
         self._warned_annotations: set[str] = set()
 
-    async def prepare(
-        self, ref: ClaimRef, claim: ResourceClaim
-    ) -> tuple[Entry, list[ClaimDeviceStatus]]:
-        """Prepare ``claim`` and record it; its entry, and the device statuses to write.
+    def reserve(self, ref: ClaimRef, claim: ResourceClaim) -> Reservation:
+        """Check ``claim`` against what other claims hold and reserve what it takes (the caller
+        holds the lock; ``Store.release`` ends the reservation).
 
         Raises:
-            ClaimError: it cannot be prepared (nothing is recorded).
+            ClaimError: it cannot be prepared (nothing is reserved).
         """
         by_request, uses, given = self._take(claim)
         configs = _configs(claim, self.driver, by_request)
-        built = _Built()
-        for request, members in by_request.items():
+        held = tuple(
+            PreparedDevice((request,), result.pool, result.device, (), result.share_id)
+            for request, members in by_request.items()
+            for result, _ in members
+        )
+        self.store.reserve(Entry(ref, held, uses=tuple(uses)))
+        return Reservation(ref, claim, by_request, uses, given, configs)
+
+    async def build(self, reserved: Reservation) -> Built:
+        """The slow part of a prepare, outside the lock: the plugins' ``allocate()`` with the
+        claim's configuration and their ``device_status()``, each bounded by
+        ``hook_timeout``.
+
+        Raises:
+            ClaimError: a plugin failed or did not answer in time.
+        """
+        built = Built()
+        for request, members in reserved.by_request.items():
             await self._request(
-                ref, claim, request, members, given=given, config=configs[request], built=built
+                reserved.ref,
+                reserved.claim,
+                request,
+                members,
+                given=reserved.given,
+                config=reserved.configs[request],
+                built=built,
             )
+        return built
+
+    async def record(
+        self, reserved: Reservation, built: Built
+    ) -> tuple[Entry, list[ClaimDeviceStatus]]:
+        """Write the claim's files and record it (the caller holds the lock); its entry, and
+        the device statuses to write.
+
+        Raises:
+            ClaimError: its files could not be written (nothing is recorded).
+        """
+        ref = reserved.ref
         spec_file = self.files.spec_name(ref.uid) if built.spec_devices else None
         spec = cdi.CdiSpec(self.files.kind, built.spec_devices) if spec_file is not None else None
         content = Content(spec.to_dict() if spec is not None else None, built.documents)
-        entry = Entry(ref, tuple(built.prepared), spec_file, uses=tuple(uses), content=content)
+        entry = Entry(
+            ref, tuple(built.prepared), spec_file, uses=tuple(reserved.uses), content=content
+        )
         try:
             await self.files.persist(self.store, entry, spec, built.metadata)
         except PersistError as exc:
@@ -158,7 +197,7 @@ class Preparer:
         *,
         given: _Given,
         config: claim_config.RequestConfig,
-        built: _Built,
+        built: Built,
     ) -> None:
         """One request's part of the claim (edits, statuses, metadata, devices), into
         ``built``."""
@@ -316,8 +355,21 @@ class Preparer:
         return Allocation(edits.device_nodes, (*edits.mounts, mount), edits.env)
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A claim checked and reserved under the lock (``Preparer.reserve``): what its requests
+    take, to be built outside the lock and recorded under it."""
+
+    ref: ClaimRef
+    claim: ResourceClaim
+    by_request: _ByRequest
+    uses: list[_shares.Use]
+    given: _Given
+    configs: dict[str, claim_config.RequestConfig]
+
+
 @dataclass(slots=True)
-class _Built:
+class Built:
     """What a claim's requests make: its spec's devices, its prepared devices, their statuses,
     and the metadata files to write."""
 
@@ -326,9 +378,6 @@ class _Built:
     statuses: list[ClaimDeviceStatus] = field(default_factory=list)
     metadata: list[MetadataWrite] = field(default_factory=list)
     documents: dict[str, Mapping[str, Any]] = field(default_factory=dict)
-
-
-_Given = dict[int, Sequence[Device]]
 
 
 class _Held:

@@ -2,12 +2,13 @@
 claims, and the claims side's start.
 
 For each claim the kubelet names, the service reads the ResourceClaim (before the lock, as
-Kubernetes' kubeletplugin helper does), then, under the lock, has the preparer prepare each
-claim not prepared yet and answers per claim: every claim succeeds or fails on its own. What a
-claim got is recorded before the answer, so a repeated call (after a kubelet or plugin restart)
-returns it again without redoing the work. Calls are serialised, as the kubeletplugin helper does
-by default; the claims' device status is written after the lock. At start, the checkpoint is
-read and the CDI directory brought in line with it (``start``).
+Kubernetes' kubeletplugin helper does), then has the preparer reserve each claim not prepared
+yet (under the lock), run its plugins' hooks (outside it: a hanging one delays no other claim)
+and record it (under the lock again), and answers per claim: every claim succeeds or fails on
+its own, a lock that cannot be taken included. What a claim got is recorded before the answer,
+so a repeated call (after a kubelet or plugin restart) returns it again without redoing the
+work. The claims' device status is written after the lock. At start, the checkpoint is read and
+the CDI directory brought in line with it (``start``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from devplugin_sdk._logging import printable
 from devplugin_sdk._wire.dra_model import ClaimRef, PreparedClaim
 from devplugin_sdk.dra._claims.checkpoint import Loaded
 from devplugin_sdk.dra._claims.files import ClaimFiles
+from devplugin_sdk.dra._claims.lock import LockError
 from devplugin_sdk.dra._claims.names import ref_problem
-from devplugin_sdk.dra._claims.preparer import ClaimError, Preparer, shown
+from devplugin_sdk.dra._claims.preparer import Built, ClaimError, Preparer, Reservation, shown
 from devplugin_sdk.dra._claims.status import StatusWriter
 from devplugin_sdk.dra._claims.store import Store
 from devplugin_sdk.dra.resources import ClaimDeviceStatus, ResourceApi, ResourceClaim
@@ -133,13 +135,53 @@ class ClaimService:
                 claims[ref.uid] = exc
         results: dict[str, PreparedClaim] = {}
         statuses: _Statuses = []
-        async with self._lock, self.store.held():  # other instances too
+        try:
+            async with self.store.held():  # other instances: the whole call
+                await self._prepare_all(refs, claims, results, statuses)
+        except LockError as exc:
+            # Every claim not answered yet gets the lock's error; the kubelet retries.
+            log.error("DRA %s: cannot prepare: %s", self.driver, exc)  # noqa: TRY400
             for ref in refs:
-                results[ref.uid] = await self._prepare_one(ref, claims.get(ref.uid), statuses)
+                results.setdefault(ref.uid, PreparedClaim(error=str(exc)))
         if self.status is not None:  # outside the lock
             for claim, entries in statuses:
                 await self.status.write(claim, entries)
         return results
+
+    async def _prepare_all(
+        self,
+        refs: Sequence[ClaimRef],
+        claims: dict[str, ResourceClaim | ClaimError],
+        results: dict[str, PreparedClaim],
+        statuses: _Statuses,
+    ) -> None:
+        """Reserve each claim under the in-process lock, build them all at once outside it (the
+        plugins' hooks), record them under it again; reservations end either way."""
+        reserved: dict[str, Reservation] = {}
+        try:
+            async with self._lock:
+                for ref in refs:
+                    if ref.uid in results or ref.uid in reserved:
+                        continue
+                    outcome = await self._reserve(ref, claims.get(ref.uid))
+                    if isinstance(outcome, Reservation):
+                        reserved[ref.uid] = outcome
+                    else:
+                        results[ref.uid] = outcome
+            built: dict[str, Built | PreparedClaim] = {}
+            async with anyio.create_task_group() as tg:
+                for uid, reservation in reserved.items():
+                    tg.start_soon(self._build, reservation, built, uid)
+            async with self._lock:
+                for uid, reservation in reserved.items():
+                    made = built[uid]
+                    if isinstance(made, PreparedClaim):
+                        results[uid] = made
+                    else:
+                        results[uid] = await self._record(reservation, made, statuses)
+        finally:
+            for uid in reserved:
+                self.store.release(uid)
 
     def _done(self, uid: str) -> bool:
         entry = self.store.get(uid)
@@ -168,9 +210,9 @@ class ClaimService:
             raise ClaimError(f"ResourceClaim {where} is not allocated")
         return claim
 
-    async def _prepare_one(
-        self, ref: ClaimRef, claim: ResourceClaim | ClaimError | None, statuses: _Statuses
-    ) -> PreparedClaim:
+    async def _reserve(
+        self, ref: ClaimRef, claim: ResourceClaim | ClaimError | None
+    ) -> Reservation | PreparedClaim:
         entry = self.store.get(ref.uid)
         if entry is not None and not entry.recovered:
             # Prepared before: the same answer, no work; its files written again if they are
@@ -180,6 +222,10 @@ class ClaimService:
             except OSError as exc:
                 return self._refused(ref, ClaimError(f"cannot write its files again: {exc}"))
             return PreparedClaim(entry.devices)
+        if self.store.reserving(ref.uid):
+            return self._refused(
+                ref, ClaimError(f"claim {shown(ref)} is being prepared by another call")
+            )
         if claim is None:  # it was prepared when looked at, then another instance undid it
             try:
                 claim = await self._read(ref)
@@ -188,13 +234,37 @@ class ClaimService:
         if isinstance(claim, ClaimError):
             return self._refused(ref, claim)
         try:
-            entry, found = await self.preparer.prepare(ref, claim)
+            return self.preparer.reserve(ref, claim)
         except ClaimError as exc:
             return self._refused(ref, exc)
         except Exception as exc:
             log.exception("DRA %s: preparing claim %s failed", self.driver, shown(ref))
             return PreparedClaim(error=f"preparing failed: {type(exc).__name__}: {exc}")
-        statuses.append((claim, found))  # written after the lock (none: nothing)
+
+    async def _build(
+        self, reservation: Reservation, built: dict[str, Built | PreparedClaim], uid: str
+    ) -> None:
+        ref = reservation.ref
+        try:
+            built[uid] = await self.preparer.build(reservation)
+        except ClaimError as exc:
+            built[uid] = self._refused(ref, exc)
+        except Exception as exc:
+            log.exception("DRA %s: preparing claim %s failed", self.driver, shown(ref))
+            built[uid] = PreparedClaim(error=f"preparing failed: {type(exc).__name__}: {exc}")
+
+    async def _record(
+        self, reservation: Reservation, built: Built, statuses: _Statuses
+    ) -> PreparedClaim:
+        ref = reservation.ref
+        try:
+            entry, found = await self.preparer.record(reservation, built)
+        except ClaimError as exc:
+            return self._refused(ref, exc)
+        except Exception as exc:
+            log.exception("DRA %s: preparing claim %s failed", self.driver, shown(ref))
+            return PreparedClaim(error=f"preparing failed: {type(exc).__name__}: {exc}")
+        statuses.append((reservation.claim, found))  # written after the lock (none: nothing)
         log.info(
             "DRA %s: prepared claim %s: %s",
             self.driver,
@@ -214,7 +284,21 @@ class ClaimService:
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Undo each claim's preparation; an unknown claim is already undone (no error)."""
         errors: dict[str, str] = {}
-        async with self._lock, self.store.held():  # other instances too
+        try:
+            await self._unprepare_all(refs, errors)
+        except LockError as exc:
+            log.error("DRA %s: cannot unprepare: %s", self.driver, exc)  # noqa: TRY400
+            for ref in refs:
+                errors.setdefault(ref.uid, str(exc))
+        if self.status is not None:
+            for ref in refs:
+                # A name the API server would not take never reaches it in a path.
+                if not errors.get(ref.uid) and ref_problem(ref) is None:
+                    await self.status.clear(ResourceClaim(ref.namespace, ref.name, ref.uid))
+        return errors
+
+    async def _unprepare_all(self, refs: Sequence[ClaimRef], errors: dict[str, str]) -> None:
+        async with self.store.held(), self._lock:  # other instances too
             for ref in refs:
                 try:
                     await self.preparer.unprepare(ref)
@@ -229,9 +313,3 @@ class ClaimService:
                     errors[ref.uid] = f"cannot unprepare: {exc}"
                 else:
                     errors[ref.uid] = ""
-        if self.status is not None:
-            for ref in refs:
-                # A name the API server would not take never reaches it in a path.
-                if not errors.get(ref.uid) and ref_problem(ref) is None:
-                    await self.status.clear(ResourceClaim(ref.namespace, ref.name, ref.uid))
-        return errors

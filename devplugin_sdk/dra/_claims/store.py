@@ -7,17 +7,15 @@ what the table holds is what a restart reads back. During a rolling upgrade two 
 of the driver run side by side, and the kubelet may prepare a claim through one and unprepare it
 through the other (it calls the most recent connected plugin, pkg/kubelet/cm/dra/plugin). As
 Kubernetes' kubeletplugin helper does with ``RollingUpdate``, every call then holds an exclusive
-``flock`` on ``serialize.lock`` in the driver's private directory, and the table is read again
-from the checkpoint when another process wrote it since this one last looked. Without a pod UID
-there is one instance, and only the in-process lock applies.
+``flock`` on ``serialize.lock`` in the driver's private directory (``lock.py``), and the table is
+read again from the checkpoint when another process wrote it since this one last looked (the
+generation in the file says). Without a pod UID there is one instance, and nothing is locked.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
-import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -27,6 +25,7 @@ import anyio.to_thread
 
 from devplugin_sdk._wire.dra_model import ClaimRef
 from devplugin_sdk.dra._claims.checkpoint import Checkpoint, Entry, Loaded, Staged
+from devplugin_sdk.dra._claims.lock import InstanceLock
 from devplugin_sdk.dra._claims.shares import Use
 
 __all__ = ["LOCK_NAME", "Store"]
@@ -36,8 +35,6 @@ log = logging.getLogger("devplugin_sdk")
 #: The lock file's name, as the kubeletplugin helper names it.
 LOCK_NAME = "serialize.lock"
 
-_Stamp = tuple[int, int, int, int]
-
 
 class Store:
     """The prepared claims by UID, as every instance of the driver on this node sees them.
@@ -46,19 +43,24 @@ class Store:
         checkpoint: The driver's checkpoint (shared by the instances).
         lock_path: The lock file; None when this is the only instance (nothing is locked, and
             nothing is read again).
+        lock_timeout: The longest wait for another instance to release the lock, seconds.
 
     Attributes:
         loaded: What the start's ``load`` found (a problem, when the file was set aside).
         reloads: How many times another instance's writes were read in.
     """
 
-    def __init__(self, checkpoint: Checkpoint, lock_path: Path | None = None) -> None:
+    def __init__(
+        self, checkpoint: Checkpoint, lock_path: Path | None = None, *, lock_timeout: float = 20.0
+    ) -> None:
         self.checkpoint = checkpoint
         self.lock_path = lock_path
         self.loaded = Loaded()
         self.reloads = 0
         self._entries: dict[str, Entry] = {}
-        self._seen: _Stamp | None = None
+        # Claims whose prepare is under way outside the lock: what they will hold (``reserve``).
+        self._reserved: dict[str, Entry] = {}
+        self._lock = InstanceLock(lock_path, lock_timeout) if lock_path is not None else None
 
     # ------------------------------------------------------------------ reading
 
@@ -75,10 +77,11 @@ class Store:
         return sum(entry.recovered for entry in self._entries.values())
 
     def held_exclusively(self, *, but: str = "") -> dict[str, ClaimRef]:
-        """The devices prepared for a claim that holds them alone (not shares, not admin), but
-        the claim of UID ``but``. A recovered claim's devices are what its metadata files say."""
+        """The devices prepared (or reserved) for a claim that holds them alone (not shares,
+        not admin), but the claim of UID ``but``. A recovered claim's devices are what its
+        metadata files say."""
         held: dict[str, ClaimRef] = {}
-        for uid, entry in self._entries.items():
+        for uid, entry in (*self._entries.items(), *self._reserved.items()):
             if uid == but:
                 continue
             admin = {u.device for u in entry.uses if u.admin}
@@ -88,8 +91,24 @@ class Store:
         return held
 
     def uses(self) -> list[tuple[Use, str]]:
-        """What the prepared claims hold beyond their devices, each with its claim."""
-        return [(u, str(e.claim)) for e in self._entries.values() for u in e.uses]
+        """What the prepared (and reserved) claims hold beyond their devices, each with its
+        claim."""
+        entries = (*self._entries.values(), *self._reserved.values())
+        return [(u, str(e.claim)) for e in entries for u in e.uses]
+
+    def reserving(self, uid: str) -> bool:
+        """Whether a prepare of the claim is under way."""
+        return uid in self._reserved
+
+    def reserve(self, entry: Entry) -> None:
+        """Count what ``entry`` holds as held while its claim's prepare runs its slow part
+        outside the lock (``release`` ends it, once recorded or failed): two prepares never
+        both take one device."""
+        self._reserved[entry.claim.uid] = entry
+
+    def release(self, uid: str) -> None:
+        """End the claim's reservation."""
+        self._reserved.pop(uid, None)
 
     # ------------------------------------------------------------------ start
 
@@ -179,27 +198,25 @@ class Store:
 
     @contextlib.asynccontextmanager
     async def held(self, *, reload: bool = True) -> AsyncIterator[None]:
-        """Hold the lock the driver's instances share; with ``reload``, the table is brought up
-        to date with the checkpoint on entry (at start, ``load`` reads it instead).
+        """Hold the lock the driver's instances share (``lock.InstanceLock``: this process
+        holds it while any of its calls is in this block); with ``reload``, the table is
+        brought up to date with the checkpoint when the lock is taken (at start, ``load`` reads
+        it instead).
 
         Raises:
-            OSError: the lock file cannot be opened or locked (the call fails, nothing changes).
+            LockError: the lock file is unusable, or another process held the lock too long
+                (nothing changes).
         """
-        if self.lock_path is None:
+        if self._lock is None:
             yield
             return
-        # Shielded: a lock the worker thread takes after a cancellation would never be released.
-        # The other instance holds it for one call at most.
-        with anyio.CancelScope(shield=True):
-            fd = await anyio.to_thread.run_sync(_lock, self.lock_path)
-        try:
-            if reload and await anyio.to_thread.run_sync(self._stamp) != self._seen:
+
+        async def fresh() -> None:
+            if reload and await anyio.to_thread.run_sync(self.checkpoint.changed):
                 await self._reload()
+
+        async with self._lock.held(fresh):
             yield
-        finally:
-            with anyio.CancelScope(shield=True):
-                self._seen = await anyio.to_thread.run_sync(self._stamp)
-                os.close(fd)  # releases the flock
 
     async def _reload(self) -> None:
         loaded = await anyio.to_thread.run_sync(self.checkpoint.load)
@@ -213,21 +230,12 @@ class Store:
                 len(self._entries),
             )
             return
-        if self._seen is not None:
-            self.reloads += 1
+        self.reloads += 1
         self._replace(loaded.entries)
 
     def _replace(self, entries: Mapping[str, Entry]) -> None:
         self._entries.clear()  # in place: ``entries()`` views stay true
         self._entries.update(entries)
-
-    def _stamp(self) -> _Stamp | None:
-        try:
-            st = os.stat(self.checkpoint.path)
-        except FileNotFoundError:
-            return None
-        # The checkpoint is replaced by a rename on every save: a new inode each time.
-        return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 class _Unrecorded(Exception):
@@ -236,14 +244,3 @@ class _Unrecorded(Exception):
     def __init__(self, error: OSError) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-def _lock(path: Path) -> int:
-    """Open ``path`` (created 0600) and wait for its exclusive flock; the descriptor."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
