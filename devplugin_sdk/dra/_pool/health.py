@@ -22,10 +22,13 @@ from devplugin_sdk._wire.dra_model import DeviceHealthStatus, HealthStatus, heal
 from devplugin_sdk.api import constants
 from devplugin_sdk.types import Effect, Health
 
-__all__ = ["GAP", "Frame", "HealthBoard", "status_of"]
+__all__ = ["GAP", "OPENS_PER_S", "Frame", "HealthBoard", "status_of"]
 
 #: The least time between two states one stream sends, seconds.
 GAP = 0.1
+#: The most streams that get their first state per second, all together: the kubelet opens one
+#: per 5 s; a client that opens them without end has the next wait its turn.
+OPENS_PER_S = 20.0
 
 
 def status_of(condition: Condition) -> tuple[HealthStatus, str]:
@@ -77,6 +80,7 @@ class HealthBoard:
         self._generation = 0
         self._frame: Frame | None = None
         self._changed = anyio.Event()
+        self._next_open = 0.0  # when the next stream may have its first state (monotonic)
 
     def set(self, health: Mapping[str, tuple[HealthStatus, str]]) -> None:
         """Make ``health`` (device name -> status and message) the state; streams send it if
@@ -112,11 +116,13 @@ class HealthBoard:
         return frame
 
     async def watch(self) -> AsyncIterator[tuple[bytes, ...]]:
-        """The messages of one stream: the whole state now, then after each change (at most
-        one state per ``GAP`` seconds: the changes meanwhile are in the next) and at least every
-        ``period`` seconds, until the stream is closed."""
+        """The messages of one stream: the whole state now (after the streams opened before it,
+        ``OPENS_PER_S``), then after each change (at most one state per ``GAP`` seconds: the
+        changes meanwhile are in the next) and at least every ``period`` seconds, until the
+        stream is closed."""
         self.streams += 1
         try:
+            await self._turn()
             sent = -1
             while True:
                 if self._generation == sent:
@@ -131,6 +137,14 @@ class HealthBoard:
                 await anyio.sleep(GAP)
         finally:
             self.streams -= 1
+
+    async def _turn(self) -> None:
+        """Wait for this stream's turn to open (``OPENS_PER_S``, first come first served)."""
+        now = time.monotonic()
+        turn = max(now, self._next_open)
+        self._next_open = turn + 1 / OPENS_PER_S
+        if turn > now:
+            await anyio.sleep(turn - now)
 
     def _encode(self, name: str, value: tuple[HealthStatus, str], now: int) -> bytes:
         status, message = value
