@@ -10,6 +10,7 @@ FakeKubelet; neither side shows protobuf to its caller.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
@@ -26,6 +27,7 @@ from devplugin_sdk.api.dra_health.v1alpha1 import dra_health_pb2 as v1alpha1
 __all__ = ["MESSAGE_LIMIT", "VERSIONS", "DraHealthClient", "encode_device", "handlers", "pack"]
 
 log = logging.getLogger("devplugin_sdk")
+_SAY_AGAIN_AFTER = 60.0
 
 #: The generated module of each version, by the service name the plugin advertises.
 VERSIONS: Mapping[str, ModuleType] = {
@@ -81,6 +83,7 @@ def handlers(watch: Watch, services: Sequence[str], stall: float) -> list[grpc.G
     message at most meanwhile, and the kubelet opens a failed stream again and gets the whole
     state."""
     out = []
+    drops = _Drops()
     for service in services:
         pb = VERSIONS[service]
 
@@ -94,11 +97,7 @@ def handlers(watch: Watch, services: Sequence[str], stall: float) -> list[grpc.G
                 aclose = getattr(updates, "aclose", None)
                 if aclose is not None:
                     await aclose()
-            log.warning(
-                "DRA health stream: a client took no message for %gs; its stream is ended "
-                "(opened again, it gets the whole state)",
-                stall,
-            )
+            drops.dropped(stall)
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"no message taken for {stall:g} s"
             )
@@ -115,6 +114,28 @@ def handlers(watch: Watch, services: Sequence[str], stall: float) -> list[grpc.G
             )
         )
     return out
+
+
+class _Drops:
+    """Says that streams were ended for a client that took nothing: once, then at most once a
+    minute with how many more (many clients that never read make one line, not one each)."""
+
+    def __init__(self) -> None:
+        self.said = -_SAY_AGAIN_AFTER
+        self.unsaid = 0
+
+    def dropped(self, stall: float) -> None:
+        self.unsaid += 1
+        now = time.monotonic()
+        if now - self.said < _SAY_AGAIN_AFTER:
+            return
+        log.warning(
+            "DRA health stream: %d client(s) took no message for %gs; their streams are ended "
+            "(opened again, they get the whole state)",
+            self.unsaid,
+            stall,
+        )
+        self.said, self.unsaid = now, 0
 
 
 async def _write(

@@ -5,6 +5,7 @@ log, ``UNKNOWN`` for the devices of a plugin that stopped, and a heartbeat insid
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -267,6 +268,7 @@ async def test_a_client_that_takes_nothing_is_dropped_and_gets_the_whole_state_a
     dropped = [r for r in caplog.records if "took no message" in r.getMessage()]
     assert len(dropped) == 1
     assert dropped[0].levelname == "WARNING"
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info] == []
 
 
 async def _read_to_the_end(stream: AsyncIterator[list[DeviceHealthStatus]]) -> None:
