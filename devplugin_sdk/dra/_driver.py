@@ -202,7 +202,7 @@ class DraDriver:
                 await self.plugins.ready.wait()
                 services = [
                     *dra_handlers(self.claims.prepare, self.claims.unprepare, SERVICES),
-                    *dra_health.handlers(self.health.watch, HEALTH_SERVICES),
+                    *dra_health.handlers(self.health.watch, HEALTH_SERVICES, self.health.period),
                 ]
                 try:
                     await self.registrar.run(services, self.watcher)

@@ -1,11 +1,9 @@
 """FakeKubelet's DRA health cache: the kubelet's side of the ``DRAResourceHealth`` stream.
 
-As pkg/kubelet/cm/dra does (healthinfo.go, plugin/): once a DRA plugin is registered and lists a
-health service the kubelet speaks (v1 preferred over v1alpha1), the kubelet opens
-NodeWatchResources, keeps each device's latest status with the time it heard it, opens the stream
-again 5 s after it ends or fails, and reads a device it has not heard about within its
-``health_check_timeout_seconds`` (30 s when the plugin gives none) as Unknown. The driver's
-entries go when its last plugin deregisters.
+As pkg/kubelet/cm/dra does (healthinfo.go, plugin/): follow the stream of a registered plugin (v1
+over v1alpha1), merge each message's devices into what is held (a device left out keeps its
+status: a state may span messages), reopen the stream 5 s after it ends, read a device unheard
+of for its timeout (30 s by default) as Unknown, drop the driver's entries with its last plugin.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ log, ``UNKNOWN`` for the devices of a plugin that stopped, and a heartbeat insid
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -16,12 +17,14 @@ from dra_helpers import DRIVER
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Device, Health
-from devplugin_sdk._wire.dra_health import DraHealthClient
+from devplugin_sdk._wire.dra_health import MESSAGE_LIMIT, DraHealthClient
 from devplugin_sdk._wire.dra_model import DeviceHealthStatus
+from devplugin_sdk.api.dra_health.v1 import dra_health_pb2 as health_v1
+from devplugin_sdk.api.dra_health.v1alpha1 import dra_health_pb2 as health_v1alpha1
 from devplugin_sdk.dra.resources import DeviceTaint
 from devplugin_sdk.runner import Reload
 from devplugin_sdk.testing import DraNode, FakeKubelet, MemoryApi, StaticPlugin
-from devplugin_sdk.types import Effect
+from devplugin_sdk.types import Effect, HealthReport
 
 ALL_SERVICES = (
     "v1.DRAPlugin",
@@ -159,6 +162,119 @@ async def test_a_quiet_pool_is_sent_again_inside_the_timeout() -> None:
             lambda: kubelet.dra.health.messages >= seen + 2, what="two heartbeats"
         )
         assert health_of(kubelet, "w0") == ("Healthy", "")
+
+
+class _LongReasons(StaticPlugin):
+    """Polled health: every device Unhealthy with a long reason once ``failed`` (one poll
+    makes them all fail at once)."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(RESOURCE, widgets(count))
+        self.failed = False
+
+    async def check_health(self, devices: Sequence[Device]) -> Mapping[str, Health]:
+        if not self.failed:
+            return {}
+        return HealthReport(
+            {d.id: Health.UNHEALTHY for d in devices}, {d.id: "x" * 1024 for d in devices}
+        )
+
+
+async def test_every_stream_of_either_version_sends_the_same_encoded_messages() -> None:
+    """The state is encoded once per change and written as it is to every stream: v1 and
+    v1alpha1 have the same field numbers, so the bytes are the same; messages stay under the
+    limit, and together hold every device once."""
+    plugin = _LongReasons(3000)  # 3,000 x ~1 KiB: three messages of MESSAGE_LIMIT and more
+    async with DraNode(plugin, driver=DRIVER, settings={"health_interval": 0.1}) as node:
+        socket = node.options.resolved_plugin_dir / "dra.sock"
+        plugin.failed = True
+        kubelet = node.kubelet
+        await kubelet.wait_for(lambda: health_of(kubelet, "w2999")[0] == "Unhealthy")
+        first = await _raw_state(socket, "v1")
+        second = await _raw_state(socket, "v1alpha1")
+    assert first == second
+    assert len(first) > 2
+    assert all(len(message) <= MESSAGE_LIMIT for message in first)
+    names = [
+        d.device.device_name
+        for message in first
+        for d in health_v1.NodeWatchResourcesResponse.FromString(message).devices
+    ]
+    assert sorted(names) == sorted(f"w{i}" for i in range(3000))
+
+
+async def _raw_state(socket: Path, version: str) -> list[bytes]:
+    """The messages of one whole state on a new stream of ``version``, as bytes."""
+    pb = health_v1 if version == "v1" else health_v1alpha1
+    async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
+        call = channel.unary_stream(
+            f"/{version}.DRAResourceHealth/NodeWatchResources",
+            request_serializer=pb.NodeWatchResourcesRequest.SerializeToString,
+            response_deserializer=bytes,
+        )(pb.NodeWatchResourcesRequest())
+        messages: list[bytes] = []
+        names: set[str] = set()
+        with anyio.fail_after(10):
+            while len(names) < 3000:
+                messages.append(await call.read())
+                response = pb.NodeWatchResourcesResponse.FromString(messages[-1])
+                names.update(d.device.device_name for d in response.devices)
+        call.cancel()
+    return messages
+
+
+async def test_a_client_that_takes_nothing_is_dropped_and_gets_the_whole_state_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client that never reads: its window (64 KiB without BDP probing) fills with the first
+    message, the write waits a heartbeat period (health_timeout / 3 = 1 s) and the stream is
+    ended with RESOURCE_EXHAUSTED and one warning; a stream opened again gets every device."""
+    plugin = _LongReasons(200)  # ~200 KiB a state: more than the window
+    async with DraNode(
+        plugin, driver=DRIVER, health_timeout=3, settings={"health_interval": 0.1}
+    ) as node:
+        socket = node.options.resolved_plugin_dir / "dra.sock"
+        plugin.failed = True
+        kubelet = node.kubelet
+        await kubelet.wait_for(lambda: health_of(kubelet, "w199")[0] == "Unhealthy")
+        options = [("grpc.http2.bdp_probe", 0)]
+        async with grpc.aio.insecure_channel(f"unix:{socket}", options=options) as channel:
+            client = DraHealthClient(channel, "v1.DRAResourceHealth")
+            mute = client.watch()
+            pending = anyio.Event()
+
+            async def open_and_stay_mute() -> None:
+                # The first read opens the stream; nothing more is read after it.
+                await mute.__anext__()
+                pending.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(open_and_stay_mute)
+                await pending.wait()
+            await kubelet.wait_for(lambda: node.status.health_streams == 2, what="2 streams")
+            await kubelet.wait_for(
+                lambda: node.status.health_streams == 1, timeout=10, what="the mute one dropped"
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                await _read_to_the_end(mute)
+            assert ended.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            again = client.watch()
+            states: set[str] = set()
+            with anyio.fail_after(10):
+                while len(states) < 200:
+                    states.update(d.device for d in await again.__anext__())
+            await again.aclose()  # type: ignore[attr-defined]
+        assert health_of(kubelet, "w0")[0] == "Unhealthy"  # the kubelet's own stream kept
+    dropped = [r for r in caplog.records if "took no message" in r.getMessage()]
+    assert len(dropped) == 1
+    assert dropped[0].levelname == "WARNING"
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info] == []
+
+
+async def _read_to_the_end(stream: AsyncIterator[list[DeviceHealthStatus]]) -> None:
+    with anyio.fail_after(10):
+        async for _ in stream:
+            pass
 
 
 class _Messages:
