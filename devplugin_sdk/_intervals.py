@@ -73,7 +73,7 @@ INTERVALS: dict[str, Interval] = {
 
 # A decimal number in ASCII: Python's float() also takes "1_0", fullwidth digits, "inf" and
 # surrounding blanks, none of which an operator means as seconds.
-_DECIMAL = re.compile(r"[+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_DECIMAL = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 
 def seconds(value: object, key: str, *, name: str | None = None) -> float:
@@ -111,9 +111,12 @@ def seconds_text(text: str, key: str, name: str) -> float:
     Raises:
         ConfigError: naming ``name``.
     """
-    if not _DECIMAL.fullmatch(text):
-        raise ConfigError(name, f"must be a number of seconds in ASCII digits, got {text[:40]!r}")
-    return seconds(float(text), key, name=name)
+    bound = INTERVALS[key]
+    value = float(text) if _DECIMAL.fullmatch(text) else math.nan
+    if not math.isfinite(value) or value < 0 or (value == 0 and not bound.off):
+        kind = ">= 0 (0: off)" if bound.off else "> 0"
+        raise ConfigError(name, f"must be a number of seconds {kind}, got {text[:40]!r}")
+    return seconds(value, key, name=name)
 
 
 def port_text(text: str, name: str) -> int:
