@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from devplugin_sdk.dra import _cel
+from devplugin_sdk.dra import _cel, _shapes
 from devplugin_sdk.errors import MissingDependencyError
 
 __all__ = ["Pick", "SelectorError", "Simulation", "simulate"]
@@ -287,9 +287,21 @@ def simulate(
         SelectorError: a selector the API server would refuse: longer or deeper than its
             bounds, not compiling, or running past the evaluation's time or memory bound
             (``dra._cel``: the selectors run in a worker process).
-        ValueError: an unknown DeviceClass.
+        ValueError: an object of the wrong shape (``dra._shapes``, the first five named), an
+            unknown DeviceClass.
     """
     _load_cel()
+    wrong = [f"claim: {k}: {m}" for k, m in _shapes.claim_problems({"spec": claim})]
+    wrong += [
+        f"DeviceClass {n}: {k}: {m}"
+        for n, c in classes.items()
+        for k, m in _shapes.class_problems(c)
+    ]
+    wrong += [
+        f"slice #{i}: {k}: {m}" for i, s in enumerate(slices) for k, m in _shapes.slice_problems(s)
+    ]
+    if wrong:
+        raise ValueError("; ".join(wrong[:5]))
     alternatives = _requests(claim, classes)
     first: dict[str, _Selector] = {}  # each expression where it first appears
     for alts in alternatives:
