@@ -270,6 +270,39 @@ class SelectorError(ValueError):
         self.refused = refused
 
 
+def _check_shapes(
+    slices: Sequence[Mapping[str, Any]],
+    claim: Mapping[str, Any],
+    classes: Mapping[str, Mapping[str, Any]],
+) -> None:
+    """Refuse objects of the wrong shape (``dra._shapes``), naming the first five."""
+    wrong = [f"claim: {k}: {m}" for k, m in _shapes.claim_problems({"spec": claim})]
+    for name, device_class in classes.items():
+        wrong += [f"DeviceClass {name}: {k}: {m}" for k, m in _shapes.class_problems(device_class)]
+    for i, obj in enumerate(slices):
+        wrong += [f"slice #{i}: {k}: {m}" for k, m in _shapes.slice_problems(obj)]
+    if wrong:
+        raise ValueError("; ".join(wrong[:5]))
+
+
+def _selectors(alternatives: list[list[_Request]]) -> dict[str, _Selector]:
+    """Each expression where it first appears; those the API server refuses before compiling
+    (length, nesting) raise ``SelectorError``."""
+    first: dict[str, _Selector] = {}
+    for alts in alternatives:
+        for request in alts:
+            for selector in request.selectors:
+                first.setdefault(selector.expression, selector)
+    refused = [
+        (s.document, s.key, problem)
+        for s in first.values()
+        if (problem := _cel.expression_problem(s.expression)) is not None
+    ]
+    if refused:
+        raise SelectorError(refused)
+    return first
+
+
 def simulate(
     slices: Sequence[Mapping[str, Any]],
     claim: Mapping[str, Any],
@@ -291,30 +324,9 @@ def simulate(
             unknown DeviceClass.
     """
     _load_cel()
-    wrong = [f"claim: {k}: {m}" for k, m in _shapes.claim_problems({"spec": claim})]
-    wrong += [
-        f"DeviceClass {n}: {k}: {m}"
-        for n, c in classes.items()
-        for k, m in _shapes.class_problems(c)
-    ]
-    wrong += [
-        f"slice #{i}: {k}: {m}" for i, s in enumerate(slices) for k, m in _shapes.slice_problems(s)
-    ]
-    if wrong:
-        raise ValueError("; ".join(wrong[:5]))
+    _check_shapes(slices, claim, classes)
     alternatives = _requests(claim, classes)
-    first: dict[str, _Selector] = {}  # each expression where it first appears
-    for alts in alternatives:
-        for request in alts:
-            for selector in request.selectors:
-                first.setdefault(selector.expression, selector)
-    refused = [
-        (s.document, s.key, problem)
-        for s in first.values()
-        if (problem := _cel.expression_problem(s.expression)) is not None
-    ]
-    if refused:
-        raise SelectorError(refused)
+    first = _selectors(alternatives)
     domains = {m for e in first for m in _DOMAIN_USE.findall(e)}
     devices = _devices(slices, domains)
     expressions = list(first)
