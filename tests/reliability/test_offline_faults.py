@@ -378,8 +378,9 @@ def _generic(tmp_path: Path, **extra: Any) -> Path:
             {"api": "both", "dra": {"driver": "widget.example.com", "cleanupInterval": 1e-9}},
             "dra.cleanupInterval: must be 0 (off) or at least 10 s",
         ),
+        ({"healthInterval": 1e-9}, "healthInterval: must be at least 0.01 s"),
     ],
-    ids=["rescan-1e-9", "rescan-half-second", "stuck-after", "cleanup"],
+    ids=["rescan-1e-9", "rescan-half-second", "stuck-after", "cleanup", "backend-health"],
 )
 def test_an_interval_under_its_bound_is_refused_naming_the_key(
     tmp_path: Path, extra: dict[str, Any], says: str
