@@ -149,8 +149,8 @@ def _run_worker(
         while index < len(expressions):
             deadline = time.monotonic() + EVALUATION_SECONDS
             line = _next_line(lines, deadline)
-            if line is None:
-                return index, _stopped(worker, index, len(devices))
+            if line is None:  # past the deadline, or the worker's output ended: it died
+                return index, _stopped(worker, index, len(devices), lines.empty())
             answer = json.loads(line)
             if "error" in answer:
                 return index, Refused(index, answer["error"])
@@ -161,7 +161,11 @@ def _run_worker(
         if worker.poll() is None:
             worker.kill()
         worker.wait()
-        reader.join(timeout=5)
+        reader.join(timeout=5)  # the output ends with the worker
+        for pipe in (worker.stdin, worker.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
 
 def _read_lines(worker: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
@@ -172,22 +176,30 @@ def _read_lines(worker: subprocess.Popen[str], lines: queue.Queue[str | None]) -
 
 
 def _next_line(lines: queue.Queue[str | None], deadline: float) -> str | None:
+    """The worker's next line; None when its output ended (the end is left in the queue) or
+    the deadline passed (the queue is empty)."""
     try:
-        return lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
     except queue.Empty:
         return None
+    if line is None:
+        lines.put(None)
+    return line
 
 
-def _stopped(worker: subprocess.Popen[str], index: int, devices: int) -> Refused:
+def _stopped(worker: subprocess.Popen[str], index: int, devices: int, timed_out: bool) -> Refused:
     """Why the worker gave no answer for expression ``index``: it ran past its time, or died."""
-    code = worker.poll()
-    if code is None:
+    if timed_out:
         return Refused(
             index,
             f"evaluation on {devices} devices ran past {EVALUATION_SECONDS:g} s (the API "
             "server stops a selector at a cost of 1,000,000 per device: "
             "CELSelectorExpressionMaxCost)",
         )
+    try:
+        code = worker.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        code = None
     return Refused(
         index,
         f"evaluation on {devices} devices ran out of its {MEMORY_BYTES >> 20} MiB memory bound "

@@ -124,6 +124,32 @@ def test_a_runaway_cel_selector_is_refused_in_bounded_time(
     assert took < 30
 
 
+def test_a_selector_past_the_memory_bound_stops_its_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from devplugin_sdk.dra import _cel
+    from devplugin_sdk.dra.simulate import SelectorError, simulate
+
+    # A lower bound than the 512 MiB of a run, so that the kilobyte strings reach it first.
+    monkeypatch.setattr(_cel, "MEMORY_BYTES", 160 << 20)
+    slices = [d for d in yaml.safe_load_all((SIMULATE / "slices.yaml").read_text()) if d]
+    classes = {
+        d["metadata"]["name"]: d
+        for d in yaml.safe_load_all((SIMULATE / "classes.yaml").read_text())
+        if d
+    }
+    claim = yaml.safe_load(_claim(tmp_path, "device.driver != ''", _HUGE).read_text())
+    with pytest.raises(SelectorError) as caught:
+        simulate(slices, claim["spec"], classes)
+    ((document, key, message),) = caught.value.refused
+    print(message)
+    assert (document, key) == (
+        "claim",
+        "spec.devices.requests[0].exactly.selectors[1].cel.expression",
+    )
+    assert "ran out of its 160 MiB memory bound" in message
+
+
 @pytest.mark.parametrize("opening", ["(", "["], ids=["parentheses", "brackets"])
 def test_a_selector_nested_100k_deep_is_one_short_line(tmp_path: Path, opening: str) -> None:
     closing = {"(": ")", "[": "]"}[opening]
