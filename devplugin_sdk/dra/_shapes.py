@@ -37,6 +37,7 @@ class _MapOf:
 class _Fields:
     fields: Mapping[str, Any]
     required: tuple[str, ...] = ()
+    one_of: bool = False  # exactly one field set (a union, as an attribute's value)
 
 
 _STRING, _INT, _BOOL, _QUANTITY, _ANY = "string", "integer", "boolean", "quantity", "any"
@@ -54,7 +55,9 @@ _DEVICE = _Fields(
     {
         "name": _STRING,
         "attributes": _MapOf(
-            _Fields({"int": _INT, "bool": _BOOL, "string": _STRING, "version": _STRING})
+            _Fields(
+                {"int": _INT, "bool": _BOOL, "string": _STRING, "version": _STRING}, one_of=True
+            )
         ),
         "capacity": _MapOf(_Fields({"value": _QUANTITY, "requestPolicy": _POLICY}, ("value",))),
         "consumesCounters": _ListOf(
@@ -183,6 +186,9 @@ def _walk_mapping(value: Mapping[Any, Any], shape: _MapOf | _Fields, key: str) -
     for name in shape.required:
         if value.get(name) is None:
             yield (f"{key}.{name}" if key else name), "is required"
+    if shape.one_of and sum(value.get(name) is not None for name in shape.fields) != 1:
+        yield key, f"must have exactly one of {', '.join(shape.fields)}"
+        return
     for name, inner in shape.fields.items():
         yield from _walk(value.get(name), inner, f"{key}.{name}" if key else name)
 

@@ -216,6 +216,8 @@ SHAPES: list[tuple[str, str, Any]] = [
     ("slice", "spec.devices[0].attributes", 5),
     ("slice", "spec.devices[0].attributes.type", 5),
     ("slice", "spec.devices[0].attributes.type", {"string": [1]}),
+    ("slice", "spec.devices[0].attributes.type", {"string": "gpu", "int": 1}),
+    ("slice", "spec.devices[0].attributes.type", {}),
     ("slice", "spec.devices[0].capacity", ["x"]),
     ("slice", "spec.devices[0].capacity.memory", 5),
     ("slice", "spec.devices[0].capacity.memory.value", {"a": 1}),
