@@ -105,11 +105,17 @@ class Settings:
         for name in ("stream_lost_grace", "reregister_delay", "stop_grace", "rescan_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Settings.{name} must be >= 0, got {getattr(self, name)}")
+        # The periods of loops: under LOOP_FLOOR each would be a busy loop.
         if 0 < self.rescan_interval < LOOP_FLOOR:
             raise ValueError(
                 f"Settings.rescan_interval must be 0 (off) or at least {LOOP_FLOOR} s, got "
                 f"{self.rescan_interval}"
             )
+        for loop in ("health_interval", "restart_poll_interval"):
+            if 0 < getattr(self, loop) < LOOP_FLOOR:
+                raise ValueError(
+                    f"Settings.{loop} must be at least {LOOP_FLOOR} s, got {getattr(self, loop)}"
+                )
         uid = self.instance_uid
         if uid and (problem := _names.pod_uid_problem(uid)) is not None:
             where = "Settings.pod_uid" if self.pod_uid is not None else "$POD_UID"
@@ -146,11 +152,6 @@ class Settings:
     def instance_socket(self, directory: Path, name: str, **hashing: str) -> Path:
         """Where this instance serves the socket plainly named ``name`` in ``directory``: that
         name, or with a pod UID, the instance's own (``_names.instance_socket_name``)."""
-        if 0 < self.rescan_interval < LOOP_FLOOR:
-            raise ValueError(
-                f"Settings.rescan_interval must be 0 (off) or at least {LOOP_FLOOR} s, got "
-                f"{self.rescan_interval}"
-            )
         uid = self.instance_uid
         if not uid:
             return directory / name

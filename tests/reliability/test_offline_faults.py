@@ -477,3 +477,11 @@ async def test_a_label_value_that_is_a_path_is_refused(tmp_path: Path) -> None:
         "which is not a label value"
     ), line
     assert "evil: read" not in line
+
+
+@pytest.mark.parametrize("name", ["rescan_interval", "health_interval", "restart_poll_interval"])
+def test_the_python_api_refuses_a_loop_period_of_nanoseconds(name: str) -> None:
+    from devplugin_sdk import Settings
+
+    with pytest.raises(ValueError, match=rf"Settings\.{name} must be .*at least 0\.01 s"):
+        Settings(**{name: 1e-9})
