@@ -59,7 +59,9 @@ def load_yaml(path: str | os.PathLike[str]) -> Mapping[str, Any]:
     return parse_yaml(text, name)
 
 
-def parse_yaml(text: str, source: str = "<text>") -> Mapping[str, Any]:
+def parse_yaml(
+    text: str, source: str = "<text>", *, max_nodes: int = MAX_NODES
+) -> Mapping[str, Any]:
     """Parse YAML text whose top level is a mapping (an empty document is ``{}``).
 
     The safe loader (libyaml's when available) with three more checks: nesting at most
@@ -69,13 +71,15 @@ def parse_yaml(text: str, source: str = "<text>") -> Mapping[str, Any]:
     Args:
         text: The document.
         source: What errors name when the problem is not a key (the file's path).
+        max_nodes: The node bound, aliases expanded: ``MAX_NODES`` for a configuration, more
+            for a dump of a cluster's objects (``devplugin dra check --slices``).
 
     Raises:
         ConfigError: as ``load_yaml``.
     """
     try:
         with _collector_paused():
-            data = _load(text, source)
+            data = _load(text, source, max_nodes)
     except yaml.MarkedYAMLError as exc:
         raise ConfigError(source, f"invalid YAML{_where(exc)}: {_problem(exc)}") from None
     except yaml.YAMLError as exc:
@@ -88,9 +92,9 @@ def parse_yaml(text: str, source: str = "<text>") -> Mapping[str, Any]:
     return data
 
 
-def _load(text: str, source: str) -> Any:
+def _load(text: str, source: str, max_nodes: int) -> Any:
     """The checked document; its nodes are gone when this returns."""
-    _check_structure(text, source)
+    _check_structure(text, source, max_nodes)
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -133,7 +137,7 @@ def _collector_paused() -> Iterator[None]:
                 gc.enable()
 
 
-def _check_structure(text: str, source: str) -> None:
+def _check_structure(text: str, source: str, max_nodes: int) -> None:
     """Refuse deep nesting and alias expansion over the limits before anything composes nodes.
 
     Reads the parser's events one by one, which costs a tenth of a full load and stops at the
@@ -142,7 +146,7 @@ def _check_structure(text: str, source: str) -> None:
     before it, so that a file's first problem is reported, in our words.
     """
     try:
-        _check_events(text, source)
+        _check_events(text, source, max_nodes)
     except yaml.MarkedYAMLError as exc:
         refused = exc
     else:
@@ -155,12 +159,12 @@ def _check_structure(text: str, source: str) -> None:
     # our limit if that came first; else the parser's error stands.
     if refused.problem_mark is not None:
         with contextlib.suppress(yaml.YAMLError):
-            _check_events(text[: refused.problem_mark.index], source)
+            _check_events(text[: refused.problem_mark.index], source, max_nodes)
     raise refused
 
 
-def _check_events(text: str, source: str) -> None:
-    shape = _Shape(source)
+def _check_events(text: str, source: str, max_nodes: int) -> None:
+    shape = _Shape(source, max_nodes)
     for event in yaml.parse(text, Loader=_Loader):
         shape.add(event)
 
@@ -168,8 +172,9 @@ def _check_events(text: str, source: str) -> None:
 class _Shape:
     """Node count and depth of a document as the parser's events describe it, aliases expanded."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, max_nodes: int = MAX_NODES) -> None:
         self.source = source
+        self.max_nodes = max_nodes
         # Per open collection: [anchor, node count when it opened, its depth, the deepest
         # depth reached inside it (aliases expanded)].
         self.frames: list[list[Any]] = []
@@ -207,18 +212,19 @@ class _Shape:
 
     def _count(self, nodes: int, line: int) -> None:
         self.count += nodes
-        if self.count <= MAX_NODES:
+        if self.count <= self.max_nodes:
             return
-        if self.added > MAX_NODES // 2:
+        if self.added > self.max_nodes // 2:
             raise ConfigError(
                 self.source,
-                f"aliases expand to more than {MAX_NODES} nodes (at line {line}); "
+                f"aliases expand to more than {self.max_nodes} nodes (at line {line}); "
                 "write the values out or use fewer aliases",
             )
+        what = "a configuration" if self.max_nodes == MAX_NODES else "a document"
         raise ConfigError(
             self.source,
-            f"more than {MAX_NODES} nodes (lists, mappings and values) by line {line}; "
-            "a configuration this big is refused",
+            f"more than {self.max_nodes} nodes (lists, mappings and values) by line {line}; "
+            f"{what} this big is refused",
         )
 
     def _reach(self, depth: int, line: int, how: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from devplugin_sdk import _names
 from devplugin_sdk._files import MAX_FILE_BYTES, read_file
+from devplugin_sdk._intervals import LOOP_FLOOR
 from devplugin_sdk._yaml import MAX_DEPTH, MAX_NODES, load_yaml, parse_yaml, shown
 from devplugin_sdk.errors import ConfigError
 
@@ -389,9 +390,16 @@ class ConfigReader:
         return float(value)
 
     def interval(self, name: str, default: float) -> float:
-        """A positive number of seconds."""
+        """A positive number of seconds, at least ``LOOP_FLOOR`` (10 ms): the period of a loop
+        (health polling), which under it would be a busy loop."""
         value = self.number(name, default, positive=True)
         assert value is not None  # not nullable
+        if value < LOOP_FLOOR:
+            raise ConfigError(
+                self.key(name),
+                f"must be at least {LOOP_FLOOR} s (the period of a loop; under it, a busy "
+                f"loop), got {value:g}",
+            )
         return value
 
     def string(self, name: str, default: str = _UNSET) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from devplugin_sdk import _names
+from devplugin_sdk._intervals import LOOP_FLOOR
 from devplugin_sdk.api import constants
 
 __all__ = ["Settings"]
@@ -104,6 +105,17 @@ class Settings:
         for name in ("stream_lost_grace", "reregister_delay", "stop_grace", "rescan_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Settings.{name} must be >= 0, got {getattr(self, name)}")
+        # The periods of loops: under LOOP_FLOOR each would be a busy loop.
+        if 0 < self.rescan_interval < LOOP_FLOOR:
+            raise ValueError(
+                f"Settings.rescan_interval must be 0 (off) or at least {LOOP_FLOOR} s, got "
+                f"{self.rescan_interval}"
+            )
+        for loop in ("health_interval", "restart_poll_interval"):
+            if 0 < getattr(self, loop) < LOOP_FLOOR:
+                raise ValueError(
+                    f"Settings.{loop} must be at least {LOOP_FLOOR} s, got {getattr(self, loop)}"
+                )
         uid = self.instance_uid
         if uid and (problem := _names.pod_uid_problem(uid)) is not None:
             where = "Settings.pod_uid" if self.pod_uid is not None else "$POD_UID"

@@ -12,6 +12,7 @@ import math
 import anyio
 
 from devplugin_sdk._engine.feed import DeviceFeed
+from devplugin_sdk._intervals import LOOP_FLOOR
 from devplugin_sdk.plugin import DevicePlugin
 from devplugin_sdk.settings import Settings
 
@@ -22,7 +23,8 @@ def rescan_interval(plugin: DevicePlugin, settings: Settings) -> float:
     """Seconds between this plugin's rescans (its own attribute wins); 0 for none.
 
     Raises:
-        ValueError: the plugin's ``rescan_interval`` is negative or not a finite number.
+        ValueError: the plugin's ``rescan_interval`` is not a finite number, negative, or
+            under ``LOOP_FLOOR`` (a busy loop).
     """
     own = plugin.rescan_interval
     if own is None:
@@ -31,6 +33,11 @@ def rescan_interval(plugin: DevicePlugin, settings: Settings) -> float:
         raise ValueError(f"{plugin.resource_name}: rescan_interval must be a number, got {own!r}")
     if own < 0:
         raise ValueError(f"{plugin.resource_name}: rescan_interval must be >= 0, got {own}")
+    if 0 < own < LOOP_FLOOR:
+        raise ValueError(
+            f"{plugin.resource_name}: rescan_interval must be 0 (off) or at least "
+            f"{LOOP_FLOOR} s, got {own}"
+        )
     return float(own)
 
 

@@ -16,7 +16,6 @@ import errno
 import importlib
 import inspect
 import logging
-import math
 import os
 import socket
 import stat
@@ -34,6 +33,7 @@ if sys.version_info < (3, 11):  # pragma: no cover
 
 from devplugin_sdk import __version__, _logging, backends, runner
 from devplugin_sdk._engine import hooks
+from devplugin_sdk._intervals import port_text, seconds_text
 from devplugin_sdk._limits import DEFAULT_STUCK_AFTER
 from devplugin_sdk._logging import configure_logging, fatal
 from devplugin_sdk._names import socket_path_problem
@@ -432,22 +432,17 @@ class _Parser(argparse.ArgumentParser):
 
 def _port(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port number (0-65535), got {text[:40]!r}")
-    return value
+        return port_text(text, "--metrics-port")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.reason) from None
 
 
 def _seconds(text: str) -> float:
+    """``--stuck-after`` (and ``DEVPLUGIN_STUCK_AFTER``), within ``metrics.stuckAfter``'s bounds."""
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text[:40]!r}")
-    return value
+        return seconds_text(text, "metrics.stuckAfter", "--stuck-after")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.reason) from None
 
 
 def _directory(text: str) -> Path:

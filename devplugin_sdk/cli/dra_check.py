@@ -14,12 +14,14 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import yaml
 
+from devplugin_sdk._logging import fatal
 from devplugin_sdk.config import parse_yaml, read_file
 from devplugin_sdk.errors import ConfigError
 
@@ -66,25 +68,101 @@ def _sources(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def documents(path: str) -> list[Mapping[str, Any]]:
-    """Every object of a multi-document YAML file (a ``List``'s items expanded)."""
-    text = read_file(path).decode("utf-8", errors="replace")
-    out: list[Mapping[str, Any]] = []
+#: The read cap of a dump of a cluster's objects (``--slices``, the CLAIM files), sized for the
+#: largest cluster: one node's slices (8 GPUs with the attributes NVIDIA's driver publishes) take
+#: about 18 KB of ``kubectl get resourceslices -o yaml`` (the 1.8 MB dump of ~100 GPU nodes), and
+#: Kubernetes supports 5,000 nodes: 90 MB. A configuration file keeps ``MAX_FILE_BYTES`` (1 MiB).
+DUMP_BYTES = 96 << 20
+#: The YAML node bound scaled to match: such a dump has about one node (list, mapping or value)
+#: per 12 bytes. Aliases still count expanded, so an alias bomb is refused as in a configuration.
+DUMP_NODES = DUMP_BYTES // 12
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One object of an input file, and where it is (``FILE document N [items[K]]``)."""
+
+    where: str
+    obj: Mapping[str, Any]
+
+    @property
+    def kind(self) -> object:
+        return self.obj.get("kind")
+
+    def named(self) -> str:
+        """Where it is, with its kind and name: ``FILE document 2 (ResourceSlice gpu-0)``."""
+        meta = self.obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        what = " ".join(str(p)[:80] for p in (self.kind, name) if isinstance(p, str))
+        return f"{self.where} ({what})" if what else self.where
+
+
+class Refusals(Exception):
+    """Input refused, one line each (``FILE document N (KIND NAME): KEY: why``): objects of
+    the wrong shape, selectors the API server would refuse."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("; ".join(lines))
+        self.lines = lines
+
+
+def documents(path: str) -> list[Document]:
+    """Every object of a multi-document YAML file (a ``List``'s items expanded).
+
+    Raises:
+        ConfigError: unreadable, over ``DUMP_BYTES``, or not YAML.
+        Refusals: a ``List`` item that is not a mapping.
+    """
+    text = read_file(path, DUMP_BYTES).decode("utf-8", errors="replace")
+    out: list[Document] = []
+    wrong: list[str] = []
     for i, part in enumerate(_DOCUMENT_END.split(text)):
-        data = parse_yaml(part, f"{path} (document {i + 1})")
+        data = parse_yaml(part, f"{path} (document {i + 1})", max_nodes=DUMP_NODES)
         if not data:
             continue
-        items = data.get("items") if data.get("kind", "").endswith("List") else None
-        out.extend(items if isinstance(items, list) else [data])
+        kind = data.get("kind")
+        items = data.get("items") if isinstance(kind, str) and kind.endswith("List") else None
+        if not isinstance(items, list):
+            out.append(Document(f"{path} document {i + 1}", data))
+            continue
+        for k, item in enumerate(items):
+            where = f"{path} document {i + 1} items[{k}]"
+            if isinstance(item, Mapping):
+                out.append(Document(where, item))
+            else:
+                wrong.append(f"{where}: must be a mapping, got {type(item).__name__}")
+    if wrong:
+        raise Refusals(wrong)
     return out
+
+
+def _checked(docs: list[Document]) -> None:
+    """Refuse objects of the wrong shape (``dra._shapes``): every one, one line each."""
+    # Imported here: `devplugin run` builds this parser and never loads the DRA package.
+    from devplugin_sdk.dra import _shapes  # noqa: PLC0415
+
+    shapes: dict[str, Callable[[object], list[tuple[str, str]]]] = {
+        "ResourceSlice": _shapes.slice_problems,
+        "ResourceClaim": _shapes.claim_problems,
+        "ResourceClaimTemplate": _shapes.claim_problems,
+        "DeviceClass": _shapes.class_problems,
+    }
+    wrong = []
+    for doc in docs:
+        check = shapes.get(doc.kind) if isinstance(doc.kind, str) else None
+        for key, why in check(doc.obj) if check is not None else ():
+            wrong.append(f"{doc.named()}: {key}: {why}")
+    if wrong:
+        raise Refusals(wrong)
 
 
 def _slices(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.slices:
-        found = [dict(d) for d in documents(args.slices) if d.get("kind") == "ResourceSlice"]
+        found = [d for d in documents(args.slices) if d.kind == "ResourceSlice"]
         if not found:
             raise ConfigError("--slices", f"{args.slices} holds no ResourceSlice")
-        return found
+        _checked(found)
+        return [dict(d.obj) for d in found]
     return anyio.run(_configured_slices, args.config, args.node)
 
 
@@ -146,7 +224,21 @@ async def _serve(
     await runner.serve(*plugins, settings=settings, api="dra", dra=options, task_status=task_status)
 
 
+def _refused(wrong: Refusals) -> int:
+    """Each wrong shape on a line of its own (as ``main`` writes an error); exit code 2."""
+    for line in wrong.lines:
+        fatal(f"devplugin: error: {line}")
+    return 2
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
+    try:
+        return _check(args)
+    except Refusals as wrong:
+        return _refused(wrong)
+
+
+def _check(args: argparse.Namespace) -> int:
     from devplugin_sdk.dra.check import check_slices  # noqa: PLC0415 - only for this command
 
     slices = _slices(args)
@@ -166,24 +258,49 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from devplugin_sdk.dra.simulate import plain, simulate  # noqa: PLC0415 - only for this command
+    from devplugin_sdk.dra.simulate import SelectorError  # noqa: PLC0415 - only for this command
+
+    try:
+        return _simulate(args)
+    except Refusals as wrong:
+        return _refused(wrong)
+    except SelectorError as exc:  # raised outside _simulate's naming: name it plainly
+        return _refused(Refusals([f"{d}: {k}: {m}" for d, k, m in exc.refused]))
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from devplugin_sdk.dra.simulate import SelectorError, plain, simulate  # noqa: PLC0415
 
     slices = _slices(args)
     objects = [d for path in args.claim for d in documents(path)]
-    classes = {
-        str((d.get("metadata") or {}).get("name")): d
-        for d in objects
-        if d.get("kind") == "DeviceClass"
-    }
-    claims = [_claim_spec(d) for d in objects if d.get("kind") in _CLAIM_KINDS]
+    _checked(objects)
+    classes = {_name(d): d for d in objects if d.kind == "DeviceClass"}
+    claims = [d for d in objects if d.kind in _CLAIM_KINDS]
     if len(claims) != 1:
         raise ConfigError(
             "CLAIM", f"needs one ResourceClaim or ResourceClaimTemplate, found {len(claims)}"
         )
-    outcome = simulate(slices, claims[0], classes)
+    (claim,) = claims
+    try:
+        outcome = simulate(slices, _claim_spec(claim.obj), {n: d.obj for n, d in classes.items()})
+    except SelectorError as exc:
+        # Each refused selector named in its document: the claim's keys are under the
+        # template's spec.spec in a ResourceClaimTemplate.
+        template = claim.kind == "ResourceClaimTemplate"
+        lines = []
+        for document, key, message in exc.refused:
+            mine = document == "claim"
+            where = claim.named() if mine else classes[document].named()
+            lines.append(f"{where}: {'spec.' if template and mine else ''}{key}: {message}")
+        raise Refusals(lines) from None
     for line in plain(outcome):
         print(line)
     return 0 if outcome.allocated else 1
+
+
+def _name(doc: Document) -> str:
+    meta = doc.obj.get("metadata")
+    return str(meta.get("name")) if isinstance(meta, Mapping) else "None"
 
 
 _CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")

@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from devplugin_sdk import _names
 from devplugin_sdk.errors import ConfigError, KubeApiError, MissingDependencyError
 
 __all__ = ["choose", "node_config", "read_node_labels"]
@@ -26,13 +27,24 @@ def choose(default: Path, label: str, labels: Mapping[str, str], node: str) -> t
     """The configuration file for a node with ``labels``, and why it was chosen.
 
     Raises:
-        ConfigError: the label names a file that is not beside ``default``.
+        ConfigError: the label's value is not a valid label value (it could name a path
+            outside ``default``'s directory), or names no file beside ``default``.
     """
     value = labels.get(label, "")
     if not value:
         return default, f"node {node} has no {label} label: {default}"
-    # A label value is [A-Za-z0-9._-], starting and ending alphanumeric: never a path.
+    # A valid label value is [A-Za-z0-9._-], starting and ending alphanumeric, so never a path;
+    # but the labels come from an API server (or a proxy) that may not have validated them.
+    problem = _names.label_value_problem(value)
+    if problem is not None or os.path.basename(value) != value:
+        raise ConfigError(
+            _OPTION,
+            f"node {node} has {label}={_shown(value)}, which is not a label value "
+            f"({problem or 'a path'}): it cannot name a file in {default.parent}",
+        )
     for candidate in (default.parent / f"{value}.yaml", default.parent / value):
+        if candidate.parent != default.parent:  # the name stays inside the directory
+            continue
         if candidate.is_file():
             return candidate, f"node {node} has {label}={value}: {candidate}"
     present = sorted(p.name for p in default.parent.iterdir() if not p.name.startswith("."))
@@ -41,6 +53,11 @@ def choose(default: Path, label: str, labels: Mapping[str, str], node: str) -> t
         f"node {node} has {label}={value}, but neither {value}.yaml nor {value} is in "
         f"{default.parent} (there: {', '.join(present) or 'nothing'})",
     )
+
+
+def _shown(value: str) -> str:
+    """The value quoted, cut to 80 characters, control characters escaped (``repr``)."""
+    return repr(value[:80]) + ("..." if len(value) > 80 else "")
 
 
 def read_node_labels(node: str, kubeconfig: Path | None = None) -> dict[str, str]:

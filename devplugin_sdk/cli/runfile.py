@@ -8,13 +8,13 @@ reason. The file is read by ``config.load_yaml``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from devplugin_sdk import _logging, _names
+from devplugin_sdk._intervals import INTERVALS, seconds
 from devplugin_sdk.api import constants
 from devplugin_sdk.config import ConfigReader, FileOptions, shown
 from devplugin_sdk.errors import ConfigError
@@ -137,16 +137,7 @@ def parse_run_config(data: Mapping[str, Any]) -> RunConfig:
         isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536
     ):
         raise ConfigError("metrics.port", f"must be a TCP port number (0-65535), got {shown(port)}")
-    stuck = metrics.get("stuckAfter", 30.0)
-    if (
-        isinstance(stuck, bool)
-        or not isinstance(stuck, (int, float))
-        or not math.isfinite(stuck)
-        or stuck <= 0
-    ):
-        raise ConfigError(
-            "metrics.stuckAfter", f"must be a number of seconds > 0, got {shown(stuck)}"
-        )
+    stuck = seconds(metrics.get("stuckAfter", 30.0), "metrics.stuckAfter")
     level = _string(logging_, "level", "logging.") or "info"
     try:
         _logging.parse_levels(level)
@@ -160,15 +151,8 @@ def parse_run_config(data: Mapping[str, Any]) -> RunConfig:
         if not value.startswith("/"):
             raise ConfigError(key, f"must be an absolute path, got {shown(value)}")
     rescan = data.get("rescanInterval")
-    if rescan is not None and (
-        isinstance(rescan, bool)
-        or not isinstance(rescan, (int, float))
-        or not math.isfinite(rescan)
-        or rescan < 0
-    ):
-        raise ConfigError(
-            "rescanInterval", f"must be a number of seconds >= 0 (0: never), got {shown(rescan)}"
-        )
+    if rescan is not None:
+        rescan = seconds(rescan, "rescanInterval")
     api, dra = _parse_dra(data)
     return RunConfig(
         backend=_string(data, "backend", ""),
@@ -234,11 +218,18 @@ def _parse_dra(data: Mapping[str, Any]) -> tuple[Api, Dra | None]:
         cdi_dir=section.path("cdiDir", "/var/run/cdi"),
         devices=DeviceRules(rules) if rules else None,
         no_execute=section.boolean("noExecute", False),
-        health_timeout=section.integer("healthTimeout", 30, minimum=3, maximum=3600),
+        health_timeout=section.integer(
+            "healthTimeout",
+            30,
+            minimum=int(INTERVALS["dra.healthTimeout"].minimum),
+            maximum=int(INTERVALS["dra.healthTimeout"].maximum or 0),
+        ),
         kubelet_root_dir=(
             section.path("kubeletRootDir", "/") if section.has("kubeletRootDir") else None
         ),
-        cleanup_interval=section.number("cleanupInterval", 600.0) or 0.0,
+        cleanup_interval=seconds(
+            section.data.get("cleanupInterval", 600.0), section.key("cleanupInterval")
+        ),
     )
 
 

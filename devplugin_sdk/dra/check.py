@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from devplugin_sdk.dra import _validation
+from devplugin_sdk.dra import _shapes, _validation
 
 __all__ = ["VERSIONS", "Problem", "check_slices", "slice_objects"]
 
@@ -64,12 +64,25 @@ class Problem:
 def check_slices(
     slices: Sequence[Mapping[str, Any]], versions: Sequence[str] = VERSIONS
 ) -> list[Problem]:
-    """Every problem of ``slices`` (v1 objects) for each of ``versions``, merged across versions."""
+    """Every problem of ``slices`` (v1 objects) for each of ``versions``, merged across versions.
+
+    A slice of the wrong shape (an int where a mapping goes: ``dra._shapes``) has one error per
+    wrong field, for every version, and is left out of the other checks, which read its fields.
+    """
+    problems: list[Problem] = []
+    shaped = []
+    for i, obj in enumerate(slices):
+        wrong = _shapes.slice_problems(obj)
+        shaped += [] if wrong else [obj]
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        label = f"slice {name if isinstance(name, str) else f'#{i}'}"
+        problems += [Problem(f"{label}: {key}", why, tuple(versions)) for key, why in wrong]
     found: dict[tuple[str, str, Severity], list[str]] = {}
     for version in versions:
-        for where, message, severity in _check_all(slices, version):
+        for where, message, severity in _check_all(shaped, version):
             found.setdefault((where, message, severity), []).append(version)
-    return [Problem(w, m, tuple(v), s) for (w, m, s), v in found.items()]
+    return problems + [Problem(w, m, tuple(v), s) for (w, m, s), v in found.items()]
 
 
 def _check_all(

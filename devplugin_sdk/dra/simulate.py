@@ -25,17 +25,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from devplugin_sdk.dra import _cel, _shapes
 from devplugin_sdk.errors import MissingDependencyError
-from devplugin_sdk.types import Quantity
 
-__all__ = ["Pick", "Simulation", "simulate"]
+__all__ = ["Pick", "SelectorError", "Simulation", "simulate"]
 
-_QUANTITY = "__quantity__"
-_SEMVER = "__semver__"
 _DOMAIN_USE = re.compile(r'device\.(?:attributes|capacity)\[\s*"([^"]+)"\s*\]')
-_SEMVER_RE = re.compile(
-    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?"
-)
+_amount = _cel.amount
 #: Bound on the search (the scheduler bounds its own by time).
 MAX_STEPS = 100_000
 
@@ -82,11 +78,19 @@ class _Device:
     excluded: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Selector:
+    origin: str  # "class gpu selector #0", "request gpu selector #1"
+    document: str  # "claim" or the DeviceClass's name
+    key: str  # the dotted key of the expression in that document
+    expression: str
+
+
 @dataclass
 class _Request:
     name: str  # "gpus" or "gpus/large"
     main: str
-    selectors: list[tuple[str, str]]  # (origin, expression)
+    selectors: list[_Selector]
     mode: str
     count: int
     capacity: dict[str, int]
@@ -101,74 +105,6 @@ def _load_cel() -> Any:
             "(common-expression-language, Python 3.11 or newer)"
         ) from None
     return cel
-
-
-def _amount(raw: Any) -> int:
-    return Quantity.parse(str(raw)).value
-
-
-def _semver_key(text: str) -> tuple[Any, ...]:
-    match = _SEMVER_RE.fullmatch(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a semantic version")
-    pre = match[4]
-    # A release sorts after its pre-releases; identifiers compare numerically, then as text.
-    tail: tuple[Any, ...] = (
-        (1,)
-        if pre is None
-        else (0, *((0, int(p)) if p.isdigit() else (1, p) for p in pre.split(".")))
-    )
-    return (int(match[1]), int(match[2]), int(match[3]), tail)
-
-
-def _compare(a: Any, b: Any) -> int:
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        if _QUANTITY in a and _QUANTITY in b:
-            x, y = int(a[_QUANTITY]), int(b[_QUANTITY])
-            return (x > y) - (x < y)
-        if _SEMVER in a and _SEMVER in b:
-            p, q = _semver_key(a[_SEMVER]), _semver_key(b[_SEMVER])
-            return (p > q) - (p < q)
-    raise TypeError("compareTo needs two quantities or two semantic versions")
-
-
-def _functions() -> dict[str, Callable[..., Any]]:
-    def quantity(text: str) -> dict[str, int]:
-        return {_QUANTITY: _amount(text)}
-
-    def semver(text: str) -> dict[str, str]:
-        _semver_key(text)
-        return {_SEMVER: text}
-
-    def is_semver(text: str) -> bool:
-        return _SEMVER_RE.fullmatch(text) is not None
-
-    def is_quantity(text: str) -> bool:
-        try:
-            _amount(text)
-        except ValueError:
-            return False
-        return True
-
-    def part(index: int) -> Callable[[Mapping[str, str]], int]:
-        return lambda v: int(_semver_key(v[_SEMVER])[index])
-
-    return {
-        "quantity": quantity,
-        "semver": semver,
-        "isSemver": is_semver,
-        "isQuantity": is_quantity,
-        "compareTo": _compare,
-        "isGreaterThan": lambda a, b: _compare(a, b) > 0,
-        "isLessThan": lambda a, b: _compare(a, b) < 0,
-        "asInteger": lambda q: q[_QUANTITY],
-        "asApproximateFloat": lambda q: float(q[_QUANTITY]),
-        "sign": lambda q: (q[_QUANTITY] > 0) - (q[_QUANTITY] < 0),
-        "isInteger": lambda q: True,
-        "major": part(0),
-        "minor": part(1),
-        "patch": part(2),
-    }
 
 
 def _qualified(name: str, driver: str) -> tuple[str, str]:
@@ -203,7 +139,7 @@ def _device(raw: Mapping[str, Any], driver: str, pool: str, domains: set[str]) -
         domain, short = _qualified(str(name), driver)
         attributes[f"{domain}/{short}"] = (kind, plain)
         cel_attributes.setdefault(domain, {})[short] = (
-            {_SEMVER: str(plain)} if kind == "version" else plain
+            {_cel.SEMVER: str(plain)} if kind == "version" else plain
         )
     capacity: dict[str, int] = {}
     policies: dict[str, Mapping[str, Any]] = {}
@@ -214,7 +150,7 @@ def _device(raw: Mapping[str, Any], driver: str, pool: str, domains: set[str]) -
         capacity[f"{domain}/{short}"] = amount
         if value.get("requestPolicy"):
             policies[f"{domain}/{short}"] = value["requestPolicy"]
-        cel_capacity.setdefault(domain, {})[short] = {_QUANTITY: amount}
+        cel_capacity.setdefault(domain, {})[short] = {_cel.QUANTITY: amount}
     multiple = bool(raw.get("allowMultipleAllocations"))
     consumes = [
         (
@@ -268,32 +204,49 @@ def _requests(
 ) -> list[list[_Request]]:
     """Each request's alternatives (one, or a prioritized list's subrequests)."""
     out: list[list[_Request]] = []
-    for raw in (claim.get("devices") or {}).get("requests") or []:
+    for i, raw in enumerate((claim.get("devices") or {}).get("requests") or []):
         main = str(raw.get("name"))
+        key = f"spec.devices.requests[{i}]"
         if raw.get("firstAvailable"):
             out.append(
                 [
-                    _request(f"{main}/{s.get('name')}", main, s, classes)
-                    for s in raw["firstAvailable"]
+                    _request(
+                        f"{main}/{s.get('name')}", main, s, classes, f"{key}.firstAvailable[{j}]"
+                    )
+                    for j, s in enumerate(raw["firstAvailable"])
                 ]
             )
         else:
-            out.append([_request(main, main, raw.get("exactly") or {}, classes)])
+            out.append([_request(main, main, raw.get("exactly") or {}, classes, f"{key}.exactly")])
     return out
 
 
 def _request(
-    name: str, main: str, raw: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]
+    name: str,
+    main: str,
+    raw: Mapping[str, Any],
+    classes: Mapping[str, Mapping[str, Any]],
+    key: str,
 ) -> _Request:
     class_name = str(raw.get("deviceClassName", ""))
     if class_name not in classes:
         raise ValueError(f"request {name}: DeviceClass {class_name!r} is not in the input")
     selectors = [
-        (f"class {class_name} selector #{i}", str(s["cel"]["expression"]))
+        _Selector(
+            f"class {class_name} selector #{i}",
+            class_name,
+            f"spec.selectors[{i}].cel.expression",
+            str(s["cel"]["expression"]),
+        )
         for i, s in enumerate((classes[class_name].get("spec") or {}).get("selectors") or [])
     ]
     selectors += [
-        (f"request {name} selector #{i}", str(s["cel"]["expression"]))
+        _Selector(
+            f"request {name} selector #{i}",
+            "claim",
+            f"{key}.selectors[{i}].cel.expression",
+            str(s["cel"]["expression"]),
+        )
         for i, s in enumerate(raw.get("selectors") or [])
     ]
     wanted = ((raw.get("capacity") or {}).get("requests")) or {}
@@ -305,6 +258,49 @@ def _request(
         int(raw.get("count", 1)),
         {k: _amount(v) for k, v in wanted.items()},
     )
+
+
+class SelectorError(ValueError):
+    """CEL selectors refused as the API server refuses them (too long, too deep, too costly,
+    not compiling): one ``(document, key, message)`` each, ``document`` being ``"claim"`` or
+    the DeviceClass's name and ``key`` the dotted key of the expression in it."""
+
+    def __init__(self, refused: list[tuple[str, str, str]]) -> None:
+        super().__init__("; ".join(f"{d}: {k}: {m}" for d, k, m in refused))
+        self.refused = refused
+
+
+def _check_shapes(
+    slices: Sequence[Mapping[str, Any]],
+    claim: Mapping[str, Any],
+    classes: Mapping[str, Mapping[str, Any]],
+) -> None:
+    """Refuse objects of the wrong shape (``dra._shapes``), naming the first five."""
+    wrong = [f"claim: {k}: {m}" for k, m in _shapes.claim_problems({"spec": claim})]
+    for name, device_class in classes.items():
+        wrong += [f"DeviceClass {name}: {k}: {m}" for k, m in _shapes.class_problems(device_class)]
+    for i, obj in enumerate(slices):
+        wrong += [f"slice #{i}: {k}: {m}" for k, m in _shapes.slice_problems(obj)]
+    if wrong:
+        raise ValueError("; ".join(wrong[:5]))
+
+
+def _selectors(alternatives: list[list[_Request]]) -> dict[str, _Selector]:
+    """Each expression where it first appears; those the API server refuses before compiling
+    (length, nesting) raise ``SelectorError``."""
+    first: dict[str, _Selector] = {}
+    for alts in alternatives:
+        for request in alts:
+            for selector in request.selectors:
+                first.setdefault(selector.expression, selector)
+    refused = [
+        (s.document, s.key, problem)
+        for s in first.values()
+        if (problem := _cel.expression_problem(s.expression)) is not None
+    ]
+    if refused:
+        raise SelectorError(refused)
+    return first
 
 
 def simulate(
@@ -321,27 +317,35 @@ def simulate(
 
     Raises:
         MissingDependencyError: no CEL implementation (the ``cel`` extra).
-        ValueError: an unknown DeviceClass, a selector that does not compile.
+        SelectorError: a selector the API server would refuse: longer or deeper than its
+            bounds, not compiling, or running past the evaluation's time or memory bound
+            (``dra._cel``: the selectors run in a worker process).
+        ValueError: an object of the wrong shape (``dra._shapes``, the first five named), an
+            unknown DeviceClass.
     """
-    cel = _load_cel()
+    _load_cel()
+    _check_shapes(slices, claim, classes)
     alternatives = _requests(claim, classes)
-    expressions = [e for alts in alternatives for r in alts for _, e in r.selectors]
-    domains = {m for e in expressions for m in _DOMAIN_USE.findall(e)}
+    first = _selectors(alternatives)
+    domains = {m for e in first for m in _DOMAIN_USE.findall(e)}
     devices = _devices(slices, domains)
-    programs: dict[str, Any] = {}
-    for expression in expressions:
-        try:
-            programs.setdefault(expression, cel.compile(expression))
-        except Exception as exc:  # the library raises ValueError and others
-            raise ValueError(f"CEL selector {expression!r} does not compile: {exc}") from None
-    functions = _functions()
+    expressions = list(first)
+    table, failures = _cel.evaluate(expressions, [d.cel for d in devices])
+    if failures:
+        raise SelectorError(
+            [
+                (first[expressions[f.index]].document, first[expressions[f.index]].key, f.message)
+                for f in failures
+            ]
+        )
+    outcomes = dict(zip(expressions, table, strict=True))
     verdicts: dict[tuple[str, int], str | None] = {}
 
     def rejection(request: _Request, k: int) -> str | None:
         """Why device ``k`` cannot serve ``request`` alone (None: it can)."""
         key = (request.name, k)
         if key not in verdicts:
-            verdicts[key] = _rejection(cel, programs, functions, request, devices[k])
+            verdicts[key] = _rejection(outcomes, request, devices[k], k)
         return verdicts[key]
 
     search = _Search(devices, _counters(slices), claim, rejection)
@@ -349,26 +353,18 @@ def simulate(
 
 
 def _rejection(
-    cel: Any,
-    programs: Mapping[str, Any],
-    functions: Mapping[str, Callable[..., Any]],
-    request: _Request,
-    device: _Device,
+    outcomes: Mapping[str, list[_cel.Outcome]], request: _Request, device: _Device, k: int
 ) -> str | None:
     if device.excluded is not None:
         return device.excluded
-    context = cel.Context({"device": device.cel})
-    for name, function in functions.items():
-        context.add_function(name, function)
-    for origin, expression in request.selectors:
-        try:
-            result = programs[expression].execute(context)
-        except Exception as exc:
+    for selector in request.selectors:
+        outcome = outcomes[selector.expression][k]
+        if isinstance(outcome, str):
             raise _CelRuntimeError(
-                f"{origin}: CEL runtime error on device {device.name}: {exc}"
-            ) from None
-        if result is not True:
-            return f"{origin} is false"
+                f"{selector.origin}: CEL runtime error on device {device.name}: {outcome}"
+            )
+        if outcome is not True:
+            return f"{selector.origin} is false"
     for name, amount in request.capacity.items():
         qualified = "/".join(_qualified(name, device.driver))
         have = device.capacity.get(qualified)
