@@ -196,7 +196,7 @@ def _run_config(tmp_path: Path, node: DraNode, kubeconfig: Path, dev: Path) -> P
                     "kubeconfig": str(kubeconfig),
                     "pluginDir": str(node.options.plugin_dir),
                     "cdiDir": str(node.options.cdi_dir),
-                    "cleanupInterval": 0.5,
+                    "cleanupInterval": 10,  # the least a run file takes (the sweep waits 8-12 s)
                 },
                 "resources": [{"resourceName": "example.com/serial", "paths": [f"{dev}/ttyUSB*"]}],
             }
@@ -239,7 +239,7 @@ async def test_the_driver_process_survives_every_odd_answer(tmp_path: Path) -> N
             # The sweep's read of the held claim, answered with garbage; then read again.
             server.answer_next("GET", "/resourceclaims/held", GARBAGE)
             count = server.odd_answered + 1
-            with anyio.fail_after(20):
+            with anyio.fail_after(40):  # up to two sweeps of 8-12 s each
                 await server.wait_answered(count)
                 claims = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/held"
                 await server.wait_for_count("GET", claims, server.count("GET", claims) + 1)

@@ -156,8 +156,10 @@ from devplugin_sdk.dra._claims.checkpoint import Checkpoint
 started = time.monotonic()
 loaded = Checkpoint(Path(sys.argv[1])).load()
 took = time.monotonic() - started
-print(len(loaded.entries), loaded.problem is not None, f"{took:.3f}",
-      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+# VmHWM, the peak of this process's own memory since its exec (ru_maxrss would count the
+# parent's, which a child started without a fork of its own shares until the exec).
+peak = next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(len(loaded.entries), loaded.problem is not None, f"{took:.3f}", peak)
 """
 
 
