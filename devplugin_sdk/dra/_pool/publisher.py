@@ -31,6 +31,7 @@ import anyio
 
 from devplugin_sdk._backoff import Backoff
 from devplugin_sdk.dra._pool import slices as _slices
+from devplugin_sdk.dra._pool.attempts import Attempts
 from devplugin_sdk.dra._pool.dropped import Dropped
 from devplugin_sdk.dra._pool.view import View
 from devplugin_sdk.dra.resources import CounterSet, ResourceApi, ResourceSlice, SliceDevice
@@ -56,7 +57,6 @@ _COALESCE = 0.01
 # cycle: a storm is written twice a second, its newest state each time, while a change after a
 # quiet half second still goes out ``coalesce`` after it.
 _MIN_INTERVAL = 0.5
-_LOG_AGAIN_AFTER = 60.0
 _FOUGHT = (
     "someone else keeps changing them back (another writer, or an admission webhook that "
     "changes what it is given)"
@@ -90,7 +90,6 @@ class Publisher:
         self.api = api
         self.driver = driver
         self.node_name = node_name
-        self.give_up_after = give_up_after
         self.resync_seconds = resync_seconds
         self.coalesce = coalesce
         self.min_interval = min_interval
@@ -102,8 +101,9 @@ class Publisher:
         self.published: tuple[SliceDevice, ...] | None = None
         self.published_counters: tuple[CounterSet, ...] = ()
         self.syncs = 0
-        self.last_error: str | None = None
-        self._retry = Backoff(retry_first, retry_max)
+        self.attempts = Attempts(
+            driver, Backoff(retry_first, retry_max), give_up_after, resync_seconds
+        )
         self._wanted: tuple[SliceDevice, ...] = ()
         self._wanted_counters: tuple[CounterSet, ...] = ()
         self._wanted_at = time.monotonic()
@@ -114,7 +114,6 @@ class Publisher:
         self._done = anyio.Event()
         self._new_content = anyio.Event()
         self._node_uid: str | None = None
-        self._logged: tuple[str, float] = ("", 0.0)
         self._gave_up: tuple[SliceDevice, ...] | None = None  # the content given up on
         # The content the last sync wrote (None: it wrote nothing): the next sync of the same
         # content sees whether it stuck.
@@ -193,10 +192,8 @@ class Publisher:
                     await self._retry_after(_FOUGHT, conflict=True)
                     continue
                 if not wrote or stood:
-                    self._retry.reset()  # the last write stuck (read back, or nothing to do)
-                if self.last_error is not None:
-                    log.info("DRA %s: publishing ResourceSlices works again", self.driver)
-                    self.last_error = None
+                    self.attempts.stuck()
+                self.attempts.worked()
 
     async def _pace(self) -> None:
         """New content: wait ``coalesce`` (a flap's next change joins this write) and until
@@ -225,43 +222,22 @@ class Publisher:
         if self._gave_up is not None:
             self._gave_up = None
             self._wrote, self._undone = None, 0
-            self._retry.reset()
+            self.attempts.stuck()
         self._dirty = anyio.Event()
+
+    @property
+    def last_error(self) -> str | None:
+        """Why the last attempt to publish failed; None once one works again."""
+        return self.attempts.last_error
 
     async def _retry_after(self, why: str, *, conflict: bool) -> None:
         """A failed attempt: wait the backoff and try again, or give up after the bound."""
-        self.last_error = why
-        delay = self._retry.next()
-        if self._retry.attempts >= self.give_up_after:
+        delay = self.attempts.failed(why, conflict=conflict)
+        if delay is None:
             self._gave_up = self._wanted
-            self._logged = (why, time.monotonic())
-            log.error(
-                "DRA %s: giving up publishing ResourceSlices after %d attempts: %s; trying again "
-                "when the devices change or in %gs",
-                self.driver,
-                self._retry.attempts,
-                why,
-                self.resync_seconds,
-            )
             return
-        self._failed(why, delay, conflict=conflict)
         await anyio.sleep(delay)
         self._dirty.set()
-
-    def _failed(self, why: str, delay: float, *, conflict: bool) -> None:
-        message, at = self._logged
-        now = time.monotonic()
-        level = logging.DEBUG
-        if why != message or now - at >= _LOG_AGAIN_AFTER:
-            level = logging.WARNING if conflict else logging.ERROR
-            self._logged = (why, now)
-        log.log(
-            level,
-            "DRA %s: cannot publish ResourceSlices: %s; retrying in %.2gs",
-            self.driver,
-            why,
-            delay,
-        )
 
     async def _sync(self) -> bool:
         """Write what differs between the wanted pool and the server's; whether anything was
