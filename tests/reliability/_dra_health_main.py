@@ -1,16 +1,15 @@
 """A DRA node in a process of its own, for the health-stream load tests (issue 36, rows 11, 12, 26).
 
-    python _dra_health_main.py --devices N [--flips-per-s F] [--flap-for S] [--prepares] [--board]
+    python _dra_health_main.py --devices N [--flips-per-s F] [--flap-for S] [--prepares]
 
 It runs ``DraNode`` (the driver, the fake kubelet following its health stream, the in-memory
 API) serving ``--devices`` widgets ``w0..``, prints ``socket PATH`` (the driver's ``dra.sock``)
 once ready, then waits for SIGUSR1: on it, devices ``w0..`` flip health round-robin at
 ``--flips-per-s`` for ``--flap-for`` seconds while, with ``--prepares``, a pod after pod has a
 one-device claim (on the last widget, which never flips) prepared and unprepared through the
-kubelet. A flip is the plugin's health event; with ``--board`` it is handed straight to the
-driver's health board, as the pool hands it each change, which leaves out the pool's own
-rebuild per event (rows 13 and 14 of the issue, measured by their own tests). It then prints ``prepares COUNT P50_MS P99_MS`` and ``flapping ended``, and serves on
-until SIGTERM. Tests read its RSS from ``/proc`` and open their own streams on the socket.
+kubelet. A flip is the plugin's health event, through the pool (rebuilt once per batch of
+events since rows 13 and 14) to the health board and its streams. It then prints
+``prepares COUNT P50_MS P99_MS`` and ``flapping ended``, and serves on until SIGTERM. Tests read its RSS from ``/proc`` and open their own streams on the socket.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from dra_helpers import DRIVER
 from sdk_helpers import RESOURCE, widgets
 
 from devplugin_sdk import Health
-from devplugin_sdk._wire.dra_model import HealthStatus
 from devplugin_sdk.testing import DraNode, StaticPlugin
 
 Flip = Callable[[str, bool], None]
@@ -41,17 +39,6 @@ Flip = Callable[[str, bool], None]
 def _through_the_plugin(plugin: StaticPlugin) -> Flip:
     def flip(name: str, down: bool) -> None:
         plugin.set_health(name, Health.UNHEALTHY if down else Health.HEALTHY, "flapping")
-
-    return flip
-
-
-def _on_the_board(node: DraNode, devices: int) -> Flip:
-    board = node.running._driver.health  # type: ignore[union-attr]  # the driver's own board
-    health: dict[str, tuple[HealthStatus, str]] = {f"w{i}": ("HEALTHY", "") for i in range(devices)}
-
-    def flip(name: str, down: bool) -> None:
-        health[name] = ("UNHEALTHY", "flapping") if down else ("HEALTHY", "")
-        board.set(dict(health))  # a new mapping per change, as the pool hands it
 
     return flip
 
@@ -97,11 +84,7 @@ async def _main(args: argparse.Namespace) -> None:
                 took: list[float] = []
                 cpu = time.process_time()
                 async with anyio.create_task_group() as tg:
-                    flip = (
-                        _on_the_board(node, args.devices)
-                        if args.board
-                        else _through_the_plugin(plugin)
-                    )
+                    flip = _through_the_plugin(plugin)
                     tg.start_soon(_flap, flip, args.devices, args.flips_per_s, args.flap_for)
                     if args.prepares:
                         took = await _prepares(node, args.devices, args.flap_for)
@@ -120,7 +103,6 @@ def main() -> None:
     parser.add_argument("--flips-per-s", type=float, default=30.0)
     parser.add_argument("--flap-for", type=float, default=5.0)
     parser.add_argument("--prepares", action="store_true")
-    parser.add_argument("--board", action="store_true")
     parser.add_argument("--health-timeout", type=int, default=30)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

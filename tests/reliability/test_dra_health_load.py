@@ -276,11 +276,12 @@ async def _reading(socket: Path) -> None:
 async def _prepares_beside(
     devices: int, seconds: float, streams: bool
 ) -> tuple[int, float, float, float]:
-    """One node process: a device of ``devices`` flips every 20 ms on the driver's health board
-    for ``seconds`` while pods are prepared; with ``streams``, 40 clients beside the kubelet's
-    (20 never read, 10 reconnect after each message, 10 read)."""
+    """One node process: a device of ``devices`` flips every 20 ms (a plugin's health event,
+    through the pool to the health board) for ``seconds`` while pods are prepared; with
+    ``streams``, 40 clients beside the kubelet's (20 never read, 10 reconnect after each
+    message, 10 read)."""
     args = ("--devices", str(devices), "--flips-per-s", "50", "--flap-for", str(seconds))
-    async with node_process(*args, "--prepares", "--board") as (node, socket):
+    async with node_process(*args, "--prepares") as (node, socket):
         async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
             for _ in range(20 if streams else 0):
                 await stack.enter_async_context(mute_stream(socket))
@@ -294,8 +295,8 @@ async def _prepares_beside(
 
 
 async def test_forty_streams_on_two_thousand_devices_leave_prepares_their_pace() -> None:
-    """The flips go to the driver's health board as the pool hands it each change: the pool's
-    own rebuild per device event is rows 13 and 14, with tests of their own."""
+    """The flips go the whole way, plugin to pool to board: the streams beside the kubelet's
+    must leave prepares their pace (the pool's own cost per batch is rows 13 and 14's)."""
     devices, seconds = 2000, 5.0
     alone = await _prepares_beside(devices, seconds, streams=False)
     prepares, p50, p99, cpu = await _prepares_beside(devices, seconds, streams=True)
