@@ -68,6 +68,30 @@ def test_every_row_is_filed_under_its_own_xid_with_a_name_and_a_resolution() -> 
         assert info.cls in ("ignore", "advisory", "no_schedule")
 
 
+def test_every_xid_of_the_catalog_has_a_row_or_an_explicit_default() -> None:
+    # NVIDIA's catalog covers Xids 1-162 (NVIDIA/NVSentinel xiderrorsmapping.csv at 6f8b0fc).
+    unknown = "unknown to this table: treated as needing a reset"
+
+    missing = [x for x in range(1, 163) if classify(x).resolution == unknown]
+
+    assert missing == []
+    assert classify(163).resolution == unknown
+
+
+@pytest.mark.parametrize("xid", [152, 153])
+def test_dla_xids_are_ignored_as_the_catalog_says(xid: int) -> None:
+    info = classify(xid)
+
+    assert (info.cls, info.resolution) == ("ignore", "ignore (IGNORE)")
+
+
+def test_an_xid_the_catalog_calls_unexpected_is_no_schedule_with_that_resolution() -> None:
+    info = classify(47)
+
+    assert info.cls == "no_schedule"
+    assert "UNEXPECTED_ERR_REPORT_ISSUE" in info.resolution
+
+
 def test_the_catalog_states_nvidias_resolution() -> None:
     assert classify(79).resolution == "reboot the node (RESTART_BM)"
     assert classify(95).resolution == "reset the GPU (RESET_GPU)"

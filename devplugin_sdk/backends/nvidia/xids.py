@@ -5,8 +5,9 @@ Action)" column (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog
 1-162). The page has no version number: read 2026-11-26, with NVIDIA/NVSentinel's copy of
 its buckets (``xiderrorsmapping.csv`` at 6f8b0fc). Names are ours, in short. Our class:
 ``ignore`` (informational, the GPU and its work are fine), ``advisory`` (the application was
-hit, the GPU is usable), ``no_schedule`` (the GPU needs a reset, a reboot or service). An Xid
-not listed is ``no_schedule``, as every Xid was before this table.
+hit, the GPU is usable), ``no_schedule`` (the GPU needs a reset, a reboot or service). Each Xid
+of 1-162 has a row or, for those the catalog files as unexpected on these GPUs, an explicit
+``no_schedule``; an Xid past the catalog is ``no_schedule``, as every Xid was before this table.
 """
 
 from __future__ import annotations
@@ -34,6 +35,20 @@ _WORKFLOW = "follow NVIDIA's workflow for this Xid (WORKFLOW_XID_{})"
 _NVLINK_WORKFLOW = "follow NVIDIA's NVLink workflow (WORKFLOW_NVLINK_ERR)"
 _NVLINK5_WORKFLOW = "follow NVIDIA's NVLink5 workflow (WORKFLOW_NVLINK5_ERR)"
 _OTHER_XID = "follow the Xid it names (linked to another Xid)"
+_REPORT = "not expected on Ampere and newer: report it to NVIDIA (UNEXPECTED_ERR_REPORT_ISSUE)"
+
+# The Xids the catalog files under UNEXPECTED_ERR_REPORT_ISSUE (older GPUs' display, video
+# encoder and silent-running errors, with no name worth keeping): no row of their own, an
+# explicit ``no_schedule`` with that resolution, since nothing says the GPU is fine.
+_UNEXPECTED_RANGES = (
+    "1-7 9-10 12 15-24 26-30 33-36 42 47 49-53 55-59 61 65 73 81 87 90-91 108 111-118 122-125 "
+    "138 142"
+)
+_UNEXPECTED = frozenset(
+    xid
+    for part in _UNEXPECTED_RANGES.split()
+    for xid in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)
+)
 
 
 @dataclass(frozen=True)
@@ -93,6 +108,9 @@ _TABLE: tuple[tuple[tuple[int, ...], str, str, XidClass], ...] = (
     ((141,), "fast path error", _IGNORE, "ignore"),
     ((157,), "resource retirement failure", _IGNORE, "ignore"),
     ((161,), "channel retirement failure", _IGNORE, "ignore"),
+    # Deep-learning accelerator faults (Jetson's DLA): nothing for a data-centre GPU to do.
+    ((152,), "DLA SMMU error", _IGNORE, "ignore"),
+    ((153,), "DLA timeout", _IGNORE, "ignore"),
     # The GPU needs a reset, a reboot or service: no new work until then.
     ((46,), "GPU timeout", _RESET_GPU, "no_schedule"),
     ((48,), "double-bit ECC error", _WORKFLOW.format(48), "no_schedule"),
@@ -124,6 +142,8 @@ _TABLE: tuple[tuple[tuple[int, ...], str, str, XidClass], ...] = (
     ((156,), "resource retirement event", _RESET_GPU, "no_schedule"),
     ((158,), "GPU fatal timeout", _RESET_GPU, "no_schedule"),
     ((160,), "channel retirement event", _REBOOT, "no_schedule"),
+    # The catalog gives 162 a bucket and no name.
+    ((162,), "unnamed in the catalog", _RESET_GPU, "no_schedule"),
 )
 
 
@@ -133,8 +153,9 @@ CATALOG: Mapping[int, XidInfo] = MappingProxyType(
 
 
 def classify(xid: int) -> XidInfo:
-    """What ``xid`` is and does: its catalog row, or ``no_schedule`` for an Xid not listed."""
+    """What ``xid`` is and does: its catalog row, or ``no_schedule`` for an Xid not listed
+    (one the catalog files as unexpected on these GPUs, or one past the catalog)."""
     info = CATALOG.get(xid)
     if info is None:
-        return XidInfo(xid, "", _UNKNOWN, "no_schedule")
+        return XidInfo(xid, "", _REPORT if xid in _UNEXPECTED else _UNKNOWN, "no_schedule")
     return info
