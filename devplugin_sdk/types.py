@@ -353,14 +353,20 @@ class Shareable:
             ``shares`` for time-slicing replicas), a capacity name.
         unit: What one share is worth, in the capacity's base units (1 GiB in bytes, 1).
         most: The most shares one claim may take of one device (1 for slices); None is all.
+        whole_by_default: A claim that asks no capacity takes every share (the whole device,
+            its ``requestPolicy.default``), as when the shares and the whole device are two
+            resources of the device-plugin API (gpushare's memory units and GPU count);
+            otherwise it takes one share.
 
     Raises:
-        ValueError: a ``unit`` or ``most`` below 1, or an invalid capacity name.
+        ValueError: a ``unit`` or ``most`` below 1, an invalid capacity name, or
+            ``whole_by_default`` with ``most`` (a claim could not take the whole).
     """
 
     capacity: str
     unit: int
     most: int | None = None
+    whole_by_default: bool = False
 
     def __post_init__(self) -> None:
         problem = _names.attribute_name_problem(self.capacity)
@@ -370,6 +376,8 @@ class Shareable:
             raise ValueError(f"Shareable.unit must be a whole number >= 1, got {self.unit!r}")
         if self.most is not None and self.most < 1:
             raise ValueError(f"Shareable.most must be >= 1 or None, got {self.most!r}")
+        if self.whole_by_default and self.most is not None:
+            raise ValueError("Shareable.whole_by_default needs most=None: one claim takes all")
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,10 +71,11 @@ async def test_gpushare_units_are_one_shared_gpu_in_dra_with_the_same_limits(
         for device in published.values():
             assert device.allow_multiple_allocations
             assert device.capacity == {"memory": Quantity(40 * GiB)}
-            # The unit is the device plugin's: whole GiB, 1 GiB by default, up to the GPU.
+            # The unit is the device plugin's: whole GiB, up to the GPU; a claim that asks no
+            # memory takes the whole GPU (issue 37: it was one unit).
             assert device.request_policies == {
                 "memory": RequestPolicy(
-                    default=Quantity(GiB),
+                    default=Quantity(40 * GiB),
                     minimum=Quantity(GiB),
                     maximum=Quantity(40 * GiB),
                     step=Quantity(GiB),

@@ -334,8 +334,9 @@ class NvmlPlugin(DevicePlugin, Configurable):
         self, devices: Sequence[Device], config: RequestConfig
     ) -> Allocation:
         """``allocate``, then the request's ``GpuConfig`` (DRA): the time slice set on its
-        GPUs, or MPS limits in the container's environment."""
-        allocation = await self.allocate(devices)
+        GPUs, or MPS limits in the container's environment. A share of memory also gets the
+        variables the toolkit's memory-limit hook enforces (``sharing.enforced``)."""
+        allocation = sharing.enforced(await self.allocate(devices))
         gpu = config.get(claim_config.GPU_CONFIG)
         if gpu is None:
             return allocation

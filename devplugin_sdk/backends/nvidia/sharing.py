@@ -24,7 +24,14 @@ from devplugin_sdk.backends.nvidia.topology import _NUMA_BONUS, _Topology
 from devplugin_sdk.errors import AllocationError
 from devplugin_sdk.types import Allocation, Device, Shareable
 
-__all__ = ["Shares", "check_list_size", "check_replicas", "memory_units", "shared_for_dra"]
+__all__ = [
+    "Shares",
+    "check_list_size",
+    "check_replicas",
+    "enforced",
+    "memory_units",
+    "shared_for_dra",
+]
 
 # gpushare's variables (AliyunContainerService/gpushare-device-plugin pkg/gpu/nvidia/const.go):
 # the GPU's index, its memory and the container's share, both in units.
@@ -35,6 +42,12 @@ GPUSHARE_CONTAINER_ENV = "ALIYUN_COM_GPU_MEM_CONTAINER"
 # GPU, CUDA_DEVICE_SM_LIMIT in percent of the SMs (HAMi pkg/device-plugin/.../plugin/server.go).
 MEMORY_LIMIT_ENV = "CUDA_DEVICE_MEMORY_LIMIT_{}"
 SM_LIMIT_ENV = "CUDA_DEVICE_SM_LIMIT"
+# nvidia-container-toolkit's apply-cuda-memory-limits CDI hook (NVIDIA/nvidia-container-toolkit
+# cmd/nvidia-cdi-hook/apply-cuda-memory-limits): reads both from the container's environment,
+# whole MiB, does nothing unless both are set, refuses a request over the limit, and sets them
+# on the container's cgroup for each of its GPUs through NVML (driver r615 and newer).
+TOOLKIT_REQUEST_ENV = "NVIDIA_GPU_MEMORY_REQUEST"
+TOOLKIT_LIMIT_ENV = "NVIDIA_GPU_MEMORY_LIMIT"
 
 
 @dataclass(frozen=True)
@@ -67,8 +80,9 @@ def memory_units(
 ) -> tuple[list[Device], dict[str, str]]:
     """The memory units of the GPUs ``units``, and the GPU of each unit-ID prefix."""
     keys = _unit_keys([g.id for g in units])
-    # DRA publishes each GPU once, its memory consumable in units (dra/_claims/shares.py).
-    shareable = Shareable("memory", memory.unit_mib << 20)
+    # DRA publishes each GPU once, its memory consumable in units (dra/_claims/shares.py); the
+    # GPU count (countResourceName) is that same device, so a claim asking no memory takes all.
+    shareable = Shareable("memory", memory.unit_mib << 20, whole_by_default=True)
     devices = [
         # Children of their GPU: its faults (reported by GPU UUID) take them all out.
         replace(gpu, id=f"{keys[gpu.id]}-{n}", parent=gpu.id, shareable=shareable)
@@ -335,3 +349,19 @@ def shared_for_dra(
             described[share.parent] = shareable
         out.append(replace(share, shareable=shareable))
     return out
+
+
+def enforced(allocation: Allocation) -> Allocation:
+    """``allocation`` with the toolkit hook's variables beside HAMi-core's limits (DRA).
+
+    The hook sets one limit for every GPU of the container, so the variables are set only when
+    the container's memory limits (``CUDA_DEVICE_MEMORY_LIMIT_<i>``, ``<MiB>m``) are one amount:
+    a share of one GPU, or equal shares of several. Request and limit are that amount: a share
+    is reserved whole.
+    """
+    limits = {v for k, v in allocation.env.items() if k.startswith(MEMORY_LIMIT_ENV.format(""))}
+    if len(limits) != 1:
+        return allocation
+    mib = next(iter(limits)).removesuffix("m")
+    env = {**allocation.env, TOOLKIT_REQUEST_ENV: mib, TOOLKIT_LIMIT_ENV: mib}
+    return replace(allocation, env=env)

@@ -65,20 +65,31 @@ class Member:
 def build(options: Dra, members: Iterable[Member], *, several: bool, said: set[str]) -> Pool:
     """The pool ``members`` make (in their order; the first of a duplicate DRA name wins).
 
-    The shares of one physical device (``Device.shareable``) become that one device; a
-    partition (``Device.partition``) is published with its whole device and their counter set
+    The shares of one physical device (``Device.shareable``) become that one device, which
+    also stands for that device when another resource serves it whole; a partition
+    (``Device.partition``) is published with its whole device and their counter set
     (``dra/_claims/shares.py`` says what a claim holding one gets). ``several``: the pool holds
     the devices of several resources; ``said``: the duplicate names and refused devices already
     logged, kept by the caller across builds so that each is said once. A device whose
     description cannot be published (a share unit past a Kubernetes quantity) is left out alone.
     """
     pool = Pool(options, several=several, said=said)
+    members = list(members)
     shared: dict[str, list[Member]] = {}
     wholes: dict[str, list[Member]] = {}
     for member in members:
         device = member.device
         if device.shareable is not None and device.parent is not None:
             shared.setdefault(device.parent, []).append(member)
+    for member in members:
+        device = member.device
+        if device.shareable is not None and device.parent is not None:
+            continue
+        if device.partition is None and device.id in shared:
+            # The device its own shares divide, served as a resource of its own too (gpushare's
+            # GPU count beside its memory units): in DRA they are one device, and a claim that
+            # asks no capacity of it takes the whole.
+            pool.whole_of_shares(member, shared[device.id][0])
             continue
         name = device_name(device.id)
         partition = device.partition
@@ -175,6 +186,22 @@ class Pool:
             device_id,
             resource,
             exc,
+        )
+
+    def whole_of_shares(self, whole: Member, share: Member) -> None:
+        """Leave ``whole`` out: the shared device of ``share`` (one of its shares) stands for it.
+        Said once per pair of resources, at info."""
+        key = f"{whole.resource}\0whole\0{share.resource}"
+        if key in self._said:
+            return
+        self._said.add(key)
+        log.info(
+            "DRA %s: the devices of %s are the shared devices of %s (device %s, say): published "
+            "once; a claim that asks no capacity takes the whole device",
+            self.options.driver,
+            whole.resource,
+            share.resource,
+            device_name(whole.device.id),
         )
 
     def _duplicate(self, name: str, resource: str, device_id: str, first: Found) -> None:

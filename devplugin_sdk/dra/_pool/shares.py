@@ -24,9 +24,10 @@ def shared_device(name: str, shares: Sequence[Device]) -> SliceDevice:
 
     Its capacity is the shares' capacity name, ``unit`` times their number; a claim takes a
     whole number of units (``validRange`` with ``step`` = unit), at most ``most`` of them (one
-    unit: ``validValues``). The shares' other capacities are left out: with multiple
-    allocations every capacity is consumed, by default all of it (resource/v1 types.go,
-    DeviceCapacity.requestPolicy), which would let one claim take the device.
+    unit: ``validValues``); a claim that asks none takes one unit, or all of them with
+    ``whole_by_default`` (the whole device). The shares' other capacities are left out: with
+    multiple allocations every capacity is consumed, by default all of it (resource/v1
+    types.go, DeviceCapacity.requestPolicy), which would let one claim take the device.
     """
     first = shares[0]
     described = first.shareable
@@ -43,7 +44,9 @@ def shared_device(name: str, shares: Sequence[Device]) -> SliceDevice:
     if most == 1:
         policy = RequestPolicy(default=one, valid_values=(one,))
     else:
-        policy = RequestPolicy(default=one, minimum=one, maximum=Quantity(unit * most), step=one)
+        top = Quantity(unit * most)
+        default = top if described.whole_by_default else one
+        policy = RequestPolicy(default=default, minimum=one, maximum=top, step=one)
     return SliceDevice(
         name,
         first.attributes,
