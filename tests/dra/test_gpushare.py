@@ -112,6 +112,9 @@ async def test_gpushare_is_one_shareable_device_per_gpu_and_a_bare_claim_takes_i
         # A whole-GPU claim on GPU 0 while shares are held: refused by both.
         with pytest.raises(KubeApiError, match="free"):
             node.claim("whole-0", [name0], namespace="ml")
+        node.claim("whole-0", [name0], pods=["pod-w0"], namespace="ml", check=False)
+        with pytest.raises(PodPreparationError, match="the allocation asks 40Gi of memory"):
+            await node.prepare(node.pod("whole-0", namespace="ml", uid="pod-w0"))
 
         # A whole-GPU claim (no capacity asked) on GPU 1 gets all of it.
         whole = node.claim("whole", [name1], pods=["pod-w"], namespace="ml")
