@@ -166,10 +166,8 @@ class Preparer:
         entry = await self.store.remove(ref.uid, partial(self.files.remove, ref))
         if entry is not None:
             log.info("DRA %s: unprepared claim %s", self.driver, shown(ref))
-            others = self.store.entries().values()
-            await release_configured(
-                entry, others, self.lookup, driver=self.driver, timeout=self.hook_timeout
-            )
+            # Under the lock; a claim reserved meanwhile holds its devices (its settings stay).
+            await release_configured(entry, self.store.holding(), self.lookup, self.hook_timeout)
         return entry is not None
 
     def _take(self, claim: ResourceClaim) -> tuple[_ByRequest, list[_shares.Use], _Given]:

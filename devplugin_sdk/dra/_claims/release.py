@@ -44,8 +44,6 @@ async def release_configured(
     entry: Entry,
     others: Iterable[Entry],
     lookup: Callable[[str], Found | None],
-    *,
-    driver: str,
     timeout: float,
 ) -> None:
     """Call each configurable plugin's ``release_configured`` for ``entry``'s devices."""
@@ -62,8 +60,7 @@ async def release_configured(
         except Exception as exc:  # a plugin's failure must not keep the claim: logged
             reason = "did not finish in time" if isinstance(exc, TimeoutError) else str(exc)
             log.warning(
-                "DRA %s: claim %s/%s: %s: release_configured() failed: %s",
-                driver,
+                "DRA: claim %s/%s: %s: release_configured() failed: %s",
                 entry.claim.namespace,
                 entry.claim.name,
                 resource,
