@@ -42,6 +42,10 @@ class ConfigKind(Generic[T]):
         read: Reads the typed fields from the parameters (``apiVersion`` and ``kind`` removed)
             and returns the value plugins get; raises ``ConfigError`` naming the key. Unread
             keys are refused (a typo never passes silently).
+        group: The ``apiVersion`` group when it is not the driver's name: a kind another
+            driver defined (NVIDIA's ``resource.nvidia.com``), read so that its users' claims
+            need no edit. Two kinds of one name (the driver's and the foreign group's) are one
+            kind to ``RequestConfig``: the last entry of either wins.
 
     Raises:
         ValueError: an empty kind or a version that is not a Kubernetes version name.
@@ -50,6 +54,7 @@ class ConfigKind(Generic[T]):
     kind: str
     version: str
     read: Callable[[ConfigReader], T]
+    group: str | None = None
 
     def __post_init__(self) -> None:
         if not self.kind[:1].isupper() or not self.kind.isalnum():
@@ -58,8 +63,8 @@ class ConfigKind(Generic[T]):
             raise ValueError(f"ConfigKind.version must look like v1alpha1, got {self.version!r}")
 
     def api_version(self, driver: str) -> str:
-        """``<driver>/<version>``."""
-        return f"{driver}/{self.version}"
+        """``<driver>/<version>``, or ``<group>/<version>`` for a kind of another group."""
+        return f"{self.group or driver}/{self.version}"
 
 
 class Configurable(abc.ABC):
@@ -88,6 +93,19 @@ class Configurable(abc.ABC):
                 fails the claim.
         """
 
+    async def release_configured(  # noqa: B027 (optional hook: most kinds leave nothing behind)
+        self, devices: Sequence[Device], others: Sequence[Device]
+    ) -> None:
+        """Undo what ``allocate_configured`` did to the hardware when a claim is unprepared.
+
+        Args:
+            devices: The unprepared claim's devices served by this plugin.
+            others: This plugin's devices that other prepared claims still hold (a setting of a
+                device they share stays theirs).
+
+        Errors are logged by the driver; the claim is unprepared whatever this does.
+        """
+
 
 @dataclass(frozen=True, slots=True)
 class RequestConfig:
@@ -97,11 +115,15 @@ class RequestConfig:
         request: The request (``name`` or ``name/subrequest``).
         values: Decoded values by kind name.
         sources: Where each came from (``claim config[2]``), for messages.
+        general: The kinds whose entry named no requests (a plugin may skip such an entry for
+            devices it does not fit, as NVIDIA's driver skips a request-less ``GpuConfig`` for
+            MIG devices, where an entry naming the request is an error).
     """
 
     request: str
     values: Mapping[str, Any] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
+    general: frozenset[str] = frozenset()
 
     def get(self, kind: ConfigKind[T]) -> T | None:
         """The value of ``kind`` for this request, or None when no entry sets it."""
@@ -153,6 +175,7 @@ def resolve(
         by_name = {k.api_version(driver) + "/" + k.kind: k for k in kinds}
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
+        general: set[str] = set()
         for index, entry in ours:
             if not _applies(entry, request):
                 continue
@@ -173,7 +196,8 @@ def resolve(
             decoded[index] = (name, value)
             values[name] = value
             sources[name] = where
-        out[request] = RequestConfig(request, values, sources)
+            (general.add if not entry.requests else general.discard)(name)
+        out[request] = RequestConfig(request, values, sources, frozenset(general))
     return out
 
 

@@ -5,12 +5,11 @@ side over real gRPC, and the claim's ``config`` entries read by the real Kuberne
 
 from __future__ import annotations
 
-import stat
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dra_helpers import fake_nvidia_smi
 from kube_apiserver import FakeApiServer
 
 from devplugin_sdk.backends.nvidia import NvidiaConfig, NvmlPlugin
@@ -38,19 +37,6 @@ def env_of(spec: ClaimSpec) -> dict[str, dict[str, str]]:
         d["name"].rsplit("-", 1)[1]: dict(e.split("=", 1) for e in d["containerEdits"]["env"])
         for d in spec.devices
     }
-
-
-def fake_nvidia_smi(tmp_path: Path) -> tuple[tuple[str, ...], Path]:
-    """A stand-in ``nvidia-smi`` (a real process) that records its arguments."""
-    log = tmp_path / "nvidia-smi.log"
-    script = tmp_path / "nvidia-smi.py"
-    script.write_text(
-        "import sys\n"
-        f"open({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
-        "sys.exit(3 if 'GPU-fail' in ' '.join(sys.argv) else 0)\n"
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return (sys.executable, str(script)), log
 
 
 async def test_class_config_and_claim_override_apply_per_request_and_a_bad_one_fails_its_claim(
@@ -155,8 +141,13 @@ async def test_time_slicing_sets_the_gpus_time_slice_at_prepare(tmp_path: Path) 
             ],
         )
         await node.prepare(pod)
-    uuids = ",".join(g.uuid for g in nvml.gpus[:2])
-    assert log.read_text().splitlines() == [f"compute-policy -i {uuids} --set-timeslice=3"]
+    # NVIDIA's driver (cmd/gpu-kubelet-plugin/sharing.go SetTimeSlice, nvlib.go setComputeMode
+    # and setTimeSlice): compute mode DEFAULT on each GPU, then the slice on each, by UUID.
+    uuids = sorted(g.uuid for g in nvml.gpus[:2])
+    assert log.read_text().splitlines() == [
+        *(f"-i {u} -c DEFAULT" for u in uuids),
+        *(f"compute-policy -i {u} --set-timeslice 3" for u in uuids),
+    ]
 
 
 # ----------------------------------------------------------------------------- resolve

@@ -116,6 +116,7 @@ class NvmlPlugin(DevicePlugin, Configurable):
         )
         self._shares = sharing.Shares(self.config, self.resource_name, lambda: self._inventory)
         self._topology = TopologyCache(self._library)
+        self._claim_sharing = claim_config.ClaimSharing()
 
     def _default_resource_name(self) -> str:
         memory = self.config.memory
@@ -325,22 +326,23 @@ class NvmlPlugin(DevicePlugin, Configurable):
         uuids = list(dict.fromkeys(d.text("uuid") for d in devices))
         return container_setup(cfg, uuids, devices)
 
-    #: DRA claims may carry a ``GpuConfig`` (``claim_config``: time slice, MPS limits).
-    config_kinds = (claim_config.GPU_CONFIG,)
-    #: The command that sets a GPU's time slice (a claim's ``TimeSlicing`` interval).
+    #: DRA claims may carry NVIDIA's ``GpuConfig``/``MigDeviceConfig`` (``claim_config``).
+    config_kinds = claim_config.KINDS
+    #: The command that sets a GPU's compute mode and time slice (a claim's ``TimeSlicing``).
     nvidia_smi: tuple[str, ...] = ("nvidia-smi",)
 
     async def allocate_configured(
         self, devices: Sequence[Device], config: RequestConfig
     ) -> Allocation:
-        """``allocate``, then the request's ``GpuConfig`` (DRA): the time slice set on its
+        """``allocate``, then the request's configuration (DRA): the time slice set on its
         GPUs, or MPS limits in the container's environment. A share of memory also gets the
         variables the toolkit's memory-limit hook enforces (``sharing.enforced``)."""
         allocation = sharing.enforced(await self.allocate(devices))
-        gpu = config.get(claim_config.GPU_CONFIG)
-        if gpu is None:
-            return allocation
-        return await claim_config.apply_gpu_config(gpu, devices, allocation, self.nvidia_smi)
+        return await self._claim_sharing.apply(devices, config, allocation, self.nvidia_smi)
+
+    async def release_configured(self, devices: Sequence[Device], others: Sequence[Device]) -> None:
+        """A claim's GPUs back at the Default time slice once no claim holds them."""
+        await self._claim_sharing.release(devices, others, self.nvidia_smi)
 
     async def preferred_allocation(
         self, available: Sequence[Device], must_include: Sequence[Device], size: int

@@ -28,6 +28,7 @@ from devplugin_sdk.dra._claims.checkpoint import Content, Entry
 from devplugin_sdk.dra._claims.files import ClaimFiles, MetadataWrite, PersistError
 from devplugin_sdk.dra._claims.metadata import MetadataDevice
 from devplugin_sdk.dra._claims.names import request_problem
+from devplugin_sdk.dra._claims.release import release_configured
 from devplugin_sdk.dra._claims.status import device_statuses
 from devplugin_sdk.dra._claims.store import Store
 from devplugin_sdk.dra._pool.pool import Found
@@ -165,6 +166,8 @@ class Preparer:
         entry = await self.store.remove(ref.uid, partial(self.files.remove, ref))
         if entry is not None:
             log.info("DRA %s: unprepared claim %s", self.driver, shown(ref))
+            # Under the lock; a claim reserved meanwhile holds its devices (its settings stay).
+            await release_configured(entry, self.store.holding(), self.lookup, self.hook_timeout)
         return entry is not None
 
     def _take(self, claim: ResourceClaim) -> tuple[_ByRequest, list[_shares.Use], _Given]:

@@ -90,6 +90,11 @@ class Store:
                     held[d.device] = entry.claim
         return held
 
+    def holding(self) -> list[Entry]:
+        """The claims prepared or being prepared (reserved): what other claims still hold when
+        one is unprepared."""
+        return [*self._entries.values(), *self._reserved.values()]
+
     def uses(self) -> list[tuple[Use, str]]:
         """What the prepared (and reserved) claims hold beyond their devices, each with its
         claim."""
