@@ -1,11 +1,20 @@
-"""Helpers of the DRA tests: the driver name most of them serve as, and a stand-in
-``nvidia-smi`` for the NVIDIA backend's claim configuration."""
+"""Helpers of the DRA tests: the driver name most of them serve as, a stand-in ``nvidia-smi``
+for the NVIDIA backend's claim configuration, and a ``devplugin run`` process serving a node's
+driver through a real API server."""
 
 from __future__ import annotations
 
+import json
 import stat
+import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from cli_process import environment
+
+from devplugin_sdk.testing import DraNode
 
 DRIVER = "widget.acme.com"
 
@@ -29,3 +38,41 @@ def calls(log: Path) -> list[str]:
     said = log.read_text().splitlines() if log.exists() else []
     log.write_text("")
     return said
+
+
+def driver_run_file(
+    path: Path, node: DraNode, kubeconfig: Path, dev: Path, *, api: str = "dra", **dra: Any
+) -> Path:
+    """Write at ``path`` a ``devplugin run`` file that serves ``dev``'s ``ttyUSB*`` files (the
+    generic backend, ``example.com/serial``) as ``node``'s driver, through the API server of
+    ``kubeconfig``, with ``node``'s kubelet, plugin and CDI directories; ``dra`` adds keys of its
+    ``dra`` section (``cleanupInterval=10``)."""
+    section = {
+        "driver": node.driver,
+        "nodeName": node.node_name,
+        "kubeconfig": str(kubeconfig),
+        "pluginDir": str(node.options.plugin_dir),
+        "cdiDir": str(node.options.cdi_dir),
+        **dra,
+    }
+    run = {
+        "backend": "generic",
+        "pluginsRegistryDir": str(node.kubelet.registry_directory),
+        "api": api,
+        "dra": section,
+        "resources": [{"resourceName": "example.com/serial", "paths": [f"{dev}/ttyUSB*"]}],
+    }
+    path.write_text(json.dumps(run))
+    return path
+
+
+def devplugin_process(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """``python -m devplugin_sdk ARGS`` started, with ``env`` added to the test's environment,
+    its output piped (stop it yourself)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "devplugin_sdk", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**environment(), **(env or {})},
+    )

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
-from dra_helpers import DRIVER
+from dra_helpers import DRIVER, devplugin_process, driver_run_file
 from kube_apiserver import A_LIST, DEEP, GARBAGE, HTML, ODD_503, FakeApiServer, Raw
 from sdk_helpers import RESOURCE, figures, widgets
 
@@ -173,38 +171,6 @@ async def test_any_failure_of_another_resource_api_fails_that_claim_alone() -> N
         assert node.spec(a).devices
 
 
-def _spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "devplugin_sdk", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _run_config(tmp_path: Path, node: DraNode, kubeconfig: Path, dev: Path) -> Path:
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        json.dumps(
-            {
-                "backend": "generic",
-                "pluginsRegistryDir": str(node.kubelet.registry_directory),
-                "api": "dra",
-                "dra": {
-                    "driver": node.driver,
-                    "nodeName": node.node_name,
-                    "kubeconfig": str(kubeconfig),
-                    "pluginDir": str(node.options.plugin_dir),
-                    "cdiDir": str(node.options.cdi_dir),
-                    "cleanupInterval": 10,  # the least a run file takes (the sweep waits 8-12 s)
-                },
-                "resources": [{"resourceName": "example.com/serial", "paths": [f"{dev}/ttyUSB*"]}],
-            }
-        )
-    )
-    return config
-
-
 @pytest.mark.timeout(90)  # a real `devplugin run` process through every odd answer
 async def test_the_driver_process_survives_every_odd_answer(tmp_path: Path) -> None:
     """Row 7: a slice LIST answered with HTML at start, each odd answer to a claim's GET, and
@@ -217,9 +183,13 @@ async def test_the_driver_process_survives_every_odd_answer(tmp_path: Path) -> N
     memory = MemoryApi(nodes=[NODE])
     node = DraNode(driver="serial.example.com", memory=memory, timeout=30)
     async with FakeApiServer(memory).serving() as server, node:
-        config = _run_config(tmp_path, node, server.kubeconfig(tmp_path / "kubeconfig"), dev)
+        kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
+        # The sweep at the least interval a run file takes (it waits 8-12 s).
+        config = driver_run_file(
+            tmp_path / "config.yaml", node, kubeconfig, dev, cleanupInterval=10
+        )
         server.answer_next("GET", "/resourceslices", HTML)  # the publisher's first list
-        proc = _spawn("run", "--config", str(config))
+        proc = devplugin_process("run", "--config", str(config))
         started = time.monotonic()
         try:
             await node.ready()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from dra_helpers import DRIVER
+from dra_helpers import DRIVER, devplugin_process, driver_run_file
 from kube_apiserver import FakeApiServer
 from sdk_helpers import RESOURCE
 
@@ -352,25 +352,7 @@ def _run_config(tmp_path: Path, node: DraNode, kubeconfig: Path) -> Path:
     dev = tmp_path / "dev"
     dev.mkdir()
     (dev / "ttyUSB0").touch()
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        json.dumps(
-            {
-                "backend": "generic",
-                "pluginsRegistryDir": str(node.kubelet.registry_directory),
-                "api": "dra",
-                "dra": {
-                    "driver": node.driver,
-                    "nodeName": node.node_name,
-                    "kubeconfig": str(kubeconfig),
-                    "pluginDir": str(node.options.plugin_dir),
-                    "cdiDir": str(node.options.cdi_dir),
-                },
-                "resources": [{"resourceName": "example.com/serial", "paths": [f"{dev}/ttyUSB*"]}],
-            }
-        )
-    )
-    return config
+    return driver_run_file(tmp_path / "config.yaml", node, kubeconfig, dev)
 
 
 @contextlib.asynccontextmanager
@@ -391,13 +373,8 @@ async def _devplugin_run(tmp_path: Path) -> AsyncIterator[tuple[DraNode, list[st
 
 
 def _devplugin(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "devplugin_sdk", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "POD_UID": str(uuid.uuid4())},
-    )
+    """A ``devplugin`` process of its own pod (a UID: instances share ``serialize.lock``)."""
+    return devplugin_process(*args, env={"POD_UID": str(uuid.uuid4())})
 
 
 async def _ended(process: subprocess.Popen[str], timeout: float) -> str:

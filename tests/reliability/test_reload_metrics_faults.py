@@ -18,8 +18,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -28,6 +26,7 @@ import anyio
 import anyio.to_thread
 import pytest
 import yaml
+from dra_helpers import devplugin_process, driver_run_file
 from kube_apiserver import FakeApiServer
 from prometheus_client import CollectorRegistry
 from sdk_helpers import figures
@@ -268,37 +267,6 @@ async def test_metrics_with_many_unhealthy_devices_stay_small_beside_allocate() 
 # ----------------------------------------------------------------------------- row 13
 
 
-def _dra_config(tmp_path: Path, node: DraNode, kubeconfig: Path, dev: Path, api: str) -> Path:
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        json.dumps(
-            {
-                "backend": "generic",
-                "pluginsRegistryDir": str(node.kubelet.registry_directory),
-                "api": api,
-                "dra": {
-                    "driver": node.driver,
-                    "nodeName": node.node_name,
-                    "kubeconfig": str(kubeconfig),
-                    "pluginDir": str(node.options.plugin_dir),
-                    "cdiDir": str(node.options.cdi_dir),
-                },
-                "resources": [{"resourceName": "example.com/serial", "paths": [f"{dev}/ttyUSB*"]}],
-            }
-        )
-    )
-    return config
-
-
-def _devplugin(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "devplugin_sdk", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 @pytest.mark.timeout(60)  # two real `devplugin run` processes
 @pytest.mark.parametrize("api", ["dra", "both"])
 async def test_a_second_dra_instance_exits_2_with_one_line(tmp_path: Path, api: str) -> None:
@@ -311,14 +279,14 @@ async def test_a_second_dra_instance_exits_2_with_one_line(tmp_path: Path, api: 
     async with FakeApiServer(memory).serving() as server, node:
         kubelet = node.kubelet
         kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
-        config = _dra_config(tmp_path, node, kubeconfig, dev, api)
+        config = driver_run_file(tmp_path / "config.yaml", node, kubeconfig, dev, api=api)
         args = ["run", "--config", str(config), "--device-plugin-dir", str(kubelet.directory)]
-        first = _devplugin(*args)
+        first = devplugin_process(*args)
         try:
             await node.ready()
             started = time.monotonic()
             # Its start-up lines at info level, then the error (the warning level shows it alone).
-            second = _devplugin("--log-level", "warning", *args)
+            second = devplugin_process("--log-level", "warning", *args)
             try:
                 _, stderr = await anyio.to_thread.run_sync(lambda: second.communicate(timeout=30))
             finally:
