@@ -15,9 +15,22 @@ from pathlib import Path
 
 from devplugin_sdk.api import constants
 
+# Matched whole (``fullmatch``): with ``match``, ``$`` also matches before a final newline, and a
+# name ending in one would pass.
 _DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"^{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*$")
+_DNS1123_LABEL_RE = re.compile(rf"^{_DNS1123_LABEL}$")
 _QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def is_dns_label(name: str) -> bool:
+    """Whether ``name`` is a DNS-1123 label of at most 63 characters (a namespace, a request)."""
+    return len(name) <= 63 and _DNS1123_LABEL_RE.fullmatch(name) is not None
+
+
+def is_dns_subdomain(name: str) -> bool:
+    """Whether ``name`` is a DNS-1123 subdomain of at most 253 characters (an object's name)."""
+    return len(name) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(name) is not None
 
 
 def resource_name_problem(name: str) -> str | None:
@@ -32,13 +45,13 @@ def resource_name_problem(name: str) -> str | None:
     prefix, _, part = ("requests." + name).partition("/")
     if "/" in part:
         return "it has more than one '/'"
-    if len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix):
+    if len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix):
         return "the domain must be a lower-case DNS-1123 subdomain (at most 244 characters)"
     if not part:
         return "the name after '/' is empty"
     if len(part) > 63:
         return "the name after '/' is longer than 63 characters"
-    if not _QUALIFIED_NAME_PART.match(part):
+    if not _QUALIFIED_NAME_PART.fullmatch(part):
         return (
             "the name after '/' must use only [A-Za-z0-9._-] and start and end with an alphanumeric"
         )
@@ -134,7 +147,6 @@ def pod_uid_problem(uid: str) -> str | None:
 # driver name rules); device names are DNS labels.
 
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_DNS1123_LABEL_RE = re.compile(rf"^{_DNS1123_LABEL}$")
 #: DeviceMaxIDLength: the name part of an attribute or capacity.
 MAX_ATTRIBUTE_ID = 32
 #: DeviceMaxDomainLength, and the length of a driver name.
@@ -150,7 +162,7 @@ def driver_name_problem(name: str) -> str | None:
         return "it is empty"
     if len(name) > MAX_DOMAIN:
         return f"it is longer than {MAX_DOMAIN} characters"
-    if not _DNS1123_SUBDOMAIN.match(name):
+    if not _DNS1123_SUBDOMAIN.fullmatch(name):
         return "it must be a lower-case DNS-1123 subdomain (a-z, 0-9, '-' and '.')"
     return None
 
@@ -173,7 +185,7 @@ def attribute_name_problem(name: str) -> str | None:
         return "the name is empty"
     if len(ident) > MAX_ATTRIBUTE_ID:
         return f"the name {ident!r} is longer than {MAX_ATTRIBUTE_ID} characters"
-    if not _C_IDENTIFIER.match(ident):
+    if not _C_IDENTIFIER.fullmatch(ident):
         return f"the name {ident!r} must be a C identifier (letters, digits, '_'; no digit first)"
     return None
 
@@ -185,7 +197,7 @@ def device_name_problem(name: str) -> str | None:
         return "it is empty"
     if len(name) > MAX_DEVICE_NAME:
         return f"it is longer than {MAX_DEVICE_NAME} characters"
-    if not _DNS1123_LABEL_RE.match(name):
+    if not _DNS1123_LABEL_RE.fullmatch(name):
         return "it must be a lower-case DNS-1123 label (a-z, 0-9 and '-')"
     return None
 
@@ -195,7 +207,7 @@ def pool_name_problem(name: str) -> str | None:
     if not name or len(name) > 253:
         return "it must have 1 to 253 characters"
     for part in name.split("/"):
-        if not _DNS1123_SUBDOMAIN.match(part):
+        if not _DNS1123_SUBDOMAIN.fullmatch(part):
             return "each '/'-separated part must be a lower-case DNS-1123 subdomain"
     return None
 
@@ -219,7 +231,7 @@ def label_value_problem(value: str) -> str | None:
     """Why ``value`` is not a valid label value, or None."""
     if len(value) > MAX_LABEL_VALUE:
         return f"longer than {MAX_LABEL_VALUE} characters"
-    if value and not _QUALIFIED_NAME_PART.match(value):
+    if value and not _QUALIFIED_NAME_PART.fullmatch(value):
         return "not alphanumeric with '-', '_' or '.' inside"
     return None
 
@@ -228,9 +240,9 @@ def label_name_problem(name: str) -> str | None:
     """Why ``name`` is not a valid label name (``[prefix/]name``, the prefix a DNS subdomain),
     or None."""
     prefix, slash, ident = name.rpartition("/")
-    if slash and (not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)):
+    if slash and (not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix)):
         return f"prefix {prefix!r} must be a DNS-1123 subdomain"
-    if not ident or len(ident) > MAX_LABEL_VALUE or not _QUALIFIED_NAME_PART.match(ident):
+    if not ident or len(ident) > MAX_LABEL_VALUE or not _QUALIFIED_NAME_PART.fullmatch(ident):
         return f"name {ident!r} must be 1-63 alphanumeric characters with '-', '_' or '.' inside"
     return None
 

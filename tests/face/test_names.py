@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
-from devplugin_sdk import Device, DevicePlugin
+from devplugin_sdk import Device, DevicePlugin, _names
 from devplugin_sdk._names import default_socket_name, resource_name_problem, validate_socket_name
 
 
@@ -84,3 +84,31 @@ def test_bad_socket_name_fails_at_construction() -> None:
 def test_missing_resource_name_fails_at_construction() -> None:
     with pytest.raises(TypeError, match="must set resource_name"):
         _Plugin()
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        _names.device_name_problem,
+        _names.driver_name_problem,
+        _names.attribute_name_problem,
+        _names.pool_name_problem,
+        _names.label_value_problem,
+        _names.label_name_problem,
+    ],
+    ids=lambda f: f.__name__,
+)
+def test_a_name_ending_in_a_newline_is_refused(problem: Callable[[str], str | None]) -> None:
+    # A regular expression's "$" also matches before a final newline: "gpu0\n" passed as a
+    # device name, a driver name and a label value.
+    assert problem("gpu0") is None
+    assert problem("gpu0\n") is not None
+
+
+def test_dns_labels_and_subdomains_are_matched_whole() -> None:
+    assert _names.is_dns_label("ns-1")
+    assert not _names.is_dns_label("ns-1\n")
+    assert not _names.is_dns_label("a" * 64)
+    assert _names.is_dns_subdomain("claim.a-b")
+    assert not _names.is_dns_subdomain("claim\n")
+    assert not _names.is_dns_subdomain("a" * 254)

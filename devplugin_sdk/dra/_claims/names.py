@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from devplugin_sdk import _names
 from devplugin_sdk._logging import printable
 from devplugin_sdk._wire.dra_model import ClaimRef
 
@@ -17,11 +18,8 @@ __all__ = ["UID", "ref_problem", "request_problem"]
 # Kubernetes object UIDs are UUIDs; the UID names the claim's CDI spec file, its CDI devices and
 # its metadata directory.
 UID = re.compile(r"[0-9A-Za-z-]{1,64}")
-# RFC 1123 as k8s.io/apimachinery validation has them: a namespace and a request name are DNS
-# labels (63 characters at most), an object's name a DNS subdomain (253).
-_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_LABEL = re.compile(_LABEL)
-_DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+# As k8s.io/apimachinery validates them: a namespace and a request name are DNS labels, an
+# object's name a DNS subdomain (``_names``).
 
 
 def ref_problem(ref: ClaimRef) -> str | None:
@@ -30,9 +28,9 @@ def ref_problem(ref: ClaimRef) -> str | None:
         return "the request names it without namespace, name or UID"
     if not UID.fullmatch(ref.uid):
         return "the UID is not a Kubernetes UID"
-    if len(ref.namespace) > 63 or not _DNS_LABEL.fullmatch(ref.namespace):
+    if not _names.is_dns_label(ref.namespace):
         return f"{printable(ref.namespace)!r} is not a valid namespace (a DNS label)"
-    if len(ref.name) > 253 or not _DNS_SUBDOMAIN.fullmatch(ref.name):
+    if not _names.is_dns_subdomain(ref.name):
         return f"{printable(ref.name)!r} is not a valid claim name (a DNS subdomain)"
     return None
 
@@ -41,6 +39,6 @@ def request_problem(request: str) -> str | None:
     """Why ``request`` (``<request>`` or ``<request>/<subrequest>``) is not a valid request name
     of a claim's allocation result, or None."""
     parts = request.split("/")
-    if len(parts) > 2 or not all(len(p) <= 63 and _DNS_LABEL.fullmatch(p) for p in parts):
+    if len(parts) > 2 or not all(_names.is_dns_label(p) for p in parts):
         return f"{printable(request)!r} is not a valid request name (DNS labels)"
     return None
