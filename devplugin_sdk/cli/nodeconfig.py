@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from devplugin_sdk import _names
+from devplugin_sdk import _files, _names
 from devplugin_sdk.errors import ConfigError, KubeApiError, MissingDependencyError
 
 __all__ = ["choose", "node_config", "read_node_labels"]
@@ -36,15 +36,19 @@ def choose(default: Path, label: str, labels: Mapping[str, str], node: str) -> t
     # A valid label value is [A-Za-z0-9._-], starting and ending alphanumeric, so never a path;
     # but the labels come from an API server (or a proxy) that may not have validated them.
     problem = _names.label_value_problem(value)
-    if problem is not None or os.path.basename(value) != value:
+    candidates: list[Path] = []
+    if problem is None:
+        try:  # the one way a name from outside becomes a path
+            candidates = [_files.inside(default.parent, n) for n in (f"{value}.yaml", value)]
+        except ValueError:
+            problem = "a path"
+    if problem is not None:
         raise ConfigError(
             _OPTION,
             f"node {node} has {label}={_shown(value)}, which is not a label value "
-            f"({problem or 'a path'}): it cannot name a file in {default.parent}",
+            f"({problem}): it cannot name a file in {default.parent}",
         )
-    for candidate in (default.parent / f"{value}.yaml", default.parent / value):
-        if candidate.parent != default.parent:  # the name stays inside the directory
-            continue
+    for candidate in candidates:
         if candidate.is_file():
             return candidate, f"node {node} has {label}={value}: {candidate}"
     present = sorted(p.name for p in default.parent.iterdir() if not p.name.startswith("."))
